@@ -1,0 +1,8 @@
+"""hvd-compress: gradient compression for Horovod.
+
+The numpy reference core (``hvd_compress.core``) defines every algorithm;
+``hvd_compress.torch`` and ``hvd_compress.tensorflow`` run the same algorithms
+on framework tensors and plug into Horovod's ``DistributedOptimizer``.
+"""
+
+__version__ = "0.1.0"

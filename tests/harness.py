@@ -1,0 +1,107 @@
+"""Run test bodies under a real multi-process launch.
+
+A *target* is ``"package.module:function"``.  Each launched process imports
+the module, calls ``function(**kwargs)`` and writes what it returns (anything
+JSON can hold) to ``<outdir>/rank<N>.json``; the harness collects those into a
+list indexed by rank.  An exception inside a worker, a non-zero exit, a
+missing result or a time-out fails the test with every worker's output shown.
+
+Launchers:
+
+* :func:`run_horovod` -- ``horovodrun -np N --gloo|--mpi`` (Horovod workers);
+* :func:`run_mpi` -- ``mpirun -np N`` (plain mpi4py workers, no Horovod).
+
+Put several checks in one worker function so one launch serves a whole test
+module (launching costs seconds; see the ``scope="module"`` fixtures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_TIMEOUT = 300
+
+
+class LaunchError(AssertionError):
+    """A multi-process launch failed; the message holds every worker's output."""
+
+
+def _bin(name: str) -> str:
+    candidate = VENV_BIN / name
+    return str(candidate) if candidate.exists() else name
+
+
+def _env(outdir: str, extra: dict | None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["HVD_TEST_OUTDIR"] = outdir
+    # mpirun refuses root without these; horovodrun adds the flag itself.
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # Keep the per-process thread pools small: the workers share 2 cores.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def _launch(cmd: list[str], np: int, target: str, kwargs: dict | None,
+            timeout: float, env: dict | None) -> list:
+    with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
+        Path(outdir, "kwargs.json").write_text(json.dumps(kwargs or {}))
+        full = cmd + [sys.executable, "-m", "tests.workers.entry", target]
+        proc = subprocess.Popen(full, cwd=REPO, env=_env(outdir, env),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            raise LaunchError(_report(full, f"timed out after {timeout:.0f}s", out, outdir, np))
+        if proc.returncode != 0:
+            raise LaunchError(_report(full, f"exit code {proc.returncode}", out, outdir, np))
+        results = []
+        for rank in range(np):
+            path = Path(outdir, f"rank{rank}.json")
+            if not path.exists():
+                raise LaunchError(_report(full, f"rank {rank} wrote no result", out, outdir, np))
+            results.append(json.loads(path.read_text()))
+        return results
+
+
+def _report(cmd, why, out, outdir, np) -> str:
+    parts = [f"launch failed ({why}): {' '.join(cmd)}", "---- combined output ----", out or ""]
+    for rank in range(np):
+        err = Path(outdir, f"rank{rank}.err")
+        if err.exists():
+            parts += [f"---- rank {rank} traceback ----", err.read_text()]
+    return "\n".join(parts)
+
+
+def run_horovod(target: str, np: int = 2, controller: str = "gloo", kwargs: dict | None = None,
+                timeout: float = DEFAULT_TIMEOUT, env: dict | None = None) -> list:
+    """Run ``target`` under ``horovodrun -np np`` with Gloo or MPI; return per-rank results."""
+    if controller not in ("gloo", "mpi"):
+        raise ValueError(f"controller must be 'gloo' or 'mpi', got {controller!r}")
+    cmd = [_bin("horovodrun"), "-np", str(np), f"--{controller}", "-H", f"localhost:{np}"]
+    return _launch(cmd, np, target, kwargs, timeout, env)
+
+
+def run_mpi(target: str, np: int = 2, kwargs: dict | None = None,
+            timeout: float = DEFAULT_TIMEOUT, env: dict | None = None) -> list:
+    """Run ``target`` under ``mpirun -np np`` (mpi4py workers); return per-rank results."""
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none"]
+    return _launch(cmd, np, target, kwargs, timeout, env)
