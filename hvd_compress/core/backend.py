@@ -1,0 +1,233 @@
+"""The small array backend every algorithm in :mod:`hvd_compress.core` is written against.
+
+The algorithms never call numpy, torch or tensorflow directly: they call the
+methods below on a backend object ``B``.  :class:`NumpyBackend` is the
+reference; ``hvd_compress.torch`` and ``hvd_compress.tensorflow`` supply the
+same methods on their own tensors, so one algorithm runs everywhere and gives
+the same bits for the same input and noise.
+
+Rules the algorithms keep, so that the framework backends stay fast on GPUs:
+
+* no Python ``if``/loop on array *values* (that would copy to the host and
+  synchronise the device): data-dependent choices go through :meth:`where`
+  on 0-d arrays;
+* every shape depends only on the input's shape and the compressor's
+  parameters, never on the data (payload sizes are static);
+* integer arithmetic that must wrap (hashing) is done in int64 and masked to
+  32 bits, which every framework computes identically.
+
+Dtype names are strings: ``"float16" "bfloat16" "float32" "float64" "uint8"
+"int32" "int64"``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["NumpyBackend", "NUMPY"]
+
+_NP_DTYPES = {
+    "float16": np.float16, "float32": np.float32, "float64": np.float64,
+    "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "uint16": np.uint16,
+    "bool": np.bool_,
+}
+
+
+class NumpyBackend:
+    """Reference backend on numpy arrays (CPU)."""
+
+    name = "numpy"
+
+    # -- dtypes and construction -------------------------------------------
+    def dtype_name(self, x) -> str:
+        return np.asarray(x).dtype.name
+
+    def shape(self, x) -> tuple:
+        return tuple(np.shape(x))
+
+    def asarray(self, x, dtype: str | None = None, like=None):
+        return np.asarray(x, dtype=_NP_DTYPES[dtype] if dtype else None)
+
+    def cast(self, x, dtype: str):
+        return np.asarray(x).astype(_NP_DTYPES[dtype], copy=False)
+
+    def zeros(self, shape, dtype: str = "float32", like=None):
+        return np.zeros(shape, dtype=_NP_DTYPES[dtype])
+
+    def full(self, shape, value, dtype: str = "float32", like=None):
+        return np.full(shape, value, dtype=_NP_DTYPES[dtype])
+
+    def arange(self, n: int, dtype: str = "int64", like=None):
+        return np.arange(n, dtype=_NP_DTYPES[dtype])
+
+    def scalar(self, value, dtype: str = "float32", like=None):
+        """A 0-d array (stays on the device in the framework backends)."""
+        return np.asarray(value, dtype=_NP_DTYPES[dtype])
+
+    def copy(self, x):
+        return np.array(x, copy=True)
+
+    # -- shape ----------------------------------------------------------------
+    def reshape(self, x, shape):
+        return np.reshape(x, shape)
+
+    def concat(self, xs):
+        return np.concatenate([np.ravel(x) for x in xs])
+
+    def pad_to(self, x, n: int):
+        """Flat ``x`` zero-padded at the end to length ``n`` (``n >= len(x)``)."""
+        return np.pad(x, (0, n - x.shape[0]))
+
+    # -- elementwise ----------------------------------------------------------
+    def abs(self, x):
+        return np.abs(x)
+
+    def sign(self, x):
+        return np.sign(x)
+
+    def where(self, cond, a, b):
+        return np.where(cond, a, b)
+
+    def isfinite(self, x):
+        return np.isfinite(x)
+
+    def floor(self, x):
+        return np.floor(x)
+
+    def log(self, x):
+        return np.log(x)
+
+    def cos(self, x):
+        return np.cos(x)
+
+    def sqrt(self, x):
+        return np.sqrt(x)
+
+    def maximum(self, a, b):
+        return np.maximum(a, b)
+
+    def minimum(self, a, b):
+        return np.minimum(a, b)
+
+    def clip(self, x, lo, hi):
+        return np.clip(x, lo, hi)
+
+    # -- reductions -------------------------------------------------------------
+    def sum(self, x, axis=None):
+        return np.sum(x, axis=axis)
+
+    def max(self, x, axis=None):
+        return np.max(x, axis=axis)
+
+    def all_finite(self, x):
+        return np.all(np.isfinite(x))
+
+    def cumsum(self, x):
+        return np.cumsum(x)
+
+    def kth_largest(self, x, k: int):
+        """The k-th largest value of flat ``x`` (1-based), as a 0-d array."""
+        n = x.shape[0]
+        return np.partition(x, n - k)[n - k]
+
+    def count_ge(self, x, thresholds):
+        """For each threshold t (1-d array), the number of elements of ``x`` >= t (int64)."""
+        return np.stack([np.count_nonzero(x >= t) for t in thresholds]).astype(np.int64)
+
+    # -- indexing -----------------------------------------------------------------
+    def gather(self, x, idx):
+        return x[idx]
+
+    def scatter_add(self, n: int, idx, values, dtype: str = "float32"):
+        """Dense length-``n`` vector with ``values`` added at ``idx`` (duplicates add)."""
+        out = np.zeros(n, dtype=_NP_DTYPES[dtype])
+        np.add.at(out, idx, values)
+        return out
+
+    def scatter_set(self, x, idx, values):
+        """Copy of ``x`` with ``x[idx] = values`` (indices distinct)."""
+        out = np.array(x, copy=True)
+        out[idx] = values
+        return out
+
+    def compact(self, mask, k: int):
+        """Indices of the first ``k`` True entries of flat ``mask``, in index order, padded
+        with ``len(mask)`` (an out-of-range marker) when fewer are True; int64, length ``k``."""
+        idx = np.flatnonzero(mask)[:k].astype(np.int64)
+        return np.pad(idx, (0, k - idx.shape[0]), constant_values=mask.shape[0])
+
+    # -- integers and bits ----------------------------------------------------------
+    def shift_left(self, x, s):
+        return np.left_shift(x, s)
+
+    def shift_right(self, x, s):
+        return np.right_shift(x, s)
+
+    def bit_and(self, x, y):
+        return np.bitwise_and(x, y)
+
+    def bit_or(self, x, y):
+        return np.bitwise_or(x, y)
+
+    def bit_xor(self, x, y):
+        return np.bitwise_xor(x, y)
+
+    def mul_low32(self, x, c: int):
+        """``(x * c) mod 2**32`` for int64 ``x`` in ``[0, 2**32)`` and a constant ``c < 2**32``."""
+        prod = np.asarray(x).astype(np.uint64) * np.uint64(c)  # < 2**64: exact
+        return (prod & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+    def bitcast(self, x, dtype: str):
+        """Reinterpret the bytes of flat contiguous ``x`` as ``dtype``."""
+        return np.ascontiguousarray(x).view(_NP_DTYPES[dtype])
+
+    def to_bfloat16_bits(self, x):
+        """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return np.where(np.isnan(x), 0x7FC0, rounded).astype(np.uint16)
+
+    def from_bfloat16_bits(self, bits):
+        """bfloat16 bit patterns (uint16) -> float32."""
+        return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+    # -- linear algebra -------------------------------------------------------------
+    def matmul(self, a, b):
+        return a @ b
+
+    def transpose(self, x):
+        return np.ascontiguousarray(x.T)
+
+    def orthonormalize(self, p):
+        """Columns of ``p`` made orthonormal (Gram-Schmidt order, as PowerSGD does)."""
+        q, r = np.linalg.qr(p)
+        # Fix signs so the result does not depend on the QR routine's convention.
+        d = np.sign(np.diagonal(r))
+        d = np.where(d == 0, 1, d).astype(p.dtype)
+        return q * d
+
+    # -- random numbers (generators the compressor owns) --------------------------------
+    def generator(self, seed: int):
+        return np.random.Generator(np.random.PCG64(seed))
+
+    def uniform(self, gen, n: int, like=None):
+        return gen.random(n, dtype=np.float32)
+
+    def normal(self, gen, shape, like=None):
+        return gen.standard_normal(shape, dtype=np.float32)
+
+    def generator_state(self, gen):
+        return gen.bit_generator.state
+
+    def set_generator_state(self, gen, state):
+        gen.bit_generator.state = state
+
+    # -- host conversion (tests, checkpoints; never in a hot path) -------------------------
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def from_numpy(self, a, like=None):
+        return np.array(a, copy=True)
+
+
+NUMPY = NumpyBackend()

@@ -1,0 +1,220 @@
+"""What every compressor shares: input checks, per-tensor state, error feedback,
+the exchange protocol and the treatment of non-finite gradients.
+
+Protocol (one tensor, one step)::
+
+    enc = comp.encode(x, name)                       # local: update state, make payload
+    for _ in range(comp.rounds(enc.meta) - 1):       # PowerSGD only: extra rounds
+        enc = comp.next_round(enc, allreduce_sum(enc.payload))
+    if comp.summable:                                # payloads that add up
+        total = comp.aggregate(allreduce_sum(enc.payload), enc)
+    else:                                            # packed bytes, one buffer per rank
+        total = comp.aggregate(allgather(enc.payload), enc)        # list, rank order
+
+``total`` is the dense *sum* over ranks, with ``x``'s shape and dtype; divide
+by the number of ranks for the mean.  ``enc.nbytes`` is exactly what this rank
+sends (per round, summed).  :func:`exchange` runs the protocol given the two
+collectives.
+
+Non-finite input (NaN or Inf anywhere in ``x``): the step's aggregate for that
+tensor is non-finite (NaN throughout for the sparsified and quantized formats;
+the offending entries for ``none``/``fp16``/``bf16``), so a loss scaler or the
+user sees it just as without compression, and the compressor's state for that
+tensor (residual, DGC memory, PowerSGD Q) is left as it was before the step, so
+the steps that follow are not poisoned.  No host synchronisation is needed for
+this: a 0-d flag scales the payload's float fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import NUMPY
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What every rank knows about a tensor without communicating."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Encoded:
+    """One rank's payload for one tensor, plus local context for decoding."""
+
+    payload: Any
+    meta: TensorMeta
+    nbytes: int
+    round: int = 0
+    ctx: dict = field(default_factory=dict)
+
+
+class Compressor:
+    """Base class.  Subclasses set ``name``, ``summable`` and implement
+    :meth:`_encode`, :meth:`_decode`, :meth:`payload_nbytes`."""
+
+    name = "base"
+    summable = False
+    #: whether this compressor keeps an error-feedback residual (set from ``ef``)
+    ef = False
+
+    def __init__(self, params: dict | None = None, backend=NUMPY, rank: int = 0,
+                 world_size: int = 1):
+        self.params = dict(params or {})
+        self.B = backend
+        self.rank = rank
+        self.world_size = world_size
+        self.ef = bool(self.params.get("ef", self.ef))
+        self.states: dict[str, dict] = {}
+
+    # -- public protocol --------------------------------------------------------
+    @property
+    def collective(self) -> str:
+        return "allreduce" if self.summable else "allgather"
+
+    def rounds(self, meta: TensorMeta) -> int:
+        return 1
+
+    def meta_for(self, x, name: str = "") -> TensorMeta:
+        B = self.B
+        dtype = B.dtype_name(x)
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{self.name}: tensor {name!r} has dtype {dtype}; gradients to "
+                            f"compress must be floating point ({', '.join(FLOAT_DTYPES)})")
+        meta = TensorMeta(name, tuple(B.shape(x)), dtype)
+        if meta.numel == 0:
+            raise ValueError(f"{self.name}: tensor {name!r} is empty (shape {meta.shape}); "
+                             "there is nothing to compress (send it uncompressed or skip it)")
+        return meta
+
+    def encode(self, x, name: str = "", noise=None) -> Encoded:
+        """Compress ``x`` (updating this tensor's state) into this rank's payload."""
+        meta = self.meta_for(x, name)
+        B = self.B
+        v = B.cast(B.reshape(x, (-1,)), "float32")
+        st = self.state(meta, like=v)
+        if self.ef:
+            v = v + st["residual"]
+        finite = B.all_finite(v)
+        clean = B.where(B.isfinite(v), v, 0.0)
+        # 1 when finite, NaN when not: multiplies every float field of the payload.
+        flag = B.where(finite, B.scalar(1.0, like=v), B.scalar(float("nan"), like=v))
+        enc = self._encode(clean, meta, st, noise, flag)
+        if self.ef:
+            new_residual = clean - self._decode_own(enc)
+            st["residual"] = B.where(finite, new_residual, st["residual"])
+        st["step"] = st["step"] + 1
+        return enc
+
+    def next_round(self, enc: Encoded, reduced) -> Encoded:
+        raise NotImplementedError(f"{self.name} has one round")
+
+    def decode(self, payload, meta: TensorMeta, ctx: dict | None = None):
+        """Dense tensor (shape and dtype of the input) from one payload.
+
+        ``ctx`` is the encoding rank's :attr:`Encoded.ctx` for compressors whose
+        payload leaves out what all ranks share (Random-k's indices)."""
+        return self._finish(self._decode(payload, meta, ctx or {}), meta)
+
+    def aggregate(self, received, enc: Encoded):
+        """Dense sum over ranks from the allreduced payload or the list of gathered ones.
+
+        ``enc`` is this rank's own :class:`Encoded` for the tensor (its meta and
+        local context; PowerSGD needs the latter)."""
+        meta = enc.meta
+        if self.summable:
+            return self.decode(received, meta, enc.ctx)
+        total = None
+        for p in received:
+            d = self._decode(p, meta, enc.ctx)
+            total = d if total is None else total + d
+        return self._finish(total, meta)
+
+    def reduce_pair(self, a, b):
+        """How the allreduce combines two payloads (summable compressors)."""
+        return a + b
+
+    def payload_nbytes(self, meta: TensorMeta) -> int:
+        raise NotImplementedError
+
+    # -- state ----------------------------------------------------------------------
+    def state(self, meta: TensorMeta, like=None) -> dict:
+        st = self.states.get(meta.name)
+        if st is None or st.get("numel") != meta.numel:
+            st = {"numel": meta.numel, "step": 0}
+            if self.ef:
+                st["residual"] = self.B.zeros((meta.numel,), "float32", like=like)
+            st.update(self._init_state(meta, like))
+            self.states[meta.name] = st
+        return st
+
+    def _init_state(self, meta: TensorMeta, like) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        """Per-tensor state as numpy arrays and Python ints (checkpointable)."""
+        out = {}
+        for name, st in self.states.items():
+            out[name] = {k: (v if isinstance(v, (int, float, dict)) else self.B.to_numpy(v))
+                         for k, v in st.items()}
+        extra = self._extra_state()
+        return {"spec": self.params, "tensors": out, **({"extra": extra} if extra else {})}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.states = {}
+        for name, st in sd["tensors"].items():
+            self.states[name] = {k: (v if isinstance(v, (int, float, dict)) else self.B.from_numpy(v))
+                                 for k, v in st.items()}
+        if "extra" in sd:
+            self._load_extra_state(sd["extra"])
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra_state(self, extra: dict) -> None:
+        pass
+
+    # -- for subclasses -----------------------------------------------------------------
+    def _encode(self, v, meta, st, noise, flag) -> Encoded:
+        raise NotImplementedError
+
+    def _decode(self, payload, meta, ctx):
+        """Flat float32 values from one payload."""
+        raise NotImplementedError
+
+    def _decode_own(self, enc: Encoded):
+        return self._decode(enc.payload, enc.meta, enc.ctx)
+
+    def _finish(self, flat, meta: TensorMeta):
+        B = self.B
+        out = B.reshape(flat, meta.shape)
+        return out if meta.dtype == "float32" else B.cast(out, meta.dtype)
+
+
+def exchange(comp: Compressor, x, name: str, allreduce_sum, allgather, noise=None):
+    """Run one step of the protocol for ``x``; returns ``(dense_sum, encoded)``.
+
+    ``allreduce_sum(payload)`` returns the sum over ranks; ``allgather(payload)``
+    returns the list of every rank's payload in rank order.
+    """
+    enc = comp.encode(x, name, noise=noise)
+    sent = enc.nbytes
+    for _ in range(comp.rounds(enc.meta) - 1):
+        enc = comp.next_round(enc, allreduce_sum(enc.payload))
+        sent += enc.nbytes
+    received = allreduce_sum(enc.payload) if comp.summable else allgather(enc.payload)
+    enc.ctx["total_nbytes"] = sent
+    return comp.aggregate(received, enc), enc

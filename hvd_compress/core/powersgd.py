@@ -1,0 +1,123 @@
+"""PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019): rank-r power iteration
+with warm start and error feedback.
+
+A tensor is seen as the matrix ``M`` of ``shape[0]`` rows and ``numel/shape[0]``
+columns (plus this rank's residual).  One step takes two allreduce rounds:
+
+1. send ``P = M Q`` (rows x r) -- ``Q`` (cols x r) is shared by all ranks;
+2. ``P_hat = orthonormalize(sum P)``; send ``Q_w = M^T P_hat`` (cols x r);
+3. the aggregate is ``P_hat (sum Q_w)^T``; this rank's residual is
+   ``M - P_hat Q_w^T`` (what its own contribution lost), and the next step
+   starts from ``Q = mean Q_w`` (warm start) -- all ranks agree on it.
+
+Both payloads are float32 and add up, so both rounds are allreduces, and the
+wire carries ``(rows + cols) * r`` floats per matrix.  Tensors for which that is
+not smaller than ``rows * cols`` (vectors, small matrices) are sent dense in one
+allreduce, as PyTorch's PowerSGD hook does.  The first ``Q`` is drawn from a
+normal distribution seeded by (seed, tensor name), identically on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Compressor, Encoded
+from .sampling import hash_stream, stream_keys
+
+PURPOSE_Q = 3
+
+
+def matrix_shape(meta) -> tuple:
+    if len(meta.shape) < 2:
+        return (meta.numel, 1)
+    return (meta.shape[0], meta.numel // meta.shape[0])
+
+
+class PowerSGD(Compressor):
+    """PowerSGD; see the module docstring."""
+
+    name = "powersgd"
+    summable = True
+
+    def __init__(self, params=None, backend=None, rank=0, world_size=1):
+        from .backend import NUMPY
+        super().__init__(params, backend or NUMPY, rank, world_size)
+        self.r = int(self.params.get("rank", 2))
+
+    def compressed(self, meta) -> bool:
+        rows, cols = matrix_shape(meta)
+        return len(meta.shape) >= 2 and (rows + cols) * self.r < rows * cols
+
+    def rounds(self, meta) -> int:
+        return 2 if self.compressed(meta) else 1
+
+    def payload_nbytes(self, meta) -> int:
+        rows, cols = matrix_shape(meta)
+        return 4 * ((rows + cols) * self.r if self.compressed(meta) else meta.numel)
+
+    def _gaussian(self, meta, step, like):
+        """cols x r standard normals from the shared hash stream (Box-Muller)."""
+        B = self.B
+        _, cols = matrix_shape(meta)
+        n = cols * self.r
+        key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, step,
+                                 PURPOSE_Q, like=like)
+        h = hash_stream(B, key0, key1, 2 * n, like=like)
+        u = (B.cast(B.shift_right(h, 8), "float32") + 0.5) * (1.0 / (1 << 24))
+        u1, u2 = u[:n], u[n:]
+        z = B.sqrt(-2.0 * B.log(u1)) * B.cos((2.0 * math.pi) * u2)
+        return B.reshape(z, (cols, self.r))
+
+    def _init_state(self, meta, like):
+        if not self.compressed(meta):
+            return {}
+        return {"q": self._gaussian(meta, 0, like)}
+
+    def encode(self, x, name="", noise=None) -> Encoded:
+        meta = self.meta_for(x, name)
+        B = self.B
+        v = B.cast(B.reshape(x, (-1,)), "float32")
+        if not self.compressed(meta):
+            return Encoded(v, meta, self.payload_nbytes(meta), ctx={"dense": True})
+        st = self.state(meta, like=v)
+        if self.ef:
+            v = v + st["residual"]
+        finite = B.all_finite(v)
+        flag = B.where(finite, B.scalar(1.0, like=v), B.scalar(float("nan"), like=v))
+        rows, cols = matrix_shape(meta)
+        m = B.reshape(B.where(B.isfinite(v), v, 0.0), (rows, cols))
+        q = st["q"]
+        if not self.params.get("warm_start", True):
+            q = self._gaussian(meta, st["step"], v)
+        p = B.matmul(m, q) * flag
+        return Encoded(p, meta, 4 * rows * self.r, round=0,
+                       ctx={"m": m, "finite": finite, "flag": flag})
+
+    def next_round(self, enc: Encoded, reduced) -> Encoded:
+        B = self.B
+        meta = enc.meta
+        st = self.states[meta.name]
+        p_hat = B.orthonormalize(reduced)
+        q_w = B.matmul(B.transpose(enc.ctx["m"]), p_hat) * enc.ctx["flag"]
+        if self.ef:
+            mine = B.reshape(B.matmul(p_hat, B.transpose(q_w)), (-1,))
+            new = B.reshape(enc.ctx["m"], (-1,)) - mine
+            st["residual"] = B.where(B.all_finite(new) & enc.ctx["finite"], new, st["residual"])
+        _, cols = matrix_shape(meta)
+        ctx = {"p_hat": p_hat}
+        return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=ctx)
+
+    def aggregate(self, received, enc: Encoded):
+        B = self.B
+        meta = enc.meta
+        if enc.ctx.get("dense"):
+            return self._finish(received, meta)
+        st = self.states[meta.name]
+        total = B.matmul(enc.ctx["p_hat"], B.transpose(received))
+        q_next = received * (1.0 / self.world_size)
+        st["q"] = B.where(B.all_finite(q_next), q_next, st["q"])
+        st["step"] = st["step"] + 1
+        return self._finish(B.reshape(total, (-1,)), meta)
+
+    def decode(self, payload, meta, ctx=None):
+        raise NotImplementedError("powersgd: decoding needs both rounds; use aggregate()")

@@ -1,0 +1,364 @@
+"""Quantizers: the value codecs and the whole-tensor compressors built on them.
+
+A *codec* turns a flat float32 vector into named payload fields (a layout of
+:class:`~hvd_compress.core.bitpack.Segment`) and back.  The same codec encodes
+a whole tensor (``qsgd``) or the values a sparsifier kept (``topk+qsgd``).
+
+Field layouts (in payload order; ``n`` values, bucket ``d``):
+
+=========  ==================================================================
+codec      fields
+=========  ==================================================================
+fp16       values float16[n]
+bf16       values uint16[n] (bfloat16 bit patterns, round to nearest even)
+qsgd       norms float32[ceil(n/d)], codes ceil(log2(2s+1))-bit x n
+terngrad   scale float32[1], codes 2-bit x n (0 -> 0, 1 -> +1, 2 -> -1)
+onebit     pos float32[cols], neg float32[cols], signs 1-bit x n (1: >= 0)
+threshold  scale float32[1] (= tau), codes 2-bit x n (0 -> 0, 1 -> +tau, 2 -> -tau)
+=========  ==================================================================
+
+Sums that set a scale (norms, standard deviation, column means) are computed
+in float64 and rounded to float32, so that every framework gets the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Compressor, Encoded
+from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_codes
+
+
+def _sum64(B, x, axis=None):
+    return B.cast(B.sum(B.cast(x, "float64"), axis=axis), "float32")
+
+
+def _norm64(B, x, axis=None):
+    """Euclidean norm computed in float64 (no overflow for huge float32 values), as float32."""
+    x = B.cast(x, "float64")
+    return B.cast(B.sqrt(B.sum(x * x, axis=axis)), "float32")
+
+
+class Codec:
+    """Encodes a flat float32 vector of ``n`` values (``cols`` columns, row-major)."""
+
+    name = "codec"
+    needs_noise = False
+
+    def __init__(self, params: dict):
+        self.params = params
+
+    def layout(self, n: int, cols: int = 1) -> list:
+        raise NotImplementedError
+
+    def encode_values(self, B, v, flag, noise, cols: int = 1) -> dict:
+        raise NotImplementedError
+
+    def decode_values(self, B, fields: dict, n: int, cols: int = 1):
+        raise NotImplementedError
+
+    def nbytes(self, n: int, cols: int = 1) -> int:
+        return sum(seg.nbytes for seg in self.layout(n, cols))
+
+
+class FP16Codec(Codec):
+    """IEEE half precision (round to nearest even), as Horovod's ``Compression.fp16``."""
+
+    name = "fp16"
+
+    def layout(self, n, cols=1):
+        return [Segment("values", "float16", n)]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        return {"values": B.cast(v * flag, "float16")}
+
+    def decode_values(self, B, fields, n, cols=1):
+        return B.cast(fields["values"], "float32")
+
+
+class BF16Codec(Codec):
+    """bfloat16: the top 16 bits of float32, rounded to nearest even."""
+
+    name = "bf16"
+
+    def layout(self, n, cols=1):
+        return [Segment("values", "uint16", n)]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        return {"values": B.to_bfloat16_bits(v * flag)}
+
+    def decode_values(self, B, fields, n, cols=1):
+        return B.from_bfloat16_bits(fields["values"])
+
+
+class QSGDCodec(Codec):
+    """QSGD (Alistarh et al., NeurIPS 2017), bucketed.
+
+    For each bucket of ``d`` values with norm ``||v||``, value ``v_i`` becomes
+    ``sign(v_i) * ||v|| * l_i / s`` where ``l_i = floor(s*|v_i|/||v|| + u_i)``
+    and ``u_i ~ U[0, 1)``: unbiased, with variance at most
+    ``min(d/s^2, sqrt(d)/s) * ||v||^2`` per bucket.  The code ``s + sign*l``
+    in ``[0, 2s]`` takes ``ceil(log2(2s+1))`` bits.
+    """
+
+    name = "qsgd"
+    needs_noise = True
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.s = int(params.get("levels", 7))
+        self.d = int(params.get("bucket", 512))
+        if not 1 <= self.s <= 127:
+            raise ValueError(f"qsgd: levels must be in [1, 127] (codes of at most 8 bits), got {self.s}")
+        self.bits = math.ceil(math.log2(2 * self.s + 1))
+
+    def layout(self, n, cols=1):
+        return [Segment("norms", "float32", -(-n // self.d)),
+                Segment("codes", "uint8", -(-n * self.bits // 8))]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        n, d, s = B.shape(v)[0], self.d, self.s
+        nb = -(-n // d)
+        buckets = B.reshape(B.pad_to(v, nb * d), (nb, d))
+        norms = _norm64(B, buckets, axis=1)
+        safe = B.where(norms > 0, norms, 1.0)
+        ratio = B.reshape(B.abs(buckets) / B.reshape(safe, (nb, 1)), (-1,))[:n]
+        level = B.minimum(B.floor(ratio * s + noise), float(s))
+        code = B.where(v < 0, s - level, s + level)
+        return {"norms": norms * flag, "codes": pack_codes(B, code, self.bits)}
+
+    def decode_values(self, B, fields, n, cols=1):
+        d, s = self.d, self.s
+        nb = -(-n // d)
+        level = B.cast(unpack_codes(B, fields["codes"], self.bits, n), "float32") - s
+        level = B.reshape(B.pad_to(level, nb * d), (nb, d))
+        scale = B.reshape(fields["norms"] / s, (nb, 1))
+        return B.reshape(level * scale, (-1,))[:n]
+
+
+class TernGradCodec(Codec):
+    """TernGrad (Wen et al., NeurIPS 2017): ``{-1, 0, +1} * scale``.
+
+    Values are first clipped to ``[-c*sigma, c*sigma]`` (``clip=c``, 2.5 in the
+    paper; 0 turns clipping off), then ``scale = max|v|`` and each value becomes
+    ``sign(v) * scale`` with probability ``|v|/scale``, else 0: unbiased for
+    the clipped values.
+    """
+
+    name = "terngrad"
+    needs_noise = True
+
+    def layout(self, n, cols=1):
+        return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        n = B.shape(v)[0]
+        c = float(self.params.get("clip", 2.5))
+        if c > 0:
+            v64 = B.cast(v, "float64")
+            centered = v64 - B.sum(v64) / n
+            sigma = B.cast(B.sqrt(B.sum(centered * centered) / n), "float32")
+            v = B.clip(v, -c * sigma, c * sigma)
+        scale = B.max(B.abs(v))
+        safe = B.where(scale > 0, scale, 1.0)
+        keep = noise < B.abs(v) / safe
+        code = B.where(keep, B.where(v < 0, 2, 1), 0)
+        return {"scale": B.reshape(scale * flag, (1,)), "codes": pack_codes(B, code, 2)}
+
+    def decode_values(self, B, fields, n, cols=1):
+        code = unpack_codes(B, fields["codes"], 2, n)
+        tern = B.where(code == 1, 1.0, B.where(code == 2, -1.0, 0.0))
+        return B.cast(tern, "float32") * fields["scale"]
+
+
+class OneBitCodec(Codec):
+    """1-bit SGD (Seide et al., Interspeech 2014).
+
+    The values, seen as a ``rows x cols`` matrix, are sent as one sign bit
+    each; column ``c`` is reconstructed as the mean of its non-negative values
+    (bit 1) or of its negative values (bit 0).  Meant to be used with error
+    feedback, which carries the quantization error into the next step.
+    """
+
+    name = "onebit"
+
+    def layout(self, n, cols=1):
+        return [Segment("pos", "float32", cols), Segment("neg", "float32", cols),
+                Segment("signs", "uint8", -(-n // 8))]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        m = B.reshape(v, (-1, cols))
+        nonneg = m >= 0
+        one, zero = 1.0, 0.0
+        npos = _sum64(B, B.where(nonneg, one, zero), axis=0)
+        nneg = _sum64(B, B.where(nonneg, zero, one), axis=0)
+        spos = _sum64(B, B.where(nonneg, m, zero), axis=0)
+        sneg = _sum64(B, B.where(nonneg, zero, m), axis=0)
+        pos = B.where(npos > 0, spos / B.maximum(npos, 1.0), 0.0)
+        neg = B.where(nneg > 0, sneg / B.maximum(nneg, 1.0), 0.0)
+        bits = B.reshape(B.where(nonneg, 1, 0), (-1,))
+        return {"pos": pos * flag, "neg": neg * flag, "signs": pack_codes(B, bits, 1)}
+
+    def decode_values(self, B, fields, n, cols=1):
+        bits = B.reshape(unpack_codes(B, fields["signs"], 1, n), (-1, cols))
+        pos = B.reshape(fields["pos"], (1, cols))
+        neg = B.reshape(fields["neg"], (1, cols))
+        return B.reshape(B.where(bits == 1, pos, neg), (-1,))
+
+
+class ThresholdCodec(Codec):
+    """2-bit threshold quantization (Strom, Interspeech 2015; MXNet's ``2bit``).
+
+    Values ``>= tau`` are sent as ``+tau``, values ``<= -tau`` as ``-tau``, the
+    rest as 0; with error feedback the remainder stays in the residual.
+    """
+
+    name = "threshold"
+
+    def layout(self, n, cols=1):
+        return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        tau = float(self.params.get("tau", 0.01))
+        code = B.where(v >= tau, 1, B.where(v <= -tau, 2, 0))
+        scale = B.reshape(B.scalar(tau, like=v) * flag, (1,))
+        return {"scale": scale, "codes": pack_codes(B, code, 2)}
+
+    def decode_values(self, B, fields, n, cols=1):
+        code = unpack_codes(B, fields["codes"], 2, n)
+        tern = B.where(code == 1, 1.0, B.where(code == 2, -1.0, 0.0))
+        return B.cast(tern, "float32") * fields["scale"]
+
+
+CODECS = {c.name: c for c in (FP16Codec, BF16Codec, QSGDCodec, TernGradCodec, OneBitCodec,
+                              ThresholdCodec)}
+
+
+def make_codec(name: str, params: dict) -> Codec:
+    return CODECS[name](params)
+
+
+def columns(meta) -> int:
+    """Columns of the matrix view a tensor has for column-wise codecs (1-bit)."""
+    if len(meta.shape) < 2:
+        return 1
+    return meta.numel // meta.shape[0]
+
+
+class NoiseSource:
+    """Uniform [0, 1) noise from a generator the compressor owns, seeded by (seed, rank)."""
+
+    def __init__(self, B, seed: int, rank: int):
+        self.B = B
+        self.seed = seed
+        self.rank = rank
+        self.gen = B.generator(_mix(seed, rank))
+
+    def draw(self, n: int, like=None):
+        return self.B.uniform(self.gen, n, like=like)
+
+    def state(self):
+        return self.B.generator_state(self.gen)
+
+    def load(self, state):
+        self.B.set_generator_state(self.gen, state)
+
+
+def _mix(seed: int, rank: int) -> int:
+    return (seed * 1_000_003 + rank * 7919 + 12345) & 0x7FFFFFFF
+
+
+class QuantizerCompressor(Compressor):
+    """A whole tensor through one codec; payload bytes travel by allgather."""
+
+    def __init__(self, codec_name: str, params=None, backend=None, rank=0, world_size=1, **kw):
+        from .backend import NUMPY
+        super().__init__(params, backend or NUMPY, rank, world_size)
+        self.name = codec_name
+        self.codec = make_codec(codec_name, self.params)
+        self.noise = NoiseSource(self.B, int(self.params.get("seed", 0)), rank) \
+            if self.codec.needs_noise else None
+
+    def _cols(self, meta):
+        return columns(meta) if self.codec.name == "onebit" else 1
+
+    def payload_nbytes(self, meta) -> int:
+        return self.codec.nbytes(meta.numel, self._cols(meta))
+
+    def _encode(self, v, meta, st, noise, flag) -> Encoded:
+        B = self.B
+        n = meta.numel
+        if self.codec.needs_noise and noise is None:
+            noise = self.noise.draw(n, like=v)
+        elif noise is not None:
+            noise = B.reshape(B.cast(noise, "float32"), (-1,))
+        cols = self._cols(meta)
+        fields = self.codec.encode_values(B, v, flag, noise, cols)
+        payload = join_segments(B, self.codec.layout(n, cols), fields)
+        return Encoded(payload, meta, self.payload_nbytes(meta))
+
+    def _decode(self, payload, meta, ctx=None):
+        n, cols = meta.numel, self._cols(meta)
+        fields = split_segments(self.B, self.codec.layout(n, cols), payload)
+        return self.codec.decode_values(self.B, fields, n, cols)
+
+    def _extra_state(self):
+        return {"noise": self.noise.state()} if self.noise else {}
+
+    def _load_extra_state(self, extra):
+        if self.noise and "noise" in extra:
+            self.noise.load(extra["noise"])
+
+
+class Identity(Compressor):
+    """``none``: the tensor itself, summed by allreduce (32 bits per element)."""
+
+    name = "none"
+    summable = True
+
+    def encode(self, x, name="", noise=None) -> Encoded:
+        meta = self.meta_for(x, name)
+        return Encoded(self.B.reshape(x, (-1,)), meta, self.payload_nbytes(meta))
+
+    def payload_nbytes(self, meta):
+        return meta.numel * {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}[meta.dtype]
+
+    def _decode(self, payload, meta, ctx=None):
+        return payload
+
+    def _finish(self, flat, meta):
+        return self.B.reshape(flat, meta.shape)
+
+
+class Cast16(Compressor):
+    """``fp16`` / ``bf16``: a 16-bit cast, summed by allreduce (Horovod's fp16 compression).
+
+    Non-finite values pass through as they are (a cast keeps NaN and Inf).
+    """
+
+    summable = True
+
+    def __init__(self, name: str, params=None, backend=None, rank=0, world_size=1):
+        from .backend import NUMPY
+        super().__init__(params, backend or NUMPY, rank, world_size)
+        self.name = name
+        self.codec = make_codec(name, {})
+
+    def encode(self, x, name="", noise=None) -> Encoded:
+        meta = self.meta_for(x, name)
+        B = self.B
+        v = B.cast(B.reshape(x, (-1,)), "float32")
+        fields = self.codec.encode_values(B, v, 1.0, None)
+        return Encoded(fields["values"], meta, self.payload_nbytes(meta))
+
+    def payload_nbytes(self, meta):
+        return 2 * meta.numel
+
+    def _decode(self, payload, meta, ctx=None):
+        return self.codec.decode_values(self.B, {"values": payload}, 0)
+
+    def reduce_pair(self, a, b):
+        """Sum two 16-bit payloads: added in float32, rounded back to 16 bits."""
+        B = self.B
+        total = self._decode(a, None) + self._decode(b, None)
+        return self.codec.encode_values(B, total, 1.0, None)["values"]

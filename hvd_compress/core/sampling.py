@@ -1,0 +1,76 @@
+"""Randomness that every rank and every framework computes identically.
+
+Random-k's indices and DGC's threshold sample must be the same on all ranks
+for a given (seed, step, tensor name), and the same in numpy, PyTorch and
+TensorFlow, without touching any global RNG the user's code also draws from.
+They come from a counter-based hash: element ``i`` of a stream keyed by
+``key`` is ``hash32(hash32(i ^ key0) ^ key1)``, with the 32-bit integer
+finaliser "lowbias32" (C. Wellons, 2018).  The arithmetic is done in int64 and
+masked to 32 bits, which numpy, torch and tensorflow all compute the same way.
+
+Stochastic rounding noise (QSGD, TernGrad), which must differ between ranks,
+comes instead from a generator the compressor owns (``Backend.generator``) or
+is passed in explicitly.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+
+
+def hash32(B, x):
+    """lowbias32 on int64 arrays holding values in [0, 2**32)."""
+    x = B.bit_xor(x, B.shift_right(x, 16))
+    x = B.mul_low32(x, 0x7FEB352D)
+    x = B.bit_xor(x, B.shift_right(x, 15))
+    x = B.mul_low32(x, 0x846CA68B)
+    return B.bit_xor(x, B.shift_right(x, 16))
+
+
+def name_key(name: str) -> int:
+    """A 32-bit constant for a tensor name (CRC-32 of its UTF-8 bytes)."""
+    return zlib.crc32(name.encode("utf-8")) & MASK32
+
+
+def stream_keys(B, seed: int, name: str, step, purpose: int, like=None):
+    """Two 0-d int64 keys for the stream of (seed, tensor name, step, purpose).
+
+    ``step`` may be a Python int or a 0-d int64 array (a framework variable),
+    so the keys can be derived inside a traced function without the host.
+    """
+    base = hash32(B, B.scalar((seed * GOLDEN + purpose) & MASK32, "int64", like=like))
+    base = hash32(B, B.bit_xor(base, B.scalar(name_key(name), "int64", like=like)))
+    step = B.bit_and(B.cast(B.asarray(step, like=like) if isinstance(step, int) else step,
+                            "int64"), MASK32)
+    key0 = hash32(B, B.bit_xor(base, step))
+    key1 = hash32(B, B.bit_xor(key0, B.scalar(GOLDEN, "int64", like=like)))
+    return key0, key1
+
+
+def hash_stream(B, key0, key1, n: int, like=None):
+    """``n`` uniformly distributed 32-bit integers (int64 array) of the keyed stream."""
+    i = B.arange(n, "int64", like=like)
+    return hash32(B, B.bit_xor(hash32(B, B.bit_xor(i, key0)), key1))
+
+
+def stratified_indices(B, n: int, k: int, key0, key1, like=None):
+    """``k`` distinct indices in ``[0, n)``, one drawn uniformly from each of ``k`` strata.
+
+    Stratum ``j`` is ``[floor(j*n/k), floor((j+1)*n/k))``; its index is
+    ``lo_j + floor(h_j * size_j / 2**32)`` for the keyed hash ``h_j``.  Each
+    coordinate is chosen with probability ``1/size_j`` (about ``k/n``, as in
+    random-k), the k indices come out distinct and sorted, and the work is
+    O(k) on any device.  Returns ``(indices, sizes)``, both int64.
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    j = B.arange(k + 1, "int64", like=like)
+    bounds = (j * n) // k
+    lo, hi = bounds[:-1], bounds[1:]
+    sizes = hi - lo
+    h = hash_stream(B, key0, key1, k, like=like)
+    offset = B.shift_right(h * sizes, 32)  # < 2**32 * n < 2**63: no overflow
+    return lo + offset, sizes

@@ -1,0 +1,198 @@
+"""Sparsifiers: top-k, random-k, and their composition with a value codec.
+
+Payload layout (``k`` kept values of a tensor with ``n`` elements)::
+
+    topk          indices int32[k] (int64 when n >= 2**31), values float32[k]
+    randomk       values float32[k]            (indices shared, not sent; allreduce)
+    S+codec       indices (unless S is randomk), then the codec's fields for k values
+
+Indices are sent in increasing order.  A slot that selection could not fill
+(only DGC, when fewer than k values pass its threshold) carries index 0 and
+value 0, which adds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Compressor, Encoded
+from .bitpack import Segment, join_segments, split_segments
+from .quantizers import make_codec
+from .sampling import stratified_indices, stream_keys
+
+PURPOSE_RANDOMK = 1
+PURPOSE_DGC_SAMPLE = 2
+
+
+def index_dtype(n: int) -> str:
+    return "int32" if n < 2 ** 31 else "int64"
+
+
+def count_for(ratio: float, n: int) -> int:
+    """k = ceil(ratio * n), at least 1 and at most n."""
+    return max(1, min(n, math.ceil(ratio * n - 1e-9)))
+
+
+def topk_mask(B, mag, k: int):
+    """Mask of exactly the k largest entries of ``mag``; ties go to the lower index.
+
+    This canonical choice makes every framework pick the same set.
+    """
+    t = B.kth_largest(mag, k)
+    above = mag > t
+    equal = mag == t
+    room = k - B.sum(B.cast(above, "int64"))
+    return above | (equal & (B.cumsum(B.cast(equal, "int64")) <= room))
+
+
+class Sparsifier(Compressor):
+    """Common part of top-k, random-k and DGC: select k indices, send (index, value)."""
+
+    shared_indices = False
+
+    def __init__(self, params=None, backend=None, rank=0, world_size=1, codec=None):
+        from .backend import NUMPY
+        super().__init__(params, backend or NUMPY, rank, world_size)
+        self.codec = codec  # (name, params) of a quantizer for the kept values, or None
+        self._codec = make_codec(codec[0], codec[1]) if codec else None
+        if self._codec is not None:
+            from .quantizers import NoiseSource
+            cparams = codec[1]
+            self.noise = NoiseSource(self.B, int(cparams.get("seed", 0)), rank) \
+                if self._codec.needs_noise else None
+            self.name = f"{self.name}+{self._codec.name}"
+        else:
+            self.noise = None
+
+    @property
+    def summable(self):
+        return self.shared_indices and (self._codec is None or self._codec.name in ("fp16", "bf16"))
+
+    # -- sizes -----------------------------------------------------------------------
+    def k_for(self, meta, ctx=None) -> int:
+        return count_for(float(self.params["ratio"]), meta.numel)
+
+    def layout(self, meta, ctx=None) -> list:
+        n, k = meta.numel, self.k_for(meta, ctx)
+        segs = [] if self.shared_indices else [Segment("indices", index_dtype(n), k)]
+        if self._codec is None:
+            segs.append(Segment("values", "float32", k))
+        else:
+            segs += self._codec.layout(k)
+        return segs
+
+    def payload_nbytes(self, meta, ctx=None) -> int:
+        return sum(s.nbytes for s in self.layout(meta, ctx))
+
+    # -- encode/decode --------------------------------------------------------------------
+    def _select(self, v, meta, st):
+        """(indices int64[k] in increasing order, with n marking empty slots, scale or None)."""
+        raise NotImplementedError
+
+    def _encode(self, v, meta, st, noise, flag) -> Encoded:
+        B = self.B
+        n, k = meta.numel, self.k_for(meta)
+        idx, scale = self._select(v, meta, st)
+        ctx = {"k": k}
+        valid = idx < n
+        safe = B.where(valid, idx, 0)
+        values = B.where(valid, B.gather(v, safe), 0.0)
+        if scale is not None:
+            values = values * scale
+        ctx["indices"] = safe
+        ctx["valid"] = valid
+        if self._codec is None:
+            fields = {"values": values * flag}
+        else:
+            if self._codec.needs_noise and noise is None:
+                noise = self.noise.draw(k, like=v)
+            fields = self._codec.encode_values(B, values, flag, noise)
+        if not self.shared_indices:
+            fields["indices"] = B.cast(safe, index_dtype(n))
+        if self.summable:
+            payload = fields["values"]
+        else:
+            payload = join_segments(B, self.layout(meta, ctx), fields)
+        return Encoded(payload, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
+
+    def _fields(self, payload, meta, ctx):
+        if self.summable:
+            return {"values": payload}
+        return split_segments(self.B, self.layout(meta, ctx), payload)
+
+    def _values(self, fields, meta, ctx):
+        if self._codec is None:
+            return fields["values"]
+        return self._codec.decode_values(self.B, fields, self.k_for(meta, ctx))
+
+    def _indices(self, fields, ctx):
+        if self.shared_indices:
+            return ctx["indices"]
+        return self.B.cast(fields["indices"], "int64")
+
+    def _decode(self, payload, meta, ctx):
+        fields = self._fields(payload, meta, ctx)
+        return self.B.scatter_add(meta.numel, self._indices(fields, ctx),
+                                  self._values(fields, meta, ctx))
+
+    def aggregate(self, received, enc):
+        if self.summable:
+            return self.decode(received, enc.meta, enc.ctx)
+        B = self.B
+        idx, vals = [], []
+        for p in received:  # one scatter for all ranks
+            fields = self._fields(p, enc.meta, enc.ctx)
+            idx.append(self._indices(fields, enc.ctx))
+            vals.append(self._values(fields, enc.meta, enc.ctx))
+        return self._finish(B.scatter_add(enc.meta.numel, B.concat(idx), B.concat(vals)), enc.meta)
+
+    def reduce_pair(self, a, b):
+        if self._codec is not None:  # fp16/bf16 values: add in float32, round back
+            B = self.B
+            total = self._codec.decode_values(B, {"values": a}, 0) + \
+                self._codec.decode_values(B, {"values": b}, 0)
+            return self._codec.encode_values(B, total, 1.0, None)["values"]
+        return a + b
+
+    def _extra_state(self):
+        return {"noise": self.noise.state()} if self.noise else {}
+
+    def _load_extra_state(self, extra):
+        if self.noise and "noise" in extra:
+            self.noise.load(extra["noise"])
+
+
+class TopK(Sparsifier):
+    """Top-k sparsification (Aji & Heafield, EMNLP 2017; error feedback as in
+    Stich et al. 2018): the k = ceil(ratio*n) largest magnitudes, sent with
+    their indices; the rest stays in the residual."""
+
+    name = "topk"
+
+    def _select(self, v, meta, st):
+        mask = topk_mask(self.B, self.B.abs(v), self.k_for(meta))
+        return self.B.compact(mask, self.k_for(meta)), None
+
+
+class RandomK(Sparsifier):
+    """Random-k sparsification (Stich, Cordonnier & Jaggi, NeurIPS 2018).
+
+    The k indices are the same on every rank for a given (seed, step, tensor
+    name) -- one drawn uniformly from each of k equal strata, so every
+    coordinate is kept with probability about k/n -- and are never sent: the k
+    values are summed by allreduce.  ``unbiased=true`` scales each kept value
+    by its stratum size (its inverse inclusion probability) and, by default,
+    turns error feedback off.
+    """
+
+    name = "randomk"
+    shared_indices = True
+
+    def _select(self, v, meta, st):
+        B = self.B
+        k = self.k_for(meta)
+        key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, st["step"],
+                                 PURPOSE_RANDOMK, like=v)
+        idx, sizes = stratified_indices(B, meta.numel, k, key0, key1, like=v)
+        scale = B.cast(sizes, "float32") if self.params.get("unbiased") else None
+        return idx, scale

@@ -1,0 +1,309 @@
+"""Properties of the numpy reference core, checked over many shapes, dtypes and values."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hvd_compress.core import build, exchange, warmup_density
+from hvd_compress.core.bitpack import packed_nbytes
+from hvd_compress.core.powersgd import matrix_shape
+
+ALL_SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
+             "randomk:ratio=0.1,unbiased=true", "dgc:ratio=0.01", "qsgd:levels=7",
+             "qsgd:levels=16,bucket=64", "terngrad", "onebit", "threshold:tau=0.01",
+             "powersgd:rank=2", "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16",
+             "dgc:ratio=0.05+terngrad", "topk:ratio=0.2+onebit", "topk:ratio=0.2+threshold:tau=0.1"]
+# Compressors with error feedback (or DGC's equivalent memory with momentum 0).
+EF_SPECS = ["topk:ratio=0.1", "randomk:ratio=0.1", "onebit", "threshold:tau=0.01",
+            "qsgd:levels=3,ef=true", "terngrad:ef=true", "topk:ratio=0.1+qsgd:levels=16",
+            "randomk:ratio=0.2+fp16", "topk:ratio=0.2+onebit", "dgc:ratio=0.05,momentum=0",
+            "powersgd:rank=1"]
+
+shapes = st.one_of(
+    st.just(()), st.just((1,)),
+    st.integers(1, 300).map(lambda n: (n,)),
+    st.tuples(st.integers(1, 20), st.integers(1, 20)),
+    st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 5)))
+dtypes = st.sampled_from([np.float32, np.float64, np.float16])
+value_kinds = st.sampled_from(["normal", "zeros", "constant", "tiny", "huge"])
+
+
+def make(shape, dtype, kind, seed=0):
+    rng = np.random.default_rng(seed)
+    if kind == "zeros":
+        x = np.zeros(shape)
+    elif kind == "constant":
+        x = np.full(shape, 0.37)
+    elif kind == "tiny":
+        x = rng.standard_normal(shape) * 1e-30
+    elif kind == "huge":
+        x = rng.standard_normal(shape) * (1e30 if dtype != np.float16 else 1e4)
+    else:
+        x = rng.standard_normal(shape)
+    return np.asarray(x, dtype=dtype)
+
+
+def single_rank(comp, x, name="t", noise=None):
+    """One rank's exchange: the sum over one rank is that rank's decoded payload."""
+    return exchange(comp, x, name, allreduce_sum=lambda p: p, allgather=lambda p: [p], noise=noise)
+
+
+# -- shapes, dtypes, round trips ---------------------------------------------------------
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes, dtype=dtypes, kind=value_kinds, spec=st.sampled_from(ALL_SPECS))
+def test_decode_keeps_shape_and_dtype(shape, dtype, kind, spec):
+    x = make(shape, dtype, kind)
+    comp = build(spec)
+    out, enc = single_rank(comp, x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    if not (kind == "huge" and "fp16" in spec):  # 1e30 does not fit half precision
+        assert np.all(np.isfinite(out.astype(np.float64)))
+    if comp.collective == "allgather":
+        assert enc.payload.dtype == np.uint8 and enc.payload.nbytes == enc.nbytes
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=shapes, dtype=dtypes, kind=value_kinds)
+def test_none_and_fp16_round_trip_as_documented(shape, dtype, kind):
+    x = make(shape, dtype, kind)
+    out, _ = single_rank(build("none"), x)
+    np.testing.assert_array_equal(out, x)  # exact
+    out16, _ = single_rank(build("fp16"), x)
+    with np.errstate(over="ignore"):
+        expect = x.astype(np.float32).astype(np.float16).astype(dtype)
+    np.testing.assert_array_equal(out16, expect)  # one rounding to half precision
+
+
+# -- nothing lost ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", EF_SPECS)
+@pytest.mark.parametrize("shape", [(1,), (37,), (12, 9), (3, 4, 5)])
+def test_nothing_lost_with_error_feedback(spec, shape):
+    comp = build(spec)
+    rng = np.random.default_rng(7)
+    total_in = np.zeros(int(np.prod(shape)), np.float64)
+    total_sent = np.zeros_like(total_in)
+    for _ in range(20):
+        x = rng.standard_normal(shape).astype(np.float32)
+        out, _ = single_rank(comp, x, "w")
+        total_in += x.ravel()
+        total_sent += out.ravel()
+    st_ = comp.states.get("w", {})
+    residual = st_["v"] if "v" in st_ else st_.get("residual", np.zeros_like(total_in))
+    np.testing.assert_allclose(total_sent + residual, total_in, rtol=0, atol=2e-5 * 20)
+
+
+def test_dgc_keeps_unsent_momentum_in_its_memory():
+    """With momentum m, v_T + sum(sent) equals the sum of the momentum vectors u_t."""
+    comp = build("dgc:ratio=0.05,momentum=0.9,warmup_epochs=0")
+    rng = np.random.default_rng(3)
+    u = np.zeros(200)
+    sum_u = np.zeros(200)
+    sent = np.zeros(200)
+    for _ in range(15):
+        g = rng.standard_normal(200).astype(np.float32)
+        u = 0.9 * u + g
+        sum_u += u
+        out, enc = single_rank(comp, g, "w")
+        sent += out
+        hit = np.zeros(200, bool)
+        hit[enc.ctx["indices"][enc.ctx["valid"]]] = True
+        u[hit] = 0.0  # momentum factor masking
+        np.testing.assert_allclose(comp.states["w"]["u"], u, atol=1e-4)
+    np.testing.assert_allclose(comp.states["w"]["v"] + sent, sum_u, atol=1e-3)
+
+
+# -- unbiasedness and variance ---------------------------------------------------------------
+
+def _draws(spec, x, n_draws, seed=0):
+    comp = build(spec)
+    rng = np.random.default_rng(seed)
+    out = np.empty((n_draws, x.size))
+    for i in range(n_draws):
+        noise = rng.random(x.size, dtype=np.float32)
+        out[i] = single_rank(comp, x, "w", noise=noise)[0].ravel()
+    return out
+
+
+@pytest.mark.parametrize("spec", ["qsgd:levels=2,bucket=16", "qsgd:levels=7", "terngrad:clip=0"])
+def test_stochastic_quantizers_are_unbiased(spec):
+    x = np.random.default_rng(1).standard_normal(48).astype(np.float32)
+    draws = _draws(spec, x, 3000)
+    mean, sd = draws.mean(axis=0), draws.std(axis=0)
+    z = np.abs(mean - x) / (sd / math.sqrt(len(draws)) + 1e-12)
+    assert np.max(z) < 5.0, (spec, np.max(z))
+
+
+def test_terngrad_is_unbiased_for_the_clipped_input():
+    x = np.random.default_rng(2).standard_normal(64).astype(np.float32)
+    x[5] = 40.0  # far beyond 2.5 sigma: clipped
+    draws = _draws("terngrad", x, 3000)
+    sigma = np.sqrt(np.mean((x.astype(np.float64) - x.mean()) ** 2))
+    clipped = np.clip(x, -2.5 * sigma, 2.5 * sigma)
+    bound = 5 * draws.std(axis=0) / math.sqrt(3000) + 1e-6 * np.abs(clipped)
+    assert np.all(np.abs(draws.mean(axis=0) - clipped) <= bound)
+    assert np.all(draws[:, 5] == np.float32(clipped[5]))  # the clipped value is the scale
+
+
+def test_unbiased_randomk_averages_to_the_input():
+    x = np.random.default_rng(3).standard_normal(50).astype(np.float32)
+    comp = build("randomk:ratio=0.1,unbiased=true")
+    assert comp.ef is False
+    draws = np.array([single_rank(comp, x, "w")[0] for _ in range(4000)])  # step changes indices
+    z = np.abs(draws.mean(axis=0) - x) / (draws.std(axis=0) / math.sqrt(4000) + 1e-12)
+    assert np.max(z) < 5.0
+
+
+@pytest.mark.parametrize("levels, bucket", [(1, 16), (4, 64), (7, 512)])
+def test_qsgd_variance_within_the_paper_bound(levels, bucket):
+    x = np.random.default_rng(4).standard_normal(bucket).astype(np.float32)  # one bucket
+    draws = _draws(f"qsgd:levels={levels},bucket={bucket}", x, 1500)
+    var = np.mean(np.sum((draws - x) ** 2, axis=1))
+    bound = min(bucket / levels ** 2, math.sqrt(bucket) / levels) * float(np.sum(x.astype(np.float64) ** 2))
+    assert var <= 1.05 * bound, (var, bound)
+
+
+# -- selection and sizes -----------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2000), ratio=st.floats(0.001, 1.0), seed=st.integers(0, 10 ** 6))
+def test_topk_keeps_exactly_the_k_largest(n, ratio, seed):
+    x = np.random.default_rng(seed).permutation(n).astype(np.float32) + 1.0  # distinct
+    x *= np.where(np.random.default_rng(seed + 1).random(n) < 0.5, -1, 1).astype(np.float32)
+    comp = build(f"topk:ratio={ratio!r}")
+    out, enc = single_rank(comp, x)
+    k = max(1, min(n, math.ceil(ratio * n - 1e-9)))
+    expect = np.zeros(n, np.float32)
+    top = np.argsort(-np.abs(x))[:k]
+    expect[top] = x[top]
+    np.testing.assert_array_equal(out, expect)
+    assert enc.nbytes == 8 * k
+
+
+def _expected_nbytes(spec, shape):
+    n = int(np.prod(shape))
+    name = spec.split(":")[0]
+    k = max(1, math.ceil(0.1 * n - 1e-9))
+    rows_cols = matrix_shape(build("none").meta_for(np.zeros(shape, np.float32)))
+    return {
+        "none": 4 * n, "fp16": 2 * n, "bf16": 2 * n,
+        "topk": 8 * k, "randomk": 4 * k,
+        "onebit": packed_nbytes(n, 1) + 8 * (n // shape[0] if len(shape) >= 2 else 1),
+        "terngrad": packed_nbytes(n, 2) + 4, "threshold": packed_nbytes(n, 2) + 4,
+        "qsgd": packed_nbytes(n, 4) + 4 * math.ceil(n / 512),
+        "powersgd": (4 * sum(rows_cols) * 2 if len(shape) >= 2 and sum(rows_cols) * 2 < n
+                     else 4 * n),
+    }[name]
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
+                                  "onebit", "terngrad", "threshold", "qsgd:levels=7", "powersgd"])
+@pytest.mark.parametrize("shape", [(1,), (9,), (1001,), (40, 30), (16, 3, 3, 3)])
+def test_payload_size_follows_the_formula(spec, shape):
+    comp = build(spec)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    _, enc = single_rank(comp, x)
+    assert enc.ctx["total_nbytes"] == _expected_nbytes(spec, shape) == \
+        comp.payload_nbytes(enc.meta)
+
+
+def test_large_tensor_ratios():
+    x = (np.random.default_rng(0).standard_normal(2_000_003) * 1e-3).astype(np.float32)
+    fp32 = 4 * x.size
+    expect_min = {"onebit": 30, "terngrad": 15, "threshold": 15, "topk:ratio=0.01": 49,
+                  "randomk:ratio=0.01": 99, "qsgd:levels=7": 7.8, "fp16": 2}
+    for spec, ratio in expect_min.items():
+        _, enc = single_rank(build(spec), x)
+        assert fp32 / enc.ctx["total_nbytes"] >= ratio, spec
+
+
+def test_dgc_warmup_schedule():
+    densities = [warmup_density(0.001, e, 4) for e in range(6)]
+    sparsity = [round(100 * (1 - d), 4) for d in densities]
+    assert sparsity == [75.0, 93.75, 98.4375, 99.6094, 99.9, 99.9]
+    comp = build("dgc:ratio=0.001,steps_per_epoch=2")
+    x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    sent = [single_rank(comp, x, "w")[1].nbytes // 8 for _ in range(10)]
+    assert sent == [25000, 25000, 6250, 6250, 1563, 1563, 391, 391, 100, 100]
+
+
+def test_dgc_sends_about_k_of_the_largest_accumulated_values():
+    comp = build("dgc:ratio=0.01,warmup_epochs=0,momentum=0")
+    x = np.random.default_rng(5).standard_normal(100_000).astype(np.float32)
+    out, enc = single_rank(comp, x, "w")
+    kept = np.flatnonzero(out)
+    assert 0.8 * 1000 <= kept.size <= 1000
+    # what was sent is among the largest: its smallest magnitude beats 97% of the input
+    assert np.min(np.abs(x[kept])) >= np.quantile(np.abs(x), 0.97)
+
+
+def test_randomk_indices_shared_by_ranks_and_change_with_step_and_name():
+    x = np.ones(1000, np.float32)
+    a, b = build("randomk:ratio=0.05", rank=0), build("randomk:ratio=0.05", rank=1)
+    ia = [a.encode(x, "w").ctx["indices"] for _ in range(3)]
+    ib = [b.encode(x * 2, "w").ctx["indices"] for _ in range(3)]
+    for p, q in zip(ia, ib):
+        np.testing.assert_array_equal(p, q)
+        assert len(np.unique(p)) == 50
+    assert not np.array_equal(ia[0], ia[1])
+    assert not np.array_equal(a.encode(x, "other").ctx["indices"], ia[0])
+    # the user's global RNG is not touched
+    np.random.seed(123)
+    before = np.random.random()
+    np.random.seed(123)
+    a.encode(x, "w")
+    assert np.random.random() == before
+
+
+# -- bad input, non-finite values, state -------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_bad_input_raises_clear_errors(spec):
+    comp = build(spec)
+    with pytest.raises(TypeError, match="floating point"):
+        comp.encode(np.arange(4), "ints")
+    with pytest.raises(ValueError, match="empty"):
+        comp.encode(np.zeros((0, 3), np.float32), "empty")
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_step_shows_in_output_and_leaves_state_clean(spec, bad):
+    comp = build(spec)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((20, 10)).astype(np.float32)
+    single_rank(comp, x, "w")
+    before = {k: np.copy(v) for k, v in comp.states.get("w", {}).items() if isinstance(v, np.ndarray)}
+    poisoned = x.copy()
+    poisoned[3, 4] = bad
+    with np.errstate(invalid="ignore", over="ignore"):
+        out, _ = single_rank(comp, poisoned, "w")
+    assert not np.all(np.isfinite(out)), "a non-finite gradient must show in the aggregate"
+    after = comp.states.get("w", {})
+    for key, value in before.items():
+        if key != "q":
+            np.testing.assert_array_equal(after[key], value, err_msg=f"{spec}: {key} changed")
+        assert np.all(np.isfinite(after[key]))
+    out2, _ = single_rank(comp, x, "w")
+    assert np.all(np.isfinite(out2)), "the next finite step must be clean"
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "dgc:ratio=0.05", "qsgd", "terngrad",
+                                  "powersgd:rank=1", "randomk:ratio=0.1", "onebit"])
+def test_state_dict_resumes_bit_identically(spec):
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((30, 20)).astype(np.float32) for _ in range(6)]
+    a = build(spec)
+    for x in xs[:3]:
+        single_rank(a, x, "w")
+    saved = a.state_dict()
+    b = build(spec)
+    b.load_state_dict(saved)
+    for x in xs[3:]:
+        oa, _ = single_rank(a, x, "w")
+        ob, _ = single_rank(b, x, "w")
+        np.testing.assert_array_equal(oa, ob)
