@@ -8,8 +8,8 @@ import numpy as np
 
 
 def torch_collectives():
-    import torch
     import horovod.torch as hvd
+    import torch
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -29,8 +29,8 @@ def torch_collectives():
 
 
 def tensorflow_collectives():
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -1,0 +1,144 @@
+#!/usr/bin/env python
+"""Encode/decode speed and payload size of every compressor on one big tensor.
+
+    python scripts/bench_kernels.py --framework numpy
+    python scripts/bench_kernels.py --compression topk:ratio=0.01 --compression onebit --json
+
+The input is standard-normal x 1e-3 from a fixed seed, ``--numel`` elements
+(default 25,557,032: ResNet-50's parameter count), as a flat float32 vector
+(PowerSGD, which needs a matrix, gets the nearest square matrix).  For each
+compressor: the median over repeats of the encode time (error feedback and
+state updates included) and of the decode time (aggregating this one rank's
+payload into a dense tensor), the exact payload bytes and the compression
+ratio against float32; and, in the same run, the median time of a plain copy
+of the same float32 tensor, the yardstick the targets are stated against.
+DGC is measured past its warm-up (at its final sparsity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hvd_compress import spec as specmod  # noqa: E402
+from hvd_compress.core import build  # noqa: E402
+
+DEFAULT_NUMEL = 25_557_032
+DEFAULT_SPECS = ["none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad", "onebit",
+                 "threshold", "powersgd"]
+FRAMEWORKS = ("numpy",)
+
+
+def get_backend(framework: str):
+    if framework == "numpy":
+        from hvd_compress.core import NUMPY
+        return NUMPY
+    raise SystemExit(f"bench_kernels: --framework {framework} is not available yet "
+                     f"(available: {', '.join(FRAMEWORKS)})")
+
+
+def _timed(fn, B, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        sync = getattr(B, "synchronize", None)
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        out = fn()
+        if sync:
+            sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), out
+
+
+def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
+    comp = build(spec, backend=B)
+    if comp.spec.parts[0].name == "dgc":
+        comp.set_epoch(int(comp.spec.parts[0].params["warmup_epochs"]))
+    shape = host.shape
+    if comp.spec.name == "powersgd":
+        m = math.isqrt(host.size)
+        shape = (m, host.size // m)
+    x = B.from_numpy(host[: shape[0] * (shape[1] if len(shape) > 1 else 1)].reshape(shape))
+
+    def encode():
+        enc = comp.encode(x, "bench")
+        for _ in range(comp.rounds(enc.meta) - 1):
+            enc = comp.next_round(enc, enc.payload)  # one rank: the sum is its own payload
+        return enc
+
+    encode()  # warm-up (allocates state)
+    enc_ms, enc = _timed(encode, B, repeats)
+    received = enc.payload if comp.summable else [enc.payload]
+    dec_ms, out = _timed(lambda: comp.aggregate(received, enc), B, repeats)
+    if tuple(B.shape(out)) != tuple(shape):
+        raise AssertionError(f"{spec}: decoded shape {B.shape(out)} != {shape}")
+    nbytes = int(enc.ctx.get("total_nbytes", 0)) or _total_nbytes(comp, enc)
+    numel = int(np.prod(shape))
+    return {"compression": spec, "encode_ms": round(enc_ms, 3), "decode_ms": round(dec_ms, 3),
+            "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3),
+            "shape": list(shape)}
+
+
+def _total_nbytes(comp, enc) -> int:
+    return comp.payload_nbytes(enc.meta)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--framework", default="numpy", help=f"one of: {', '.join(FRAMEWORKS)}")
+    ap.add_argument("--numel", type=int, default=DEFAULT_NUMEL, help="elements (default %(default)s)")
+    ap.add_argument("--compression", action="append", metavar="SPEC",
+                    help="compressor spec, repeatable (default: every compressor at its default)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats, median taken (default 5)")
+    ap.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    ap.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md section 6)")
+    args = ap.parse_args(argv)
+    if args.numel < 1:
+        ap.error("--numel must be >= 1")
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    specs = args.compression or DEFAULT_SPECS
+    for s in specs:
+        try:
+            specmod.parse(s)
+        except ValueError as exc:
+            ap.error(str(exc))
+    B = get_backend(args.framework)
+    host = (np.random.default_rng(args.seed).standard_normal(args.numel, dtype=np.float32)
+            * np.float32(1e-3))
+    x = B.from_numpy(host)
+    copy_ms, _ = _timed(lambda: B.copy(x), B, args.repeats)
+    results = []
+    for i, s in enumerate(specs, 1):
+        print(f"[{i}/{len(specs)}] {s} ...", file=sys.stderr, flush=True)
+        results.append(bench_one(s, B, host, args.repeats))
+    doc = {"framework": args.framework, "numel": args.numel, "copy_ms": round(copy_ms, 3),
+           "repeats": args.repeats, "results": results}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"framework {args.framework}, {args.numel:,} float32 elements, "
+              f"copy {copy_ms:.2f} ms (median of {args.repeats})")
+        print(f"{'compression':34s} {'encode ms':>10s} {'decode ms':>10s} {'(enc+dec)/copy':>15s} "
+              f"{'payload bytes':>14s} {'ratio':>8s}")
+        for r in results:
+            rel = (r["encode_ms"] + r["decode_ms"]) / max(copy_ms, 1e-9)
+            print(f"{r['compression']:34s} {r['encode_ms']:10.2f} {r['decode_ms']:10.2f} "
+                  f"{rel:15.1f} {r['payload_bytes']:14,d} {r['ratio']:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

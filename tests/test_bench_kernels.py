@@ -1,0 +1,51 @@
+"""scripts/bench_kernels.py prints the figures DESIGN.md section 6 names."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_kernels.py"
+
+
+def run(*args, check=True):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_json_keys_and_ratios():
+    doc = json.loads(run("--framework", "numpy", "--numel", "200003", "--repeats", "1",
+                         "--json").stdout)
+    assert doc["framework"] == "numpy" and doc["numel"] == 200003 and doc["copy_ms"] >= 0
+    by_name = {r["compression"]: r for r in doc["results"]}
+    assert set(by_name) == {"none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad",
+                            "onebit", "threshold", "powersgd"}
+    for r in doc["results"]:
+        assert set(r) >= {"compression", "encode_ms", "decode_ms", "payload_bytes", "ratio"}
+        assert r["encode_ms"] >= 0 and r["decode_ms"] >= 0
+    n = 200003
+    assert by_name["none"]["payload_bytes"] == 4 * n
+    assert by_name["fp16"]["ratio"] == 2.0
+    assert by_name["onebit"]["payload_bytes"] == -(-n // 8) + 8
+    assert by_name["terngrad"]["payload_bytes"] == -(-2 * n // 8) + 4
+    assert by_name["topk"]["payload_bytes"] == 8 * 2001
+    assert by_name["randomk"]["payload_bytes"] == 4 * 2001
+    assert by_name["dgc"]["payload_bytes"] == 8 * 201  # past warm-up: 0.1%
+    assert by_name["qsgd"]["ratio"] >= 7.8
+
+
+def test_human_table_and_selected_compressors():
+    out = run("--numel", "5000", "--repeats", "1", "--compression", "topk:ratio=0.1",
+              "--compression", "qsgd:levels=16").stdout
+    assert "copy" in out and "topk:ratio=0.1" in out and "qsgd:levels=16" in out
+
+
+def test_bad_arguments_are_reported():
+    proc = run("--compression", "topk:ratio=3", check=False)
+    assert proc.returncode == 2 and "topk: ratio must be in (0, 1], got 3" in proc.stderr
+    proc = run("--framework", "jax", check=False)
+    assert proc.returncode != 0 and "not available" in proc.stderr
+    assert run("--help").stdout.startswith("usage:")

@@ -1,0 +1,38 @@
+"""Rules of the code base that tests can check: lint, and the core imports no framework."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ROOT / "hvd_compress" / "core"
+
+
+def test_core_imports_neither_torch_nor_tensorflow():
+    offenders = []
+    for path in sorted(CORE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                if name.split(".")[0] in ("torch", "tensorflow", "keras", "horovod"):
+                    offenders.append(f"{path.name}: {name}")
+    assert not offenders, offenders
+
+
+def test_importing_the_core_loads_no_framework():
+    code = ("import sys, hvd_compress.core, hvd_compress.core.mpi_check, hvd_compress.spec;"
+            "print(sorted(m for m in ('torch', 'tensorflow', 'horovod') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "hvd_compress", "tests", "scripts"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
