@@ -130,10 +130,6 @@ class NumpyBackend:
         n = x.shape[0]
         return np.partition(x, n - k)[n - k]
 
-    def count_ge(self, x, thresholds):
-        """For each threshold t (1-d array), the number of elements of ``x`` >= t (int64)."""
-        return np.stack([np.count_nonzero(x >= t) for t in thresholds]).astype(np.int64)
-
     # -- indexing -----------------------------------------------------------------
     def gather(self, x, idx):
         return x[idx]
@@ -144,11 +140,10 @@ class NumpyBackend:
         np.add.at(out, idx, values)
         return out
 
-    def scatter_set(self, x, idx, values):
-        """Copy of ``x`` with ``x[idx] = values`` (indices distinct)."""
-        out = np.array(x, copy=True)
-        out[idx] = values
-        return out
+    def index_add(self, acc, idx, values):
+        """``acc[idx] += values`` in place, in index order (duplicates add); returns ``acc``."""
+        np.add.at(acc, idx, values)
+        return acc
 
     def compact(self, mask, k: int):
         """Indices of the first ``k`` True entries of flat ``mask``, in index order, padded
@@ -228,6 +223,10 @@ class NumpyBackend:
 
     def from_numpy(self, a, like=None):
         return np.array(a, copy=True)
+
+    def align(self, value, like):
+        """``value`` on ``like``'s device (restored state); numpy has one device."""
+        return value
 
 
 NUMPY = NumpyBackend()

@@ -159,6 +159,9 @@ class Compressor:
                 st["residual"] = self.B.zeros((meta.numel,), "float32", like=like)
             st.update(self._init_state(meta, like))
             self.states[meta.name] = st
+        elif like is not None:  # restored from a checkpoint onto another device
+            for key, value in st.items():
+                st[key] = self.B.align(value, like)
         return st
 
     def _init_state(self, meta: TensorMeta, like) -> dict:

@@ -139,12 +139,12 @@ class Sparsifier(Compressor):
         if self.summable:
             return self.decode(received, enc.meta, enc.ctx)
         B = self.B
-        idx, vals = [], []
-        for p in received:  # one scatter for all ranks
+        total = B.zeros((enc.meta.numel,), "float32", like=enc.ctx["indices"])
+        for p in received:  # rank by rank: the same summation order everywhere
             fields = self._fields(p, enc.meta, enc.ctx)
-            idx.append(self._indices(fields, enc.ctx))
-            vals.append(self._values(fields, enc.meta, enc.ctx))
-        return self._finish(B.scatter_add(enc.meta.numel, B.concat(idx), B.concat(vals)), enc.meta)
+            total = B.index_add(total, self._indices(fields, enc.ctx),
+                                self._values(fields, enc.meta, enc.ctx))
+        return self._finish(total, enc.meta)
 
     def reduce_pair(self, a, b):
         if self._codec is not None:  # fp16/bf16 values: add in float32, round back

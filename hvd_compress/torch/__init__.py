@@ -1,0 +1,38 @@
+"""hvd-compress for PyTorch.
+
+    import horovod.torch as hvd
+    import hvd_compress.torch as hc
+
+    hvd.init()
+    opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  compression=hc.TopK(ratio=0.01))   # or hc.compressor("topk:ratio=0.01")
+
+Compressors run the reference core's algorithms on torch tensors (CPU or CUDA)
+and keep Horovod's ``compress``/``decompress`` contract; the summable ones
+(``FP16``, ``BF16``, ``RandomK``, ``PowerSGD``) also work in Horovod's own
+``hvd.DistributedOptimizer``.
+"""
+
+from .backend import TorchBackend
+from .compressors import (
+                          BF16,
+                          DGC,
+                          FP16,
+                          QSGD,
+                          Compose,
+                          NoneCompressor,
+                          OneBit,
+                          PowerSGD,
+                          RandomK,
+                          TernGrad,
+                          Threshold,
+                          TopK,
+                          TorchCompressor,
+                          as_compressor,
+                          compressor,
+)
+from .optimizer import DistributedOptimizer
+
+__all__ = ["TorchBackend", "TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK",
+           "DGC", "QSGD", "TernGrad", "OneBit", "Threshold", "PowerSGD", "Compose", "compressor",
+           "as_compressor", "DistributedOptimizer"]

@@ -1,0 +1,303 @@
+"""The core's array backend on torch tensors, on whatever device they live.
+
+Every method mirrors :class:`hvd_compress.core.backend.NumpyBackend` and gives
+the same bits (``tests/test_torch_same_bits.py`` checks it).  New tensors go to
+the device of ``like`` (the tensor being compressed); nothing here copies data
+to the host or waits for the device, except :meth:`to_numpy` (checkpoints and
+tests) and the CPU-only fast paths, where there is no device to wait for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_DTYPES = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+    "float64": torch.float64, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
+    # bfloat16 bit patterns travel as int16 (same bits as the reference's uint16)
+    "uint16": torch.int16, "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in _DTYPES.items() if k != "uint16"}
+_NAMES[torch.int16] = "uint16"
+
+
+def _dev(like):
+    return like.device if isinstance(like, torch.Tensor) else None
+
+
+class TorchBackend:
+    """Backend on torch tensors (CPU or CUDA)."""
+
+    name = "torch"
+
+    # -- dtypes and construction -------------------------------------------
+    def dtype_name(self, x) -> str:
+        return _NAMES[x.dtype]
+
+    def shape(self, x) -> tuple:
+        return tuple(x.shape)
+
+    def asarray(self, x, dtype=None, like=None):
+        if isinstance(x, torch.Tensor):
+            return x if dtype is None else x.to(_DTYPES[dtype])
+        return torch.as_tensor(x, dtype=_DTYPES[dtype] if dtype else None, device=_dev(like))
+
+    def cast(self, x, dtype: str):
+        if dtype == "uint16" and x.dtype == torch.bfloat16:
+            return x.view(torch.int16)
+        return x.to(_DTYPES[dtype])
+
+    def zeros(self, shape, dtype="float32", like=None):
+        return torch.zeros(shape, dtype=_DTYPES[dtype], device=_dev(like))
+
+    def full(self, shape, value, dtype="float32", like=None):
+        return torch.full(shape, value, dtype=_DTYPES[dtype], device=_dev(like))
+
+    def arange(self, n, dtype="int64", like=None):
+        return torch.arange(n, dtype=_DTYPES[dtype], device=_dev(like))
+
+    def scalar(self, value, dtype="float32", like=None):
+        return torch.tensor(value, dtype=_DTYPES[dtype], device=_dev(like))
+
+    def copy(self, x):
+        return x.clone()
+
+    # -- shape ----------------------------------------------------------------
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def concat(self, xs):
+        return torch.cat([x.reshape(-1) for x in xs])
+
+    def pad_to(self, x, n):
+        extra = n - x.shape[0]
+        if extra == 0:
+            return x
+        return torch.cat([x, x.new_zeros(extra)])
+
+    # -- elementwise ----------------------------------------------------------
+    def abs(self, x):
+        return x.abs()
+
+    def sign(self, x):
+        return x.sign()
+
+    def where(self, cond, a, b):
+        return torch.where(cond, a, b)
+
+    def isfinite(self, x):
+        return torch.isfinite(x)
+
+    def floor(self, x):
+        return x.floor()
+
+    def log(self, x):
+        return x.log()
+
+    def cos(self, x):
+        return x.cos()
+
+    def sqrt(self, x):
+        return x.sqrt()
+
+    def maximum(self, a, b):
+        if not isinstance(b, torch.Tensor):
+            return a.clamp(min=b)
+        return torch.maximum(a, b)
+
+    def minimum(self, a, b):
+        if not isinstance(b, torch.Tensor):
+            return a.clamp(max=b)
+        return torch.minimum(a, b)
+
+    def clip(self, x, lo, hi):
+        return torch.clamp(x, lo, hi)
+
+    # -- reductions -------------------------------------------------------------
+    def sum(self, x, axis=None):
+        return x.sum() if axis is None else x.sum(dim=axis)
+
+    def max(self, x, axis=None):
+        return x.max() if axis is None else x.max(dim=axis).values
+
+    def all_finite(self, x):
+        return torch.isfinite(x).all()
+
+    def cumsum(self, x):
+        return torch.cumsum(x, 0)
+
+    def kth_largest(self, x, k):
+        n = x.shape[0]
+        if x.device.type == "cpu" and n > 65536 and k * 64 < n:
+            return _kth_largest_sampled(x, k)
+        return torch.kthvalue(x, n - k + 1).values
+
+    # -- indexing -----------------------------------------------------------------
+    def gather(self, x, idx):
+        return x[idx]
+
+    def scatter_add(self, n, idx, values, dtype="float32"):
+        out = torch.zeros(n, dtype=_DTYPES[dtype], device=values.device)
+        return out.index_add_(0, idx, values.to(out.dtype))
+
+    def index_add(self, acc, idx, values):
+        return acc.index_add_(0, idx, values.to(acc.dtype))
+
+    def compact(self, mask, k):
+        n = mask.shape[0]
+        if mask.device.type == "cpu":  # no device to wait for: the direct way is fastest
+            idx = torch.nonzero(mask).reshape(-1)[:k]
+            if idx.shape[0] < k:
+                idx = torch.cat([idx, idx.new_full((k - idx.shape[0],), n)])
+            return idx
+        # Static shapes, no host round-trip: scatter each kept position to its rank.
+        pos = torch.cumsum(mask, 0) - 1
+        keep = mask & (pos < k)
+        out = torch.full((k + 1,), n, dtype=torch.int64, device=mask.device)
+        out.scatter_(0, torch.where(keep, pos, k), torch.arange(n, device=mask.device))
+        return out[:k]
+
+    # -- integers and bits ----------------------------------------------------------
+    def shift_left(self, x, s):
+        return torch.bitwise_left_shift(x, s)
+
+    def shift_right(self, x, s):
+        return torch.bitwise_right_shift(x, s)
+
+    def bit_and(self, x, y):
+        return torch.bitwise_and(x, y)
+
+    def bit_or(self, x, y):
+        return torch.bitwise_or(x, y)
+
+    def bit_xor(self, x, y):
+        return torch.bitwise_xor(x, y)
+
+    def mul_low32(self, x, c):
+        # int64 products wrap modulo 2**64; the low 32 bits are exact.
+        return torch.bitwise_and(x * c, 0xFFFFFFFF)
+
+    def bitcast(self, x, dtype):
+        target = _DTYPES[dtype]
+        x = x.contiguous()
+        size = torch.empty((), dtype=target).element_size()
+        if x.storage_offset() * x.element_size() % size:
+            x = x.clone()  # views need aligned storage offsets
+        return x.view(target)
+
+    def to_bfloat16_bits(self, x):
+        # torch rounds float32 -> bfloat16 to nearest even, like the reference.
+        return x.to(torch.bfloat16).view(torch.int16)
+
+    def from_bfloat16_bits(self, bits):
+        if bits.dtype == torch.int16:
+            bits = bits.view(torch.bfloat16)
+        # bfloat16, or float16 when the sum travelled as float16 (see compressors.wire)
+        return bits.to(torch.float32)
+
+    # -- linear algebra -------------------------------------------------------------
+    def matmul(self, a, b):
+        return a @ b
+
+    def transpose(self, x):
+        return x.t().contiguous()
+
+    def orthonormalize(self, p):
+        q, r = torch.linalg.qr(p)
+        d = torch.sign(torch.diagonal(r))
+        d = torch.where(d == 0, torch.ones_like(d), d)
+        return q * d
+
+    # -- random numbers ------------------------------------------------------------------
+    def generator(self, seed):
+        return _LazyGenerator(seed)
+
+    def uniform(self, gen, n, like=None):
+        g = gen.get(_dev(like))
+        return torch.rand(n, generator=g, device=g.device, dtype=torch.float32)
+
+    def normal(self, gen, shape, like=None):
+        g = gen.get(_dev(like))
+        return torch.randn(shape, generator=g, device=g.device, dtype=torch.float32)
+
+    def generator_state(self, gen):
+        return gen.state()
+
+    def set_generator_state(self, gen, state):
+        gen.load(state)
+
+    # -- devices and host conversion ------------------------------------------------------
+    def to_numpy(self, x):
+        if x.dtype == torch.bfloat16:
+            x = x.view(torch.int16)
+        return x.detach().cpu().numpy()
+
+    def from_numpy(self, a, like=None):
+        a = np.asarray(a)
+        if a.dtype == np.uint16:
+            a = a.view(np.int16)
+        return torch.from_numpy(np.array(a, copy=True)).to(_dev(like) or "cpu")
+
+    def align(self, value, like):
+        """``value`` moved to ``like``'s device if it is elsewhere (restored state)."""
+        if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor) \
+                and value.device != like.device:
+            return value.to(like.device)
+        return value
+
+    def synchronize(self):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+
+def _kth_largest_sampled(x, k):
+    """Exact k-th largest of a large CPU vector: a threshold from a sample, one pass to
+    keep the candidates above it, the exact answer among those; widen if too few."""
+    n = x.shape[0]
+    stride = max(1, n // 16384)
+    sample = x[::stride]
+    m = sample.shape[0]
+    want = min(m, int(k * m / n * 1.5) + 32)  # sample rank a bit beyond k: a margin
+    while True:
+        t = torch.kthvalue(sample, m - want + 1).values
+        cand = x[x >= t]
+        if cand.shape[0] >= k:
+            return torch.kthvalue(cand, cand.shape[0] - k + 1).values
+        if want >= m:  # the sample cannot go lower: exact on everything
+            return torch.kthvalue(x, n - k + 1).values
+        want = min(m, want * 4)
+
+
+class _LazyGenerator:
+    """A torch.Generator made on the device of the first tensor it serves."""
+
+    def __init__(self, seed):
+        self.seed = seed
+        self.gen = None
+        self._pending = None
+
+    def get(self, device):
+        device = torch.device(device or "cpu")
+        if self.gen is None or self.gen.device != device:
+            old = self.gen
+            self.gen = torch.Generator(device=device)
+            self.gen.manual_seed(self.seed)
+            if self._pending is not None:
+                self.gen.set_state(self._pending)
+                self._pending = None
+            elif old is not None:
+                self.gen.set_state(old.get_state()) if old.device == device else None
+        return self.gen
+
+    def state(self):
+        if self.gen is None:
+            return {"seed": self.seed, "torch_state": None}
+        return {"seed": self.seed, "device": str(self.gen.device),
+                "torch_state": self.gen.get_state().numpy().tobytes()}
+
+    def load(self, state):
+        self.seed = state["seed"]
+        raw = state.get("torch_state")
+        self._pending = None if raw is None else torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        self.gen = None

@@ -1,0 +1,301 @@
+"""PyTorch compressors: the core's algorithms on torch tensors, on Horovod's contract.
+
+Each class runs :mod:`hvd_compress.core` through :class:`~.backend.TorchBackend`
+and offers Horovod's ``compress(tensor) -> (tensor, ctx)`` /
+``decompress(tensor, ctx) -> tensor``.  Pass one as ``compression=`` to
+:func:`hvd_compress.torch.DistributedOptimizer` (every compressor), or to
+Horovod's own ``hvd.DistributedOptimizer`` (those whose payload can be summed:
+``none``, ``FP16``, ``BF16``, ``RandomK``, ``PowerSGD``); the others raise a
+clear error there on first use.
+
+Inside Horovod's optimizer ``compress()`` is given no tensor name; the name,
+which keys per-tensor state and Random-k's shared indices, is read from
+Horovod 0.28.1's ``_allreduce_grad_async(self, p)`` frame (its
+``self._parameter_names[p]``), else the tensor's shape stands in.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+from .. import spec as specmod
+from ..core import build
+from ..core.base import Encoded
+from .backend import TorchBackend
+
+__all__ = ["TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK", "DGC", "QSGD",
+           "TernGrad", "OneBit", "Threshold", "PowerSGD", "Compose", "compressor", "as_compressor"]
+
+BACKEND = TorchBackend()
+_WARNED = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+class TorchCompressor:
+    """A compressor spec bound to the torch backend; one instance per optimizer."""
+
+    def __init__(self, spec):
+        self.spec = specmod.parse(spec)
+        self._core = None
+        self._rank = None
+        self._world_size = None
+
+    # -- configuration -------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.spec)!r})"
+
+    def bind(self, rank: int, world_size: int) -> "TorchCompressor":
+        """Set this rank and the number of ranks (done by the optimizer)."""
+        if self._core is not None and (rank, world_size) != (self._rank, self._world_size):
+            state = self._core.state_dict()
+            self._core = None
+            self._rank, self._world_size = rank, world_size
+            self.core.load_state_dict(state)
+        self._rank, self._world_size = rank, world_size
+        return self
+
+    def with_param(self, part: int, key: str, value) -> None:
+        """Change one parameter of spec part ``part`` (keeps the state)."""
+        parts = list(self.spec.parts)
+        params = dict(parts[part].params)
+        params[key] = value
+        parts[part] = specmod.CompressorSpec(parts[part].name, params)
+        self.spec = specmod.Spec(tuple(parts))
+        if self._core is not None:
+            state = self._core.state_dict()
+            self._core = None
+            self.core.load_state_dict(state)
+
+    @property
+    def core(self):
+        if self._core is None:
+            rank, size = self._rank, self._world_size
+            if rank is None:
+                rank, size = _horovod_rank_size()
+            self._core = build(self.spec, backend=BACKEND, rank=rank, world_size=size)
+        return self._core
+
+    @property
+    def summable(self) -> bool:
+        return self.core.summable
+
+    def set_epoch(self, epoch: int) -> None:
+        """DGC's warm-up epoch (no-op for other compressors)."""
+        if hasattr(self.core, "set_epoch"):
+            self.core.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.core.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.core.load_state_dict(state)
+
+    # -- Horovod's contract ----------------------------------------------------------------
+    def compress(self, tensor):
+        comp = self.core
+        if not comp.summable:
+            raise RuntimeError(
+                f"compression {str(self.spec)!r} sends packed bytes that cannot be summed by "
+                "allreduce, so it cannot run inside horovod.torch.DistributedOptimizer; use "
+                "hvd_compress.torch.DistributedOptimizer (a drop-in replacement taking the same "
+                "arguments), which sends it with allgather")
+        name = _horovod_param_name() or _shape_name(tensor)
+        enc = comp.encode(tensor, name)
+        for _ in range(comp.rounds(enc.meta) - 1):
+            import horovod.torch as hvd
+            reduced = hvd.allreduce(enc.payload, op=hvd.Sum,
+                                    name=f"hvd_compress.{name}.round{enc.round}")
+            enc = comp.next_round(enc, reduced)
+        return wire(enc.payload), enc
+
+    def decompress(self, tensor, ctx):
+        if not isinstance(ctx, Encoded):
+            return tensor
+        return self.core.aggregate(unwire(tensor, ctx.payload), ctx)
+
+
+def wire(payload):
+    """What the allreduce carries: Horovod 0.28.1 cannot reduce bfloat16, so bf16
+    payloads (values already rounded to bfloat16) travel as float16."""
+    if payload.dtype == torch.int16:  # bfloat16 bit patterns
+        _warn_once("bf16", "Horovod cannot allreduce bfloat16: bf16 payloads are rounded to "
+                   "bfloat16 and sent as float16 (exact within float16's range)")
+        return payload.view(torch.bfloat16).to(torch.float16)
+    return payload
+
+
+def unwire(tensor, like):
+    """The reduced payload as the compressor decodes it.  A bf16 sum that travelled as
+    float16 stays float16 (decoding widens it to float32 without a second rounding)."""
+    return tensor
+
+
+def _horovod_rank_size():
+    try:
+        import horovod.torch as hvd
+        if hvd.is_initialized():
+            return hvd.rank(), hvd.size()
+    except ImportError:  # pragma: no cover - Horovod is part of the set-up
+        pass
+    return 0, 1
+
+
+def _horovod_param_name():
+    """The parameter name from Horovod 0.28.1's ``_allreduce_grad_async(self, p)`` /
+    ``_grouped_allreduce_grad_async(self, ps)`` frames, if we are called from there."""
+    frame = sys._getframe(2)
+    p = None
+    for _ in range(4):
+        if frame is None:
+            return None
+        local = frame.f_locals
+        if p is None and isinstance(local.get("p"), torch.Tensor):
+            p = local["p"]
+        owner = local.get("self")
+        names = getattr(owner, "_parameter_names", None)
+        if p is not None and isinstance(names, dict) and p in names:
+            return names[p]
+        frame = frame.f_back
+    return None
+
+
+def _shape_name(tensor) -> str:
+    _warn_once("noname", "hvd_compress: compress() was called without a tensor name; per-tensor "
+               "state and shared indices are keyed by shape (use "
+               "hvd_compress.torch.DistributedOptimizer for names)")
+    return "shape" + "x".join(str(d) for d in tensor.shape)
+
+
+def _spec_text(name: str, params: dict) -> str:
+    given = [f"{k}={v}" for k, v in params.items() if v is not None]
+    return name + (":" + ",".join(given) if given else "")
+
+
+class NoneCompressor(TorchCompressor):
+    """No compression (32 bits per element, allreduce)."""
+
+    def __init__(self):
+        super().__init__("none")
+
+
+class FP16(TorchCompressor):
+    """Cast to float16 for the allreduce (as Horovod's ``Compression.fp16``)."""
+
+    def __init__(self):
+        super().__init__("fp16")
+
+
+class BF16(TorchCompressor):
+    """Round to bfloat16; sent as float16 since Horovod cannot allreduce bfloat16."""
+
+    def __init__(self):
+        super().__init__("bf16")
+
+
+class TopK(TorchCompressor):
+    """Top-k sparsification with error feedback (Aji & Heafield 2017)."""
+
+    def __init__(self, ratio=0.01, ef=None):
+        super().__init__(_spec_text("topk", {"ratio": ratio, "ef": ef}))
+
+
+class RandomK(TorchCompressor):
+    """Random-k with indices shared by all ranks (Stich et al. 2018); allreduce."""
+
+    def __init__(self, ratio=0.01, unbiased=None, ef=None, seed=None):
+        super().__init__(_spec_text("randomk", {"ratio": ratio, "unbiased": unbiased, "ef": ef,
+                                                "seed": seed}))
+
+
+class DGC(TorchCompressor):
+    """Deep Gradient Compression (Lin et al. 2018); pair with SGD without momentum."""
+
+    def __init__(self, ratio=0.001, momentum=None, nesterov=None, sample_ratio=None,
+                 warmup_epochs=None, steps_per_epoch=None, clip_norm=None, seed=None):
+        super().__init__(_spec_text("dgc", dict(
+            ratio=ratio, momentum=momentum, nesterov=nesterov, sample_ratio=sample_ratio,
+            warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch, clip_norm=clip_norm,
+            seed=seed)))
+
+
+class QSGD(TorchCompressor):
+    """QSGD stochastic quantization (Alistarh et al. 2017), unbiased."""
+
+    def __init__(self, levels=7, bucket=None, ef=None, seed=None):
+        super().__init__(_spec_text("qsgd", {"levels": levels, "bucket": bucket, "ef": ef,
+                                             "seed": seed}))
+
+
+class TernGrad(TorchCompressor):
+    """TernGrad (Wen et al. 2017), unbiased ternary quantization."""
+
+    def __init__(self, clip=None, ef=None, seed=None):
+        super().__init__(_spec_text("terngrad", {"clip": clip, "ef": ef, "seed": seed}))
+
+
+class OneBit(TorchCompressor):
+    """1-bit SGD with error feedback (Seide et al. 2014)."""
+
+    def __init__(self, ef=None):
+        super().__init__(_spec_text("onebit", {"ef": ef}))
+
+
+class Threshold(TorchCompressor):
+    """2-bit threshold quantization with residual (Strom 2015)."""
+
+    def __init__(self, tau=0.01, ef=None):
+        super().__init__(_spec_text("threshold", {"tau": tau, "ef": ef}))
+
+
+class PowerSGD(TorchCompressor):
+    """PowerSGD low-rank compression (Vogels et al. 2019); two allreduce rounds."""
+
+    def __init__(self, rank=2, ef=None, warm_start=None, seed=None):
+        super().__init__(_spec_text("powersgd", {"rank": rank, "ef": ef, "warm_start": warm_start,
+                                                 "seed": seed}))
+
+
+class Compose(TorchCompressor):
+    """A sparsifier then a quantizer of the kept values, e.g. ``Compose(TopK(0.01), QSGD(16))``."""
+
+    def __init__(self, sparsifier: TorchCompressor, quantizer: TorchCompressor):
+        super().__init__(f"{sparsifier.spec}+{quantizer.spec}")
+
+
+_BY_NAME = {"none": NoneCompressor, "fp16": FP16, "bf16": BF16, "topk": TopK, "randomk": RandomK,
+            "dgc": DGC, "qsgd": QSGD, "terngrad": TernGrad, "onebit": OneBit,
+            "threshold": Threshold, "powersgd": PowerSGD}
+
+
+def compressor(spec) -> TorchCompressor:
+    """A compressor from a spec string, e.g. ``compressor("topk:ratio=0.01")``."""
+    parsed = specmod.parse(spec)
+    cls = Compose if parsed.composed else _BY_NAME[parsed.name]
+    obj = cls.__new__(cls)
+    TorchCompressor.__init__(obj, parsed)
+    return obj
+
+
+def as_compressor(compression) -> TorchCompressor:
+    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``."""
+    if compression is None:
+        return NoneCompressor()
+    if isinstance(compression, TorchCompressor):
+        return compression
+    if isinstance(compression, str):
+        return compressor(compression)
+    name = getattr(compression, "__name__", type(compression).__name__)
+    if name in ("NoneCompressor",):
+        return NoneCompressor()
+    if name in ("FP16Compressor",):
+        return FP16()
+    raise TypeError(f"compression must be an hvd_compress compressor, a spec string like "
+                    f"'topk:ratio=0.01', or horovod's Compression.none/fp16; got {compression!r}")

@@ -1,0 +1,63 @@
+"""hvd_compress.torch under real horovodrun -np 2 launches (Gloo and MPI)."""
+
+import pytest
+
+from tests.harness import run_horovod
+from tests.workers.torch_opt import SPECS
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_every_compressor_matches_the_numpy_reference(controller):
+    results = run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
+                          controller=controller, timeout=600)
+    for res in results:
+        assert set(res["report"]) == set(SPECS)
+        for spec, r in res["report"].items():
+            assert r["rel_err"] < (1e-3 if "powersgd" in spec else 2 ** -7), spec
+            assert r["bytes_sent"] > 0
+    # ranks send the same number of bytes per step
+    assert results[0]["report"] == results[1]["report"] or all(
+        results[0]["report"][s]["bytes_sent"] == results[1]["report"][s]["bytes_sent"] for s in SPECS)
+    rep = results[0]["report"]
+    assert rep["topk:ratio=0.1"]["bytes_sent"] < rep["none"]["bytes_sent"] / 4
+    assert rep["powersgd:rank=2"]["collectives"] > rep["topk:ratio=0.1"]["collectives"]
+
+
+def test_backward_passes_per_step_matches_accumulating_by_hand():
+    specs = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "qsgd:levels=7"]
+    results = run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
+                          kwargs={"specs": specs, "bpps": 2, "steps": 2}, timeout=600)
+    for res in results:
+        assert set(res["report"]) == set(specs)
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "dgc:ratio=0.05", "qsgd:levels=7",
+                                  "powersgd:rank=2", "randomk:ratio=0.1+fp16"])
+def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(spec, tmp_path):
+    path = str(tmp_path / "ckpt")
+    full = run_horovod("tests.workers.torch_opt:checkpoint_phase", np=2,
+                       kwargs={"spec": spec, "path": path, "phase": "run"})
+    resumed = run_horovod("tests.workers.torch_opt:checkpoint_phase", np=2,
+                          kwargs={"spec": spec, "path": path, "phase": "resume"})
+    for a, b in zip(full, resumed):
+        assert a["params"] == b["params"]
+    assert full[0]["params"] == full[1]["params"]  # ranks agree
+
+
+def test_summable_compressors_in_horovods_own_optimizer():
+    results = run_horovod("tests.workers.torch_opt:horovod_own_optimizer", np=2, timeout=600)
+    for res in results:
+        assert set(res["report"]) == {"fp16", "bf16", "randomk:ratio=0.1", "powersgd:rank=2", "none"}
+        assert "cannot run inside horovod.torch.DistributedOptimizer" in res["topk_error"]
+        assert "hvd_compress.torch.DistributedOptimizer" in res["topk_error"]
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "onebit", "dgc:ratio=0.1,momentum=0"])
+def test_state_survives_set_to_none_and_missing_gradients(spec):
+    results = run_horovod("tests.workers.torch_opt:state_survives_missing_grads", np=2,
+                          kwargs={"spec": spec})
+    for res in results:
+        assert res["worst"] < 1e-4
+        assert set(res["steps"].values()) == {6}  # every parameter took part in every step

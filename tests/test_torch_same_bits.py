@@ -1,0 +1,110 @@
+"""PyTorch runs the reference core's algorithms bit for bit (CPU here; CUDA when present)."""
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_compress.core import NUMPY, build
+from hvd_compress.torch import TorchBackend, compressor
+
+T = TorchBackend()
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "topk:ratio=0.003", "randomk:ratio=0.1",
+         "randomk:ratio=0.1,unbiased=true", "dgc:ratio=0.01", "dgc:ratio=0.01,nesterov=true,clip_norm=1",
+         "qsgd:levels=7", "qsgd:levels=16,bucket=64", "qsgd:levels=1", "terngrad", "terngrad:clip=0",
+         "onebit", "threshold:tau=0.01", "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16",
+         "dgc:ratio=0.05+terngrad", "topk:ratio=0.2+onebit", "topk:ratio=0.2+bf16",
+         "dgc:ratio=0.05+threshold:tau=0.1"]
+SHAPES = [(1,), (7,), (40, 30), (6, 3, 3, 3), (70001,)]
+
+
+def _bytes(a):
+    a = np.asarray(a)
+    return a.view(np.int16).tobytes() if a.dtype == np.uint16 else a.tobytes()
+
+
+def _noise_len(comp, meta):
+    return comp.k_for(meta) if comp.spec.composed else meta.numel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_same_payload_bytes_and_decode_as_numpy(spec, shape, device):
+    ref, tor = build(spec, NUMPY), build(spec, T)
+    rng = np.random.default_rng(hash((spec, shape)) % 2 ** 32)
+    needs_noise = ref.spec.parts[-1].name in ("qsgd", "terngrad")
+    for step in range(3):  # several steps: residuals, DGC memory, step-keyed indices
+        x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+        meta = ref.meta_for(x, "w")
+        noise = rng.random(_noise_len(ref, meta), dtype=np.float32) if needs_noise else None
+        er = ref.encode(x, "w", noise=noise)
+        et = tor.encode(torch.from_numpy(x).to(device), "w",
+                        noise=None if noise is None else torch.from_numpy(noise).to(device))
+        assert et.nbytes == er.nbytes
+        assert _bytes(T.to_numpy(et.payload)) == _bytes(er.payload), (spec, shape, step)
+        dr = ref.aggregate(er.payload if ref.summable else [er.payload], er)
+        dt = tor.aggregate(et.payload if tor.summable else [et.payload], et)
+        assert dt.device.type == device and dt.dtype == torch.float32
+        np.testing.assert_array_equal(T.to_numpy(dt), dr)
+    for key, value in ref.states.get("w", {}).items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(T.to_numpy(tor.states["w"][key]), value, err_msg=key)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_powersgd_matches_numpy_to_rounding(device):
+    ref, tor = build("powersgd:rank=2", NUMPY), build("powersgd:rank=2", T)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((40, 30)).astype(np.float32)
+        er = ref.encode(x, "w")
+        et = tor.encode(torch.from_numpy(x).to(device), "w")
+        np.testing.assert_allclose(T.to_numpy(et.payload), er.payload, rtol=1e-4, atol=1e-5)
+        er = ref.next_round(er, er.payload)
+        et = tor.next_round(et, et.payload)
+        dr = ref.aggregate(er.payload, er)
+        dt = tor.aggregate(et.payload, et)
+        np.testing.assert_allclose(T.to_numpy(dt), dr, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_amp_and_double_gradients_are_accepted(dtype):
+    comp = compressor("topk:ratio=0.5").core
+    x = torch.tensor([0.5, -2.0, 0.25, 1.0], dtype=dtype)
+    enc = comp.encode(x, "g")
+    out = comp.aggregate([enc.payload], enc)
+    assert out.dtype == dtype
+    assert out.tolist() == [0.0, -2.0, 0.0, 1.0]
+
+
+def test_large_topk_uses_the_exact_k_largest():
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(0))
+    comp = build("topk:ratio=0.01,ef=false", T)
+    enc = comp.encode(x, "big")
+    out = comp.aggregate([enc.payload], enc)
+    k = 10001
+    top = torch.topk(x.abs(), k).indices
+    expect = torch.zeros_like(x)
+    expect[top] = x[top]
+    assert torch.equal(out, expect)
+
+
+def test_kth_largest_fast_path_is_exact():
+    from hvd_compress.torch.backend import _kth_largest_sampled
+    g = torch.Generator().manual_seed(1)
+    for n, k in [(100_000, 1), (100_000, 1000), (2_000_000, 20_000), (300_000, 4000)]:
+        x = torch.rand(n, generator=g)
+        x[:50] = 0.5  # ties
+        assert _kth_largest_sampled(x, k) == torch.kthvalue(x, n - k + 1).values
+
+
+def test_noise_generator_state_round_trips():
+    a = build("qsgd", T)
+    x = torch.randn(1000)
+    a.encode(x, "w")
+    saved = a.state_dict()
+    b = build("qsgd", T)
+    b.load_state_dict(saved)
+    pa, pb = a.encode(x, "w").payload, b.encode(x, "w").payload
+    assert torch.equal(pa, pb)
