@@ -35,13 +35,16 @@ from hvd_compress.core import build  # noqa: E402
 DEFAULT_NUMEL = 25_557_032
 DEFAULT_SPECS = ["none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad", "onebit",
                  "threshold", "powersgd"]
-FRAMEWORKS = ("numpy",)
+FRAMEWORKS = ("numpy", "torch")
 
 
 def get_backend(framework: str):
     if framework == "numpy":
         from hvd_compress.core import NUMPY
         return NUMPY
+    if framework == "torch":
+        from hvd_compress.torch import TorchBackend
+        return TorchBackend()
     raise SystemExit(f"bench_kernels: --framework {framework} is not available yet "
                      f"(available: {', '.join(FRAMEWORKS)})")
 
@@ -84,9 +87,26 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
         raise AssertionError(f"{spec}: decoded shape {B.shape(out)} != {shape}")
     nbytes = int(enc.ctx.get("total_nbytes", 0)) or _total_nbytes(comp, enc)
     numel = int(np.prod(shape))
-    return {"compression": spec, "encode_ms": round(enc_ms, 3), "decode_ms": round(dec_ms, 3),
-            "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3),
-            "shape": list(shape)}
+    out = {"compression": spec, "encode_ms": round(enc_ms, 3), "decode_ms": round(dec_ms, 3),
+           "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3), "shape": list(shape)}
+    if comp.spec.parts[0].name == "dgc":
+        # DGC's sampled threshold (sample, k-th largest, correction loop) on |x| alone.
+        mag = B.abs(B.reshape(x, (-1,)))
+        meta = comp.meta_for(x, "bench")
+        out["threshold_ms"] = round(_timed(lambda: comp.threshold(mag, meta, 0), B, repeats)[0], 3)
+    if comp.spec.parts[0].name == "topk" and B.name != "numpy":
+        # The framework's own top-k alone on the same tensor, for comparison.
+        k = comp.k_for(comp.meta_for(x, "bench"))
+        out["framework_topk_ms"] = round(_timed(lambda: _framework_topk(B, x, k), B, repeats)[0], 3)
+    return out
+
+
+def _framework_topk(B, x, k):
+    if B.name == "torch":
+        import torch
+        return torch.topk(x.abs().reshape(-1), k)
+    import tensorflow as tf
+    return tf.math.top_k(tf.abs(tf.reshape(x, [-1])), k)
 
 
 def _total_nbytes(comp, enc) -> int:
@@ -119,7 +139,7 @@ def main(argv=None) -> int:
     host = (np.random.default_rng(args.seed).standard_normal(args.numel, dtype=np.float32)
             * np.float32(1e-3))
     x = B.from_numpy(host)
-    copy_ms, _ = _timed(lambda: B.copy(x), B, args.repeats)
+    copy_ms, _ = _timed(lambda: B.copy(x), B, max(args.repeats, 5))
     results = []
     for i, s in enumerate(specs, 1):
         print(f"[{i}/{len(specs)}] {s} ...", file=sys.stderr, flush=True)

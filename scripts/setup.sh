@@ -65,7 +65,7 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-step "2/5 virtual environment $VENV with numpy, mpi4py, PyTorch $TORCH_VERSION ($TORCH_FLAVOR), TensorFlow $TF_VERSION"
+step "2/5 virtual environment $VENV with numpy, mpi4py, PyTorch $TORCH_VERSION ($TORCH_FLAVOR), TensorFlow $TF_VERSION, scikit-learn, matplotlib"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV" || die "could not create the venv with $PYTHON"
 fi
@@ -75,7 +75,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 have=$("$PY" - <<'PYEOF' 2>/dev/null || true
 import importlib.metadata as m
 out = []
-for d in ("torch", "tensorflow", "numpy", "mpi4py", "setuptools", "wheel"):
+for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "setuptools", "wheel"):
     try:
         out.append(f"{d}={m.version(d)}")
     except m.PackageNotFoundError:
@@ -97,7 +97,8 @@ if [[ "$have" != *"torch=$TORCH_VERSION"* || "$have" != *"tensorflow=$TF_VERSION
     else
         die "HVD_COMPRESS_TORCH must be cpu or cuda, got '$TORCH_FLAVOR'"
     fi
-    "${PIP[@]}" install "torch==$TORCH_VERSION" "tensorflow==$TF_VERSION" numpy mpi4py \
+    # scikit-learn ships the digits data the examples train on; matplotlib draws the plots.
+    "${PIP[@]}" install "torch==$TORCH_VERSION" "tensorflow==$TF_VERSION" numpy mpi4py scikit-learn matplotlib \
         >>"$log" 2>&1 || die "pip failed, see $log"
 fi
 TORCH_FULL=$("$PY" -c 'import torch; print(torch.__version__)') || die "torch does not import"

@@ -40,7 +40,7 @@ def make(shape, dtype, kind, seed=0):
     elif kind == "tiny":
         x = rng.standard_normal(shape) * 1e-30
     elif kind == "huge":
-        x = rng.standard_normal(shape) * (1e30 if dtype != np.float16 else 1e4)
+        x = rng.standard_normal(shape) * (1e30 if dtype != np.float16 else 1e3)
     else:
         x = rng.standard_normal(shape)
     return np.asarray(x, dtype=dtype)

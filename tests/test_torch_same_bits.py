@@ -8,7 +8,18 @@ from hvd_compress.core import NUMPY, build
 from hvd_compress.torch import TorchBackend, compressor
 
 T = TorchBackend()
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+class DevicePath(TorchBackend):
+    """CPU tensors treated as device memory: runs the sync-free code path GPUs take."""
+
+    def is_host(self, x):
+        return False
+
+
+BACKENDS = {"host": T, "device-path": DevicePath()}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine"))]
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "topk:ratio=0.003", "randomk:ratio=0.1",
          "randomk:ratio=0.1,unbiased=true", "dgc:ratio=0.01", "dgc:ratio=0.01,nesterov=true,clip_norm=1",
          "qsgd:levels=7", "qsgd:levels=16,bucket=64", "qsgd:levels=1", "terngrad", "terngrad:clip=0",
@@ -27,11 +38,12 @@ def _noise_len(comp, meta):
     return comp.k_for(meta) if comp.spec.composed else meta.numel
 
 
+@pytest.mark.parametrize("path", list(BACKENDS))
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_same_payload_bytes_and_decode_as_numpy(spec, shape, device):
-    ref, tor = build(spec, NUMPY), build(spec, T)
+def test_same_payload_bytes_and_decode_as_numpy(spec, shape, device, path):
+    ref, tor = build(spec, NUMPY), build(spec, BACKENDS[path])
     rng = np.random.default_rng(hash((spec, shape)) % 2 ** 32)
     needs_noise = ref.spec.parts[-1].name in ("qsgd", "terngrad")
     for step in range(3):  # several steps: residuals, DGC memory, step-keyed indices
@@ -108,3 +120,28 @@ def test_noise_generator_state_round_trips():
     b.load_state_dict(saved)
     pa, pb = a.encode(x, "w").payload, b.encode(x, "w").payload
     assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("spec", SPECS + ["powersgd:rank=1"])
+def test_device_path_handles_non_finite_like_the_host_path(spec):
+    for backend in (T, DevicePath()):
+        comp = build(spec, backend)
+        x = torch.randn(30, 20, generator=torch.Generator().manual_seed(0))
+        _one_rank(comp, x)
+        before = {k: v.clone() for k, v in comp.states.get("w", {}).items()
+                  if isinstance(v, torch.Tensor)}
+        bad = x.clone()
+        bad[2, 3] = float("nan")
+        out = _one_rank(comp, bad)
+        assert not torch.isfinite(out).all()
+        for key, value in before.items():
+            if key != "q":
+                assert torch.equal(comp.states["w"][key], value), (spec, key)
+        assert torch.isfinite(_one_rank(comp, x)).all()
+
+
+def _one_rank(comp, x):
+    enc = comp.encode(x, "w")
+    for _ in range(comp.rounds(enc.meta) - 1):
+        enc = comp.next_round(enc, enc.payload)
+    return comp.aggregate(enc.payload if comp.summable else [enc.payload], enc)

@@ -28,7 +28,7 @@ __all__ = ["NumpyBackend", "NUMPY"]
 
 _NP_DTYPES = {
     "float16": np.float16, "float32": np.float32, "float64": np.float64,
-    "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "uint16": np.uint16,
+    "uint8": np.uint8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint16": np.uint16,
     "bool": np.bool_,
 }
 
@@ -120,7 +120,25 @@ class NumpyBackend:
         return np.max(x, axis=axis)
 
     def all_finite(self, x):
-        return np.all(np.isfinite(x))
+        """Whether every element is finite (NaN and +-Inf propagate through min and max)."""
+        if x.size == 0:
+            return np.bool_(True)
+        return np.isfinite(np.min(x)) & np.isfinite(np.max(x))
+
+    def sum64(self, x, axis=None):
+        """Sum with float64 accumulation; a float64 result (numpy's pairwise summation)."""
+        return np.sum(x, axis=axis, dtype=np.float64)
+
+    def sumsq64(self, x, axis=None):
+        """Sum of squares of float32 ``x`` accumulated in float64 (float64 result)."""
+        if x.ndim == 2 and axis == 1:
+            return np.einsum("ij,ij->i", x, x, dtype=np.float64)
+        if x.ndim == 1 and axis is None:
+            return np.einsum("i,i->", x, x, dtype=np.float64)
+        return np.sum(np.square(x, dtype=np.float64), axis=axis)
+
+    def count_nonzero(self, mask, axis=None):
+        return np.asarray(np.count_nonzero(mask, axis=axis), dtype=np.int64)
 
     def cumsum(self, x):
         return np.cumsum(x)
@@ -133,6 +151,47 @@ class NumpyBackend:
     # -- indexing -----------------------------------------------------------------
     def gather(self, x, idx):
         return x[idx]
+
+    def lookup(self, table, idx):
+        """``table[idx]`` for small integer ``idx`` (uint8 codes or int64): rows of a table."""
+        return table[idx]
+
+    def nonzero(self, mask):
+        """Positions of the True entries (int64, increasing); host backends only."""
+        return np.flatnonzero(mask).astype(np.int64)
+
+    def sort(self, x):
+        return np.sort(x)
+
+    def is_host(self, x) -> bool:
+        """True when ``x`` lives in host memory, where reading a value costs no device
+        synchronisation: algorithms may then branch on values and update state in place."""
+        return True
+
+    def iadd(self, x, y):
+        """``x += y`` in place; returns ``x``."""
+        np.add(x, y, out=x)
+        return x
+
+    def imul(self, x, y):
+        """``x *= y`` in place; returns ``x``."""
+        np.multiply(x, y, out=x)
+        return x
+
+    def idiv(self, x, y):
+        """``x /= y`` in place; returns ``x``."""
+        np.divide(x, y, out=x)
+        return x
+
+    def ifloor(self, x):
+        """``x = floor(x)`` in place; returns ``x``."""
+        np.floor(x, out=x)
+        return x
+
+    def isub(self, x, y):
+        """``x -= y`` in place; returns ``x``."""
+        np.subtract(x, y, out=x)
+        return x
 
     def scatter_add(self, n: int, idx, values, dtype: str = "float32"):
         """Dense length-``n`` vector with ``values`` added at ``idx`` (duplicates add)."""
@@ -207,9 +266,6 @@ class NumpyBackend:
 
     def uniform(self, gen, n: int, like=None):
         return gen.random(n, dtype=np.float32)
-
-    def normal(self, gen, shape, like=None):
-        return gen.standard_normal(shape, dtype=np.float32)
 
     def generator_state(self, gen):
         return gen.bit_generator.state

@@ -29,6 +29,15 @@ def packed_nbytes(n: int, bits: int) -> int:
     return (n * bits + 7) // 8
 
 
+# Packing b-bit codes (b = 1, 2, 4) without a loop: the 8/b codes of one output
+# byte, one per input byte, are read as one little-endian integer x and
+# multiplied by MAGIC; byte 7 (b=1), 3 (b=2) or 1 (b=4) of the product is then
+# sum_i code_i << (i*b), and no partial sum carries into it.
+_MAGIC = {1: (0x0102040810204080, 56, "int64"),
+          2: (0x01041040, 24, "int32"),
+          4: (0x0110, 8, "int16")}
+
+
 def pack_codes(B, codes, bits: int):
     """Pack flat ``codes`` (integers in ``[0, 2**bits)``) into ``packed_nbytes`` uint8 bytes."""
     if not 1 <= bits <= 8:
@@ -37,19 +46,45 @@ def pack_codes(B, codes, bits: int):
     codes = B.cast(codes, "uint8")
     if bits == 8:
         return codes
-    if 8 % bits == 0:
+    if bits in _MAGIC:
+        magic, shift, word = _MAGIC[bits]
         per = 8 // bits
-        codes = B.pad_to(codes, -(-n // per) * per)
-        cols = B.reshape(codes, (-1, per))
-        out = cols[:, 0]
-        for j in range(1, per):  # loop over bit positions, not elements
-            out = B.bit_or(out, B.shift_left(cols[:, j], j * bits))
-        return out
-    # General b: spread every code into its bits, then pack 8 bits a byte.
+        words = B.bitcast(B.pad_to(codes, -(-n // per) * per), word)
+        packed = B.shift_right(B.cast(words, "int64") * magic, shift)
+        return B.cast(B.bit_and(packed, 0xFF), "uint8")
+    # Other b: spread every code into its bits, then pack 8 bits a byte.
     shifts = B.arange(bits, "uint8", like=codes)
     bitmat = B.bit_and(B.shift_right(B.reshape(codes, (-1, 1)), shifts), 1)
     stream = B.pad_to(B.reshape(bitmat, (-1,)), packed_nbytes(n, bits) * 8)
     return pack_codes(B, stream, 1)
+
+
+def code_table(bits: int):
+    """``table[byte, j]``: the j-th code held in ``byte`` (b = 1, 2, 4, 8); a nested list."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    return [[(byte >> (j * bits)) & mask for j in range(per)] for byte in range(256)]
+
+
+def unpack_values(B, data, bits: int, n: int, values, like=None):
+    """Decode packed ``data`` straight to ``values[code]`` (float32) for ``n`` codes.
+
+    ``values`` is a list of 2**bits floats, or a 1-d float32 array of that
+    length; one table look-up per byte replaces unpacking and mapping.
+    """
+    if bits not in (1, 2, 4, 8):
+        codes = unpack_codes(B, data, bits, n)
+        table = values if not isinstance(values, list) else B.asarray(values, "float32", like=data)
+        return B.lookup(table, codes)
+    per = 8 // bits
+    if isinstance(values, list):
+        table = B.asarray([[values[c] for c in row] for row in code_table(bits)], "float32",
+                          like=data)
+    else:
+        idx = B.asarray(code_table(bits), "int64", like=data)
+        table = B.lookup(values, B.reshape(idx, (-1,)))
+        table = B.reshape(table, (256, per))
+    return B.reshape(B.lookup(table, data), (-1,))[:n]
 
 
 def unpack_codes(B, data, bits: int, n: int):
@@ -58,12 +93,9 @@ def unpack_codes(B, data, bits: int, n: int):
         raise ValueError(f"bits must be in [1, 8], got {bits}")
     if bits == 8:
         return data[:n]
-    mask = (1 << bits) - 1
     if 8 % bits == 0:
-        per = 8 // bits
-        shifts = B.arange(per, "uint8", like=data) * bits
-        cols = B.bit_and(B.shift_right(B.reshape(data, (-1, 1)), B.cast(shifts, "uint8")), mask)
-        return B.reshape(cols, (-1,))[:n]
+        table = B.asarray(code_table(bits), "uint8", like=data)
+        return B.reshape(B.lookup(table, data), (-1,))[:n]
     stream = unpack_codes(B, data, 1, n * bits)
     bitmat = B.reshape(stream, (n, bits))
     shifts = B.arange(bits, "uint8", like=data)

@@ -83,24 +83,37 @@ class DGC(Sparsifier):
         z = self.B.zeros((meta.numel,), "float32", like=like)
         return {"u": z, "v": self.B.copy(z)}
 
-    def _select(self, vacc, meta, st):
+    def threshold(self, mag, meta, step):
+        """The sampled threshold on magnitudes ``mag``, after the correction loop (0-d)."""
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        mag = B.abs(vacc)
         s = min(n, max(math.ceil(float(self.params.get("sample_ratio", 0.01)) * n), MIN_SAMPLES))
         if s < n:
-            key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, st["step"],
-                                     PURPOSE_DGC_SAMPLE, like=vacc)
-            pos, _ = stratified_indices(B, n, s, key0, key1, like=vacc)
+            key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, step,
+                                     PURPOSE_DGC_SAMPLE, like=mag)
+            pos, _ = stratified_indices(B, n, s, key0, key1, like=mag)
             sample = B.gather(mag, pos)
         else:
             sample = mag
         ks = max(1, min(s, math.ceil(k * s / n)))
         thr = B.kth_largest(sample, ks)
-        for _ in range(ADAPT_ROUNDS):  # a fixed number of rounds: no host round-trip
-            cnt = B.sum(B.cast(mag >= thr, "int64"))
-            thr = B.where(cnt > UPPER * k, thr * UPPER, B.where(cnt < LOWER * k, thr * LOWER, thr))
-        return B.compact(mag >= thr, k), None
+        host = B.is_host(mag)
+        for _ in range(ADAPT_ROUNDS):
+            cnt = B.count_nonzero(mag >= thr)
+            if host:  # stop as soon as the count is in bounds (the device walk then idles)
+                cnt = int(cnt)
+                if LOWER * k <= cnt <= UPPER * k:
+                    break
+                thr = thr * UPPER if cnt > UPPER * k else thr * LOWER
+            else:  # a fixed number of rounds: no host round-trip
+                thr = B.where(cnt > UPPER * k, thr * UPPER,
+                              B.where(cnt < LOWER * k, thr * LOWER, thr))
+        return thr
+
+    def _select(self, vacc, meta, st):
+        mag = self.B.abs(vacc)
+        thr = self.threshold(mag, meta, st["step"])
+        return self.B.compact(mag >= thr, self.k_for(meta)), None
 
     def _encode(self, g, meta, st, noise, flag) -> Encoded:
         B = self.B
@@ -110,7 +123,10 @@ class DGC(Sparsifier):
             norm = _norm64(B, g)
             limit = clip / math.sqrt(self.world_size)
             g = g * B.minimum(B.scalar(1.0, like=g), limit / B.maximum(norm, 1e-30))
-        if self.params.get("nesterov"):
+        nesterov = bool(self.params.get("nesterov"))
+        if flag is None and B.is_host(g):
+            return self._encode_in_place(g, meta, st, noise, m, nesterov)
+        if nesterov:
             u = (st["u"] + g) * m
             vacc = st["v"] + u + g
         else:
@@ -120,7 +136,27 @@ class DGC(Sparsifier):
         sent = self._decode_own(enc)
         hit = B.scatter_add(meta.numel, enc.ctx["indices"],
                             B.cast(enc.ctx["valid"], "float32")) > 0
-        finite = B.isfinite(flag)
+        finite = B.isfinite(flag) if flag is not None else True
         st["v"] = B.where(finite, vacc - sent, st["v"])
         st["u"] = B.where(finite, B.where(hit, 0.0, u), st["u"])
+        return enc
+
+    def _encode_in_place(self, g, meta, st, noise, m, nesterov) -> Encoded:
+        """Host memory, finite input: the same arithmetic on the state buffers in place."""
+        B = self.B
+        u, vacc = st["u"], st["v"]
+        if nesterov:
+            B.iadd(u, g)
+            B.imul(u, m)
+            B.iadd(vacc, u)
+            B.iadd(vacc, g)
+        else:
+            B.imul(u, m)
+            B.iadd(u, g)
+            B.iadd(vacc, u)
+        enc = super()._encode(vacc, meta, st, noise, None)
+        idx = enc.ctx["indices"]
+        B.index_add(vacc, idx, -enc.ctx["sent"])  # v keeps what was not sent
+        # momentum factor masking: u[idx] = 0 where a value was sent (x + -x = +0)
+        B.index_add(u, idx, -B.where(enc.ctx["valid"], B.gather(u, idx), 0.0))
         return enc

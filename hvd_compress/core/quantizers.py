@@ -26,17 +26,17 @@ from __future__ import annotations
 import math
 
 from .base import Compressor, Encoded
-from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_codes
+from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
 
 
-def _sum64(B, x, axis=None):
-    return B.cast(B.sum(B.cast(x, "float64"), axis=axis), "float32")
+def _flagged(x, flag):
+    """``x`` times the finiteness flag (None: known finite, nothing to do)."""
+    return x if flag is None else x * flag
 
 
 def _norm64(B, x, axis=None):
-    """Euclidean norm computed in float64 (no overflow for huge float32 values), as float32."""
-    x = B.cast(x, "float64")
-    return B.cast(B.sqrt(B.sum(x * x, axis=axis)), "float32")
+    """Euclidean norm with float64 accumulation (no overflow for huge float32 values), float32."""
+    return B.cast(B.sqrt(B.sumsq64(x, axis=axis)), "float32")
 
 
 class Codec:
@@ -70,7 +70,7 @@ class FP16Codec(Codec):
         return [Segment("values", "float16", n)]
 
     def encode_values(self, B, v, flag, noise, cols=1):
-        return {"values": B.cast(v * flag, "float16")}
+        return {"values": B.cast(_flagged(v, flag), "float16")}
 
     def decode_values(self, B, fields, n, cols=1):
         return B.cast(fields["values"], "float32")
@@ -85,7 +85,7 @@ class BF16Codec(Codec):
         return [Segment("values", "uint16", n)]
 
     def encode_values(self, B, v, flag, noise, cols=1):
-        return {"values": B.to_bfloat16_bits(v * flag)}
+        return {"values": B.to_bfloat16_bits(_flagged(v, flag))}
 
     def decode_values(self, B, fields, n, cols=1):
         return B.from_bfloat16_bits(fields["values"])
@@ -121,16 +121,19 @@ class QSGDCodec(Codec):
         nb = -(-n // d)
         buckets = B.reshape(B.pad_to(v, nb * d), (nb, d))
         norms = _norm64(B, buckets, axis=1)
-        safe = B.where(norms > 0, norms, 1.0)
-        ratio = B.reshape(B.abs(buckets) / B.reshape(safe, (nb, 1)), (-1,))[:n]
-        level = B.minimum(B.floor(ratio * s + noise), float(s))
-        code = B.where(v < 0, s - level, s + level)
-        return {"norms": norms * flag, "codes": pack_codes(B, code, self.bits)}
+        inv = B.where(norms > 0, s / B.where(norms > 0, norms, 1.0), 0.0)  # s / ||v||
+        scaled = B.imul(B.abs(buckets), B.reshape(inv, (nb, 1)))  # s*|v|/||v||, a fresh array
+        scaled = B.reshape(scaled, (-1,))[:n]
+        level = B.cast(B.minimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
+        # code = s + sign * level, in uint8: s + level - 2 * level * [v < 0]
+        code = B.isub(level + s, B.cast(v < 0, "uint8") * level * 2)
+        return {"norms": _flagged(norms, flag), "codes": pack_codes(B, code, self.bits)}
 
     def decode_values(self, B, fields, n, cols=1):
         d, s = self.d, self.s
         nb = -(-n // d)
-        level = B.cast(unpack_codes(B, fields["codes"], self.bits, n), "float32") - s
+        level = unpack_values(B, fields["codes"], self.bits, n,
+                              [float(c - s) for c in range(1 << self.bits)])
         level = B.reshape(B.pad_to(level, nb * d), (nb, d))
         scale = B.reshape(fields["norms"] / s, (nb, 1))
         return B.reshape(level * scale, (-1,))[:n]
@@ -155,20 +158,22 @@ class TernGradCodec(Codec):
         n = B.shape(v)[0]
         c = float(self.params.get("clip", 2.5))
         if c > 0:
-            v64 = B.cast(v, "float64")
-            centered = v64 - B.sum(v64) / n
-            sigma = B.cast(B.sqrt(B.sum(centered * centered) / n), "float32")
+            # sigma from float64 sums of v and v*v (v*v beyond float32's range counts as inf:
+            # no clipping then)
+            mean = B.sum64(v) / n
+            var = B.maximum(B.sumsq64(v) / n - mean * mean, 0.0)
+            sigma = B.cast(B.sqrt(var), "float32")
             v = B.clip(v, -c * sigma, c * sigma)
-        scale = B.max(B.abs(v))
-        safe = B.where(scale > 0, scale, 1.0)
-        keep = noise < B.abs(v) / safe
-        code = B.where(keep, B.where(v < 0, 2, 1), 0)
-        return {"scale": B.reshape(scale * flag, (1,)), "codes": pack_codes(B, code, 2)}
+        mag = B.abs(v)
+        scale = B.max(mag)
+        prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))  # |v| / scale, in place
+        code = B.cast(noise < prob, "uint8") * (B.cast(v < 0, "uint8") + 1)
+        return {"scale": B.reshape(_flagged(scale, flag), (1,)), "codes": pack_codes(B, code, 2)}
 
     def decode_values(self, B, fields, n, cols=1):
-        code = unpack_codes(B, fields["codes"], 2, n)
-        tern = B.where(code == 1, 1.0, B.where(code == 2, -1.0, 0.0))
-        return B.cast(tern, "float32") * fields["scale"]
+        # the four code values times the scale, then one look-up per byte
+        table = B.asarray([0.0, 1.0, -1.0, 0.0], "float32", like=fields["scale"]) * fields["scale"]
+        return unpack_values(B, fields["codes"], 2, n, table)
 
 
 class OneBitCodec(Codec):
@@ -189,21 +194,25 @@ class OneBitCodec(Codec):
     def encode_values(self, B, v, flag, noise, cols=1):
         m = B.reshape(v, (-1, cols))
         nonneg = m >= 0
-        one, zero = 1.0, 0.0
-        npos = _sum64(B, B.where(nonneg, one, zero), axis=0)
-        nneg = _sum64(B, B.where(nonneg, zero, one), axis=0)
-        spos = _sum64(B, B.where(nonneg, m, zero), axis=0)
-        sneg = _sum64(B, B.where(nonneg, zero, m), axis=0)
-        pos = B.where(npos > 0, spos / B.maximum(npos, 1.0), 0.0)
-        neg = B.where(nneg > 0, sneg / B.maximum(nneg, 1.0), 0.0)
-        bits = B.reshape(B.where(nonneg, 1, 0), (-1,))
-        return {"pos": pos * flag, "neg": neg * flag, "signs": pack_codes(B, bits, 1)}
+        npos = B.count_nonzero(nonneg, axis=0)
+        nneg = B.shape(m)[0] - npos
+        total = B.sum64(m, axis=0)
+        spos = B.sum64(B.maximum(m, 0.0), axis=0)
+        sneg = total - spos
+        pos = B.cast(B.where(npos > 0, spos / B.maximum(npos, 1), 0.0), "float32")
+        neg = B.cast(B.where(nneg > 0, sneg / B.maximum(nneg, 1), 0.0), "float32")
+        bits = B.reshape(nonneg, (-1,))
+        return {"pos": _flagged(pos, flag), "neg": _flagged(neg, flag),
+                "signs": pack_codes(B, bits, 1)}
 
     def decode_values(self, B, fields, n, cols=1):
-        bits = B.reshape(unpack_codes(B, fields["signs"], 1, n), (-1, cols))
+        if cols == 1:  # one look-up: bit 1 -> pos, bit 0 -> neg
+            table = B.concat([B.reshape(fields["neg"], (1,)), B.reshape(fields["pos"], (1,))])
+            return unpack_values(B, fields["signs"], 1, n, table)
+        bits = B.reshape(unpack_values(B, fields["signs"], 1, n, [0.0, 1.0]), (-1, cols))
         pos = B.reshape(fields["pos"], (1, cols))
         neg = B.reshape(fields["neg"], (1, cols))
-        return B.reshape(B.where(bits == 1, pos, neg), (-1,))
+        return B.reshape(B.where(bits > 0.5, pos, neg), (-1,))
 
 
 class ThresholdCodec(Codec):
@@ -220,14 +229,14 @@ class ThresholdCodec(Codec):
 
     def encode_values(self, B, v, flag, noise, cols=1):
         tau = float(self.params.get("tau", 0.01))
-        code = B.where(v >= tau, 1, B.where(v <= -tau, 2, 0))
-        scale = B.reshape(B.scalar(tau, like=v) * flag, (1,))
+        code = B.cast(v >= tau, "uint8") + B.cast(v <= -tau, "uint8") * 2
+        scale = B.reshape(_flagged(B.scalar(tau, like=v), flag), (1,))
         return {"scale": scale, "codes": pack_codes(B, code, 2)}
 
     def decode_values(self, B, fields, n, cols=1):
-        code = unpack_codes(B, fields["codes"], 2, n)
-        tern = B.where(code == 1, 1.0, B.where(code == 2, -1.0, 0.0))
-        return B.cast(tern, "float32") * fields["scale"]
+        # the four code values times the scale, then one look-up per byte
+        table = B.asarray([0.0, 1.0, -1.0, 0.0], "float32", like=fields["scale"]) * fields["scale"]
+        return unpack_values(B, fields["codes"], 2, n, table)
 
 
 CODECS = {c.name: c for c in (FP16Codec, BF16Codec, QSGDCodec, TernGradCodec, OneBitCodec,
@@ -348,7 +357,7 @@ class Cast16(Compressor):
         meta = self.meta_for(x, name)
         B = self.B
         v = B.cast(B.reshape(x, (-1,)), "float32")
-        fields = self.codec.encode_values(B, v, 1.0, None)
+        fields = self.codec.encode_values(B, v, None, None)
         return Encoded(fields["values"], meta, self.payload_nbytes(meta))
 
     def payload_nbytes(self, meta):
@@ -361,4 +370,4 @@ class Cast16(Compressor):
         """Sum two 16-bit payloads: added in float32, rounded back to 16 bits."""
         B = self.B
         total = self._decode(a, None) + self._decode(b, None)
-        return self.codec.encode_values(B, total, 1.0, None)["values"]
+        return self.codec.encode_values(B, total, None, None)["values"]

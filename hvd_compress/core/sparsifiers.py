@@ -33,16 +33,18 @@ def count_for(ratio: float, n: int) -> int:
     return max(1, min(n, math.ceil(ratio * n - 1e-9)))
 
 
-def topk_mask(B, mag, k: int):
-    """Mask of exactly the k largest entries of ``mag``; ties go to the lower index.
-
-    This canonical choice makes every framework pick the same set.
-    """
+def topk_indices(B, mag, k: int):
+    """Indices (increasing) of exactly the k largest entries of ``mag``; ties go to the
+    lower index.  This canonical choice makes every framework pick the same set."""
     t = B.kth_largest(mag, k)
+    if B.is_host(mag):  # few candidates: collect them directly
+        above = B.nonzero(mag > t)
+        equal = B.nonzero(mag == t)[:k - B.shape(above)[0]]
+        return B.sort(B.concat([above, equal]))
     above = mag > t
     equal = mag == t
     room = k - B.sum(B.cast(above, "int64"))
-    return above | (equal & (B.cumsum(B.cast(equal, "int64")) <= room))
+    return B.compact(above | (equal & (B.cumsum(B.cast(equal, "int64")) <= room)), k)
 
 
 class Sparsifier(Compressor):
@@ -102,11 +104,13 @@ class Sparsifier(Compressor):
         ctx["indices"] = safe
         ctx["valid"] = valid
         if self._codec is None:
-            fields = {"values": values * flag}
+            fields = {"values": values if flag is None else values * flag}
+            ctx["sent"] = fields["values"]
         else:
             if self._codec.needs_noise and noise is None:
                 noise = self.noise.draw(k, like=v)
             fields = self._codec.encode_values(B, values, flag, noise)
+            ctx["sent"] = self._codec.decode_values(B, fields, k)
         if not self.shared_indices:
             fields["indices"] = B.cast(safe, index_dtype(n))
         if self.summable:
@@ -114,6 +118,10 @@ class Sparsifier(Compressor):
         else:
             payload = join_segments(B, self.layout(meta, ctx), fields)
         return Encoded(payload, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
+
+    def _subtract_sent(self, v, enc) -> None:
+        # Only k entries change: v[idx] -= sent (index 0 / value 0 in unused slots).
+        self.B.index_add(v, enc.ctx["indices"], -enc.ctx["sent"])
 
     def _fields(self, payload, meta, ctx):
         if self.summable:
@@ -170,8 +178,7 @@ class TopK(Sparsifier):
     name = "topk"
 
     def _select(self, v, meta, st):
-        mask = topk_mask(self.B, self.B.abs(v), self.k_for(meta))
-        return self.B.compact(mask, self.k_for(meta)), None
+        return topk_indices(self.B, self.B.abs(v), self.k_for(meta)), None
 
 
 class RandomK(Sparsifier):

@@ -15,6 +15,7 @@ import torch
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
     "float64": torch.float64, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
+    "int16": torch.int16,
     # bfloat16 bit patterns travel as int16 (same bits as the reference's uint16)
     "uint16": torch.int16, "bool": torch.bool,
 }
@@ -122,7 +123,26 @@ class TorchBackend:
         return x.max() if axis is None else x.max(dim=axis).values
 
     def all_finite(self, x):
-        return torch.isfinite(x).all()
+        if x.numel() == 0:
+            return torch.tensor(True, device=x.device)
+        lo, hi = torch.aminmax(x)  # NaN and +-Inf propagate: one read-only pass
+        return torch.isfinite(lo) & torch.isfinite(hi)
+
+    def sum64(self, x, axis=None):
+        if x.device.type == "cpu":  # numpy's float64 pairwise sum: the reference's bits, faster
+            return torch.from_numpy(np.asarray(np.sum(x.detach().numpy(), axis=axis,
+                                                      dtype=np.float64)))
+        return x.sum(dtype=torch.float64) if axis is None else x.sum(dim=axis, dtype=torch.float64)
+
+    def sumsq64(self, x, axis=None):
+        if x.device.type == "cpu":
+            from hvd_compress.core.backend import NUMPY
+            return torch.from_numpy(np.asarray(NUMPY.sumsq64(x.detach().numpy(), axis=axis)))
+        x = x.to(torch.float64)
+        return (x * x).sum() if axis is None else (x * x).sum(dim=axis)
+
+    def count_nonzero(self, mask, axis=None):
+        return torch.count_nonzero(mask) if axis is None else torch.count_nonzero(mask, dim=axis)
 
     def cumsum(self, x):
         return torch.cumsum(x, 0)
@@ -141,12 +161,39 @@ class TorchBackend:
         out = torch.zeros(n, dtype=_DTYPES[dtype], device=values.device)
         return out.index_add_(0, idx, values.to(out.dtype))
 
+    def lookup(self, table, idx):
+        return table.index_select(0, idx.reshape(-1).long()).reshape(*idx.shape, *table.shape[1:])
+
+    def nonzero(self, mask):
+        return torch.nonzero(mask).reshape(-1)
+
+    def sort(self, x):
+        return torch.sort(x).values
+
+    def is_host(self, x) -> bool:
+        return x.device.type == "cpu"
+
+    def iadd(self, x, y):
+        return x.add_(y)
+
+    def isub(self, x, y):
+        return x.sub_(y)
+
+    def imul(self, x, y):
+        return x.mul_(y)
+
+    def idiv(self, x, y):
+        return x.div_(y)
+
+    def ifloor(self, x):
+        return x.floor_()
+
     def index_add(self, acc, idx, values):
         return acc.index_add_(0, idx, values.to(acc.dtype))
 
     def compact(self, mask, k):
         n = mask.shape[0]
-        if mask.device.type == "cpu":  # no device to wait for: the direct way is fastest
+        if self.is_host(mask):  # no device to wait for: the direct way is fastest
             idx = torch.nonzero(mask).reshape(-1)[:k]
             if idx.shape[0] < k:
                 idx = torch.cat([idx, idx.new_full((k - idx.shape[0],), n)])
@@ -214,12 +261,7 @@ class TorchBackend:
         return _LazyGenerator(seed)
 
     def uniform(self, gen, n, like=None):
-        g = gen.get(_dev(like))
-        return torch.rand(n, generator=g, device=g.device, dtype=torch.float32)
-
-    def normal(self, gen, shape, like=None):
-        g = gen.get(_dev(like))
-        return torch.randn(shape, generator=g, device=g.device, dtype=torch.float32)
+        return gen.uniform(n, _dev(like))
 
     def generator_state(self, gen):
         return gen.state()
@@ -270,7 +312,9 @@ def _kth_largest_sampled(x, k):
 
 
 class _LazyGenerator:
-    """A torch.Generator made on the device of the first tensor it serves."""
+    """The compressor's own generator, made for the device of the first tensor it serves:
+    numpy's PCG64 for CPU tensors (faster than torch's CPU generator; the draws are
+    written straight into a torch tensor), a ``torch.Generator`` on CUDA devices."""
 
     def __init__(self, seed):
         self.seed = seed
@@ -279,25 +323,42 @@ class _LazyGenerator:
 
     def get(self, device):
         device = torch.device(device or "cpu")
-        if self.gen is None or self.gen.device != device:
-            old = self.gen
-            self.gen = torch.Generator(device=device)
-            self.gen.manual_seed(self.seed)
+        if self.gen is None or getattr(self.gen, "device", torch.device("cpu")) != device:
+            if device.type == "cpu":
+                self.gen = np.random.Generator(np.random.PCG64(self.seed))
+            else:
+                self.gen = torch.Generator(device=device)
+                self.gen.manual_seed(self.seed)
             if self._pending is not None:
-                self.gen.set_state(self._pending)
+                self._load(self._pending)
                 self._pending = None
-            elif old is not None:
-                self.gen.set_state(old.get_state()) if old.device == device else None
         return self.gen
+
+    def uniform(self, n, device):
+        g = self.get(device)
+        if isinstance(g, np.random.Generator):
+            # One buffer reused across calls (fresh pages cost as much as the draws).
+            if getattr(self, "_buf", None) is None or self._buf.numel() != n:
+                self._buf = torch.empty(n, dtype=torch.float32)
+            g.random(n, dtype=np.float32, out=self._buf.numpy())
+            return self._buf
+        return torch.rand(n, generator=g, device=g.device, dtype=torch.float32)
 
     def state(self):
         if self.gen is None:
-            return {"seed": self.seed, "torch_state": None}
-        return {"seed": self.seed, "device": str(self.gen.device),
-                "torch_state": self.gen.get_state().numpy().tobytes()}
+            return {"seed": self.seed, "kind": None}
+        if isinstance(self.gen, np.random.Generator):
+            return {"seed": self.seed, "kind": "numpy", "state": self.gen.bit_generator.state}
+        return {"seed": self.seed, "kind": "torch", "device": str(self.gen.device),
+                "state": self.gen.get_state().numpy().tobytes()}
+
+    def _load(self, state):
+        if state.get("kind") == "numpy" and isinstance(self.gen, np.random.Generator):
+            self.gen.bit_generator.state = state["state"]
+        elif state.get("kind") == "torch" and isinstance(self.gen, torch.Generator):
+            self.gen.set_state(torch.frombuffer(bytearray(state["state"]), dtype=torch.uint8))
 
     def load(self, state):
         self.seed = state["seed"]
-        raw = state.get("torch_state")
-        self._pending = None if raw is None else torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         self.gen = None
+        self._pending = state if state.get("kind") else None

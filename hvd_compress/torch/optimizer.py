@@ -96,6 +96,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  if p.requires_grad and p.numel() > 0]
         self._groups = self._split_by_rounds(self._make_groups(groups))
         self._p_to_group = {p: g for g in self._groups for p in g}
+        self._plain = compression.spec.name == "none"
         self.comm_stats = _new_stats()
         self.comm_totals = _new_stats()
         self._steps_synchronized = 0
@@ -180,6 +181,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, group):
         comp = self._compression.core
+        if self._plain and len(group) == 1:
+            return self._launch_plain(group)
         t0 = time.perf_counter()
         encs = []
         for p in group:
@@ -189,6 +192,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             encs.append(comp.encode(grad, self._parameter_names[p]))
         self.comm_stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
         self._start(group, encs)
+
+    def _launch_plain(self, group):
+        """Uncompressed and ungrouped: exactly Horovod's in-place allreduce of ``p.grad``."""
+        (p,) = group
+        grad = self._grad(p)
+        if grad is not p.grad:  # sparse_as_dense
+            p.grad = grad
+        pre, post = (1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor) \
+            if self.op == hvd.Average else (1.0, 1.0)
+        handle = hvd.allreduce_async_(p.grad, name=f"hvd_compress.{self._parameter_names[p]}.0",
+                                      op=self.op, prescale_factor=pre, postscale_factor=post,
+                                      process_set=self.process_set)
+        self.comm_stats["bytes_sent"] += p.grad.numel() * p.grad.element_size()
+        self.comm_stats["collectives"] += 1
+        self._pending[group] = _Pending(group, None, handle, None, None, True, 0)
 
     def _start(self, group, encs):
         comp = self._compression.core
@@ -240,9 +258,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if group not in self._pending:
                 self._launch(group)
         # Extra rounds (PowerSGD): finish round r for every group, then start r + 1.
-        while any(comp.rounds(pd.encs[0].meta) - 1 > pd.round for pd in self._pending.values()):
+        def more(pd):
+            return pd.encs is not None and comp.rounds(pd.encs[0].meta) - 1 > pd.round
+
+        while any(more(pd) for pd in self._pending.values()):
             for group, pd in list(self._pending.items()):
-                if comp.rounds(pd.encs[0].meta) - 1 > pd.round:
+                if more(pd):
                     reduced = self._wait(pd)
                     t0 = time.perf_counter()
                     encs = [comp.next_round(e, r) for e, r in zip(pd.encs, reduced)]
@@ -251,6 +272,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         size = self.process_set.size()
         for group in self._groups:
             pd = self._pending[group]
+            if pd.encs is None:  # plain in-place allreduce: p.grad already holds the result
+                t0 = time.perf_counter()
+                hvd.synchronize(pd.handle)
+                self.comm_stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+                self._allreduce_delay[group[0]] = self.backward_passes_per_step
+                continue
             received = self._wait(pd)
             t0 = time.perf_counter()
             for p, enc, got in zip(group, pd.encs, received):

@@ -1,0 +1,117 @@
+"""What the PyTorch and TensorFlow example scripts share: flags, progress, the summary.
+
+Every example takes the same core flags (``--compression``,
+``--backward-passes-per-step``, ``--epochs``/``--steps``, ``--seed``,
+``--json PATH``), shows progress on rank 0, and writes the summary whose keys
+DESIGN.md section 6 fixes.  Framework-neutral: no torch or tensorflow here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import spec as specmod
+
+SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
+                "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
+                "comm_ms", "decode_ms", "test_accuracy", "wall_s")
+
+
+def spec_arg(text: str) -> str:
+    try:
+        specmod.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def common_parser(description: str, epochs: int | None = None, steps: int | None = None,
+                  batch_size: int = 32, lr: float = 0.05) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--compression", type=spec_arg, default="none", metavar="SPEC",
+                    help="compressor spec, e.g. none, fp16, topk:ratio=0.01, dgc:ratio=0.001, "
+                         "onebit, 'topk:ratio=0.01+qsgd:levels=16' (default: none)")
+    ap.add_argument("--backward-passes-per-step", type=positive_int, default=1, metavar="N",
+                    help="accumulate N backward passes locally before one exchange (default 1)")
+    if epochs is not None:
+        ap.add_argument("--epochs", type=positive_int, default=epochs, help="epochs (default %(default)s)")
+    if steps is not None:
+        ap.add_argument("--steps", type=positive_int, default=steps,
+                        help="optimizer steps to time (default %(default)s)")
+    ap.add_argument("--batch-size", type=positive_int, default=batch_size,
+                    help="per-worker batch size (default %(default)s)")
+    ap.add_argument("--lr", type=float, default=lr, help="learning rate (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--json", metavar="PATH", help="write the run summary (JSON) to PATH on rank 0")
+    ap.add_argument("--quiet", action="store_true", help="no progress display")
+    return ap
+
+
+class Progress:
+    """A one-line progress display on rank 0 (plain lines when not a terminal)."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True, stream=None):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.stream = stream or sys.stderr
+        self.t0 = time.perf_counter()
+        self.tty = self.stream.isatty()
+        self.last = -1.0
+
+    def update(self, done: int, note: str = "") -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self.tty or done == self.total or now - self.last >= 5.0:
+            self.last = now
+            pct = 100.0 * done / max(1, self.total)
+            bar = "#" * int(pct / 5)
+            line = f"{self.label} [{bar:<20s}] {done}/{self.total} {pct:5.1f}% " \
+                   f"{now - self.t0:6.1f}s {note}"
+            self.stream.write(("\r" + line) if self.tty else line + "\n")
+            if self.tty and done == self.total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+def summary(framework: str, example: str, compression: str, np_: int, steps: int,
+            images: int, train_s: float, stats: dict, test_accuracy, wall_s: float,
+            **extra) -> dict:
+    """The run summary; ``stats`` holds summed bytes_sent/encode_ms/comm_ms/decode_ms."""
+    steps = max(1, steps)
+    per_step = {k: stats.get(k, 0.0) / steps for k in ("encode_ms", "comm_ms", "decode_ms")}
+    step_ms = 1e3 * train_s / steps
+    compute = max(0.0, step_ms - sum(per_step.values()))
+    ips = images / train_s if train_s > 0 else 0.0
+    out = {
+        "framework": framework, "example": example, "compression": compression, "np": np_,
+        "steps": steps, "images_per_sec": round(ips, 2),
+        "images_per_sec_per_worker": round(ips / max(1, np_), 2),
+        "bytes_per_step": int(round(stats.get("bytes_sent", 0) / steps)),
+        "compute_ms": round(compute, 3), "encode_ms": round(per_step["encode_ms"], 3),
+        "comm_ms": round(per_step["comm_ms"], 3), "decode_ms": round(per_step["decode_ms"], 3),
+        "test_accuracy": None if test_accuracy is None else round(float(test_accuracy), 4),
+        "wall_s": round(wall_s, 3),
+    }
+    out.update(extra)
+    return out
+
+
+def write_summary(path: str | None, doc: dict) -> None:
+    """Print the summary and, with a path, write it as JSON."""
+    line = ", ".join(f"{k}={doc[k]}" for k in SUMMARY_KEYS if k in doc)
+    print(f"summary: {line}", flush=True)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)

@@ -1,0 +1,63 @@
+"""Helpers the PyTorch examples share: Horovod set-up, the optimizer, the summary."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import horovod.torch as hvd  # noqa: E402
+
+import hvd_compress.torch as hc  # noqa: E402
+from hvd_compress import runtools  # noqa: E402
+
+
+def init(seed: int):
+    """hvd.init(), one thread per worker when several share a machine, seeds."""
+    hvd.init()
+    if hvd.local_size() > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return hvd.rank(), hvd.size()
+
+
+def make_optimizer(model, base, args, horovod_optimizer: bool = False):
+    """Our DistributedOptimizer (or Horovod's, for comparison) with broadcast initial state."""
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if horovod_optimizer:
+        opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                       compression=hc.compressor(args.compression),
+                                       backward_passes_per_step=args.backward_passes_per_step)
+    else:
+        opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                      compression=args.compression,
+                                      backward_passes_per_step=args.backward_passes_per_step)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    return opt
+
+
+def stats_of(opt) -> dict:
+    """Summed bytes/time account of our optimizer (zeros for Horovod's own)."""
+    return dict(getattr(opt, "comm_totals", {}) or {})
+
+
+def reset_stats(opt) -> None:
+    if hasattr(opt, "comm_totals"):
+        for key in opt.comm_totals:
+            opt.comm_totals[key] = 0 if key in ("bytes_sent", "collectives") else 0.0
+
+
+def finish(args, example: str, steps: int, images: int, train_s: float, opt, accuracy,
+           wall_s: float, **extra) -> None:
+    if hvd.rank() != 0:
+        return
+    doc = runtools.summary("torch", example, args.compression, hvd.size(), steps, images,
+                           train_s, stats_of(opt), accuracy, wall_s, **extra)
+    runtools.write_summary(args.json, doc)

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Train a small CNN on scikit-learn's bundled 8x8 handwritten digits, sharded across ranks.
+
+    horovodrun -np 2 python torch_examples/train_digits.py --compression topk:ratio=0.01
+
+Real data that ships with scikit-learn (1,797 images; no download): 1,437 for
+training, split across the workers, 360 held out for the test accuracy that
+rank 0 reports after every epoch.  With DGC the warm-up follows the epochs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from _common import finish, init, make_optimizer, reset_stats
+
+from hvd_compress import runtools
+
+
+class DigitsNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = torch.nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def load_digits_split(seed: int = 0):
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    x = (data.images / 16.0).astype(np.float32)[:, None]
+    y = data.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(x))
+    test, train = order[:360], order[360:]
+    return (torch.from_numpy(x[train]), torch.from_numpy(y[train]),
+            torch.from_numpy(x[test]), torch.from_numpy(y[test]))
+
+
+def accuracy(model, x, y) -> float:
+    model.eval()
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    model.train()
+    return float((pred == y).float().mean())
+
+
+def main(argv=None):
+    ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=10, batch_size=16, lr=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    ap.add_argument("--horovod-optimizer", action="store_true",
+                    help="use horovod.torch.DistributedOptimizer (summable compressors only)")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    rank, size = init(args.seed)
+    xtr, ytr, xte, yte = load_digits_split()
+    xtr, ytr = xtr[rank::size], ytr[rank::size]
+    model = DigitsNet()
+    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = make_optimizer(model, base, args, args.horovod_optimizer)
+    reset_stats(opt)
+    bpps = args.backward_passes_per_step
+    per_step = args.batch_size * bpps
+    steps_per_epoch = max(1, len(xtr) // per_step)
+    total_steps = steps_per_epoch * args.epochs
+    progress = runtools.Progress(total_steps, f"digits {args.compression} np={size}",
+                                 enabled=rank == 0 and not args.quiet)
+    train_s, steps, acc = 0.0, 0, None
+    for epoch in range(args.epochs):
+        if hasattr(opt, "compression"):
+            opt.compression.set_epoch(epoch)
+        order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(args.seed + epoch))
+        t0 = time.perf_counter()
+        for i in range(steps_per_epoch):
+            opt.zero_grad()
+            for micro in range(bpps):
+                idx = order[(i * bpps + micro) * args.batch_size:][:args.batch_size]
+                loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) / bpps
+                loss.backward()
+            opt.step()
+            steps += 1
+            progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}"
+                                   + (f" acc {acc:.3f}" if acc is not None else ""))
+        train_s += time.perf_counter() - t0
+        acc = accuracy(model, xte, yte)
+    if rank == 0 and not args.quiet:
+        print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
+    finish(args, "train_digits", steps, steps * per_step * size, train_s, opt, acc,
+           time.perf_counter() - t_start, epochs=args.epochs)
+
+
+if __name__ == "__main__":
+    main()
