@@ -105,3 +105,24 @@ def run_mpi(target: str, np: int = 2, kwargs: dict | None = None,
     """Run ``target`` under ``mpirun -np np`` (mpi4py workers); return per-rank results."""
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none"]
     return _launch(cmd, np, target, kwargs, timeout, env)
+
+
+def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",
+               timeout: float = DEFAULT_TIMEOUT, env: dict | None = None) -> str:
+    """Launch ``horovodrun -np np python script args...``; return its combined output.
+
+    A non-zero exit or a time-out raises :class:`LaunchError` with the output."""
+    cmd = [_bin("horovodrun"), "-np", str(np), f"--{controller}", "-H", f"localhost:{np}",
+           sys.executable, str(REPO / script), *map(str, args)]
+    with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(outdir, env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            raise LaunchError(_report(cmd, f"timed out after {timeout:.0f}s", out, outdir, np))
+        if proc.returncode != 0:
+            raise LaunchError(_report(cmd, f"exit code {proc.returncode}", out, outdir, np))
+        return out

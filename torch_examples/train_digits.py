@@ -54,7 +54,7 @@ def accuracy(model, x, y) -> float:
 
 
 def main(argv=None):
-    ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=10, batch_size=16, lr=0.05)
+    ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=15, batch_size=16, lr=0.02)
     ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     ap.add_argument("--horovod-optimizer", action="store_true",
                     help="use horovod.torch.DistributedOptimizer (summable compressors only)")

@@ -1,0 +1,84 @@
+"""The PyTorch examples, launched for real under horovodrun -np 2."""
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hvd_compress.runtools import SUMMARY_KEYS
+from tests.harness import REPO, run_script
+
+pytestmark = pytest.mark.multiprocess
+SCRIPTS = ["torch_examples/train_digits.py", "torch_examples/synthetic_benchmark.py",
+           "torch_examples/train_cifar10.py"]
+
+
+def _summary(path):
+    doc = json.loads(path.read_text())
+    assert set(SUMMARY_KEYS) <= set(doc)
+    assert doc["framework"] == "torch" and doc["np"] == 2
+    return doc
+
+
+@pytest.mark.parametrize("spec", ["none", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit"])
+def test_train_digits_reaches_90_percent(spec, tmp_path):
+    out = tmp_path / "summary.json"
+    run_script("torch_examples/train_digits.py", ["--compression", spec, "--json", out, "--quiet"],
+               timeout=600)
+    doc = _summary(out)
+    assert doc["compression"] == spec and doc["example"] == "train_digits"
+    assert doc["test_accuracy"] >= 0.90, doc
+    assert doc["bytes_per_step"] > 0 and doc["images_per_sec"] > 0
+    if spec != "none":
+        assert doc["bytes_per_step"] < 153_128 / 2  # the uncompressed model is 153,128 bytes
+
+
+def test_train_digits_with_backward_passes_per_step(tmp_path):
+    out = tmp_path / "s.json"
+    text = run_script("torch_examples/train_digits.py",
+                      ["--compression", "topk:ratio=0.05", "--backward-passes-per-step", "2",
+                       "--epochs", "2", "--json", out])
+    doc = _summary(out)
+    assert doc["steps"] == 2 * (719 // 32)  # 719 training images on rank 0, batch 16 x 2
+    assert "digits topk:ratio=0.05 np=2" in text  # the progress display
+
+
+@pytest.mark.parametrize("extra", [[], ["--horovod-optimizer"]])
+def test_synthetic_benchmark(extra, tmp_path):
+    out = tmp_path / "s.json"
+    text = run_script("torch_examples/synthetic_benchmark.py",
+                      ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
+                       "--compression", "fp16", "--json", out, *extra])
+    assert "total img/sec on 2 workers" in text
+    doc = _summary(out)
+    assert doc["steps"] == 4 and doc["test_accuracy"] is None
+    assert doc["horovod_optimizer"] is bool(extra)
+
+
+def test_train_cifar10_reads_python_batches(tmp_path):
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = rng.integers(0, 10, 24)
+        data = (rng.integers(0, 80, (24, 3072)) + labels[:, None] * 16).astype(np.uint8)
+        with open(tmp_path / name, "wb") as f:
+            pickle.dump({b"data": data, b"labels": labels.tolist()}, f)
+    out = tmp_path / "s.json"
+    run_script("torch_examples/train_cifar10.py",
+               ["--data-dir", tmp_path, "--epochs", "2", "--batch-size", "8",
+                "--compression", "dgc:ratio=0.01", "--json", out, "--quiet"])
+    doc = _summary(out)
+    assert doc["example"] == "train_cifar10" and 0.0 <= doc["test_accuracy"] <= 1.0
+    assert doc["steps"] == 2 * (60 // 8)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_and_bad_spec(script):
+    ok = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and "--compression" in ok.stdout and "--json" in ok.stdout
+    bad = subprocess.run([sys.executable, str(REPO / script), "--compression", "topk:ratio=9"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "topk: ratio must be in (0, 1], got 9" in bad.stderr
