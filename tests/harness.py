@@ -57,22 +57,28 @@ def _env(outdir: str, extra: dict | None) -> dict:
     return env
 
 
+def _run(cmd: list[str], outdir: str, np: int, timeout: float, env: dict | None) -> str:
+    """Run ``cmd`` in its own process group; its output, or LaunchError with every
+    worker's output on a non-zero exit or a time-out (the whole group is killed)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(outdir, env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise LaunchError(_report(cmd, f"timed out after {timeout:.0f}s", out, outdir, np))
+    if proc.returncode != 0:
+        raise LaunchError(_report(cmd, f"exit code {proc.returncode}", out, outdir, np))
+    return out
+
+
 def _launch(cmd: list[str], np: int, target: str, kwargs: dict | None,
             timeout: float, env: dict | None) -> list:
     with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
         Path(outdir, "kwargs.json").write_text(json.dumps(kwargs or {}))
         full = cmd + [sys.executable, "-m", "tests.workers.entry", target]
-        proc = subprocess.Popen(full, cwd=REPO, env=_env(outdir, env),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            raise LaunchError(_report(full, f"timed out after {timeout:.0f}s", out, outdir, np))
-        if proc.returncode != 0:
-            raise LaunchError(_report(full, f"exit code {proc.returncode}", out, outdir, np))
+        out = _run(full, outdir, np, timeout, env)
         results = []
         for rank in range(np):
             path = Path(outdir, f"rank{rank}.json")
@@ -115,14 +121,4 @@ def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",
     cmd = [_bin("horovodrun"), "-np", str(np), f"--{controller}", "-H", f"localhost:{np}",
            sys.executable, str(REPO / script), *map(str, args)]
     with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(outdir, env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            raise LaunchError(_report(cmd, f"timed out after {timeout:.0f}s", out, outdir, np))
-        if proc.returncode != 0:
-            raise LaunchError(_report(cmd, f"exit code {proc.returncode}", out, outdir, np))
-        return out
+        return _run(cmd, outdir, np, timeout, env)

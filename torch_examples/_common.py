@@ -61,3 +61,42 @@ def finish(args, example: str, steps: int, images: int, train_s: float, opt, acc
     doc = runtools.summary("torch", example, args.compression, hvd.size(), steps, images,
                            train_s, stats_of(opt), accuracy, wall_s, **extra)
     runtools.write_summary(args.json, doc)
+
+
+def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step=None,
+                 log_epochs=False):
+    """The epoch loop the training examples share: shuffled micro-batches of
+    ``args.batch_size``, ``args.backward_passes_per_step`` backward passes per
+    optimizer step, DGC's warm-up epoch, a progress display on rank 0 and the
+    test accuracy after every epoch.  Returns (steps, images, train_s, accuracy)."""
+    import time
+
+    rank, size = hvd.rank(), hvd.size()
+    bpps = args.backward_passes_per_step
+    per_step = args.batch_size * bpps
+    steps_per_epoch = max(1, len(x) // per_step)
+    progress = runtools.Progress(steps_per_epoch * args.epochs, label,
+                                 enabled=rank == 0 and not args.quiet)
+    steps, train_s, acc = 0, 0.0, None
+    for epoch in range(args.epochs):
+        if hasattr(opt, "compression"):
+            opt.compression.set_epoch(epoch)
+        order = torch.randperm(len(x), generator=gen or torch.Generator().manual_seed(args.seed + epoch))
+        t0 = time.perf_counter()
+        for i in range(steps_per_epoch):
+            opt.zero_grad()
+            for micro in range(bpps):
+                idx = order[(i * bpps + micro) * args.batch_size:][:args.batch_size]
+                loss = loss_of(x[idx], y[idx]) / bpps
+                loss.backward()
+            opt.step()
+            if after_step is not None:
+                after_step()
+            steps += 1
+            progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}"
+                                   + (f" acc {acc:.3f}" if acc is not None else ""))
+        train_s += time.perf_counter() - t0
+        acc = evaluate()
+        if log_epochs and rank == 0 and not args.quiet:
+            print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)
+    return steps, steps * per_step * size, train_s, acc

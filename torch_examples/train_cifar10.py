@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import finish, init, make_optimizer, reset_stats
+from _common import finish, init, make_optimizer, reset_stats, train_epochs
 from models import resnet
 
 from hvd_compress import runtools
@@ -85,33 +85,14 @@ def main(argv=None):
                            weight_decay=args.weight_decay)
     opt = make_optimizer(model, base, args)
     reset_stats(opt)
-    bpps = args.backward_passes_per_step
-    per_step = args.batch_size * bpps
-    steps_per_epoch = max(1, len(xtr) // per_step)
+    steps_per_epoch = max(1, len(xtr) // (args.batch_size * args.backward_passes_per_step))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps_per_epoch * args.epochs)
     gen = torch.Generator().manual_seed(args.seed + rank)
-    progress = runtools.Progress(steps_per_epoch * args.epochs, f"cifar10 {args.compression}",
-                                 enabled=rank == 0 and not args.quiet)
-    steps, train_s, acc = 0, 0.0, None
-    for epoch in range(args.epochs):
-        opt.compression.set_epoch(epoch)
-        order = torch.randperm(len(xtr), generator=gen)
-        t0 = time.perf_counter()
-        for i in range(steps_per_epoch):
-            opt.zero_grad()
-            for micro in range(bpps):
-                idx = order[(i * bpps + micro) * args.batch_size:][:args.batch_size]
-                loss = F.cross_entropy(model(augment(xtr[idx], gen)), ytr[idx]) / bpps
-                loss.backward()
-            opt.step()
-            sched.step()
-            steps += 1
-            progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}")
-        train_s += time.perf_counter() - t0
-        acc = evaluate(model, xte, yte)
-        if rank == 0 and not args.quiet:
-            print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)
-    finish(args, "train_cifar10", steps, steps * per_step * size, train_s, opt, acc,
+    steps, images, train_s, acc = train_epochs(
+        args, opt, xtr, ytr, lambda xb, yb: F.cross_entropy(model(augment(xb, gen)), yb),
+        lambda: evaluate(model, xte, yte), f"cifar10 {args.compression}", gen=gen,
+        after_step=sched.step, log_epochs=True)
+    finish(args, "train_cifar10", steps, images, train_s, opt, acc,
            time.perf_counter() - t_start, epochs=args.epochs)
 
 

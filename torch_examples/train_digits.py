@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import finish, init, make_optimizer, reset_stats
+from _common import finish, init, make_optimizer, reset_stats, train_epochs
 
 from hvd_compress import runtools
 
@@ -67,33 +67,12 @@ def main(argv=None):
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     opt = make_optimizer(model, base, args, args.horovod_optimizer)
     reset_stats(opt)
-    bpps = args.backward_passes_per_step
-    per_step = args.batch_size * bpps
-    steps_per_epoch = max(1, len(xtr) // per_step)
-    total_steps = steps_per_epoch * args.epochs
-    progress = runtools.Progress(total_steps, f"digits {args.compression} np={size}",
-                                 enabled=rank == 0 and not args.quiet)
-    train_s, steps, acc = 0.0, 0, None
-    for epoch in range(args.epochs):
-        if hasattr(opt, "compression"):
-            opt.compression.set_epoch(epoch)
-        order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(args.seed + epoch))
-        t0 = time.perf_counter()
-        for i in range(steps_per_epoch):
-            opt.zero_grad()
-            for micro in range(bpps):
-                idx = order[(i * bpps + micro) * args.batch_size:][:args.batch_size]
-                loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) / bpps
-                loss.backward()
-            opt.step()
-            steps += 1
-            progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}"
-                                   + (f" acc {acc:.3f}" if acc is not None else ""))
-        train_s += time.perf_counter() - t0
-        acc = accuracy(model, xte, yte)
+    steps, images, train_s, acc = train_epochs(
+        args, opt, xtr, ytr, lambda xb, yb: F.cross_entropy(model(xb), yb),
+        lambda: accuracy(model, xte, yte), f"digits {args.compression} np={size}")
     if rank == 0 and not args.quiet:
         print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
-    finish(args, "train_digits", steps, steps * per_step * size, train_s, opt, acc,
+    finish(args, "train_digits", steps, images, train_s, opt, acc,
            time.perf_counter() - t_start, epochs=args.epochs)
 
 

@@ -49,7 +49,11 @@ class NumpyBackend:
         return np.asarray(x, dtype=_NP_DTYPES[dtype] if dtype else None)
 
     def cast(self, x, dtype: str):
-        return np.asarray(x).astype(_NP_DTYPES[dtype], copy=False)
+        """``x`` as ``dtype`` (bool to uint8 is a view: 0/1 bytes, no copy)."""
+        x = np.asarray(x)
+        if dtype == "uint8" and x.dtype == np.bool_:
+            return x.view(np.uint8)
+        return x.astype(_NP_DTYPES[dtype], copy=False)
 
     def zeros(self, shape, dtype: str = "float32", like=None):
         return np.zeros(shape, dtype=_NP_DTYPES[dtype])
@@ -137,6 +141,27 @@ class NumpyBackend:
             return np.einsum("i,i->", x, x, dtype=np.float64)
         return np.sum(np.square(x, dtype=np.float64), axis=axis)
 
+    def bucket_sumsq64(self, x, d: int):
+        """Per bucket of ``d`` consecutive elements of flat ``x`` (the last may be shorter):
+        the sum of squares accumulated in float64."""
+        n = x.shape[0]
+        full = n // d
+        parts = [self.sumsq64(x[:full * d].reshape(full, d), axis=1)] if full else []
+        if n % d:
+            parts.append(np.reshape(self.sumsq64(x[full * d:]), (1,)))
+        return np.concatenate(parts)
+
+    def bucket_scale(self, x, factors, d: int):
+        """Multiply each bucket of ``d`` elements of flat ``x`` by its factor; ``x`` is a
+        fresh array the caller gives up (scaled in place); returns the result."""
+        n = x.shape[0]
+        full = n // d
+        if full:
+            x[:full * d].reshape(full, d)[...] *= factors[:full, None]
+        if n % d:
+            x[full * d:] *= factors[full]
+        return x
+
     def count_nonzero(self, mask, axis=None):
         return np.asarray(np.count_nonzero(mask, axis=axis), dtype=np.int64)
 
@@ -186,6 +211,21 @@ class NumpyBackend:
     def ifloor(self, x):
         """``x = floor(x)`` in place; returns ``x``."""
         np.floor(x, out=x)
+        return x
+
+    def iminimum(self, x, hi):
+        """``x = minimum(x, hi)`` in place; returns ``x``."""
+        np.minimum(x, hi, out=x)
+        return x
+
+    def ishr(self, x, s: int):
+        """``x >>= s`` in place; returns ``x``."""
+        np.right_shift(x, s, out=x)
+        return x
+
+    def iand(self, x, y):
+        """``x &= y`` in place; returns ``x``."""
+        np.bitwise_and(x, y, out=x)
         return x
 
     def isub(self, x, y):

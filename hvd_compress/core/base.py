@@ -222,10 +222,13 @@ class Compressor:
             self._load_extra_state(sd["extra"])
 
     def _extra_state(self) -> dict:
-        return {}
+        noise = getattr(self, "noise", None)  # the compressor's own noise generator
+        return {"noise": noise.state()} if noise is not None else {}
 
     def _load_extra_state(self, extra: dict) -> None:
-        pass
+        noise = getattr(self, "noise", None)
+        if noise is not None and "noise" in extra:
+            noise.load(extra["noise"])
 
     # -- for subclasses -----------------------------------------------------------------
     def _encode(self, v, meta, st, noise, flag) -> Encoded:

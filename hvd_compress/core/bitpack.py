@@ -50,8 +50,8 @@ def pack_codes(B, codes, bits: int):
         magic, shift, word = _MAGIC[bits]
         per = 8 // bits
         words = B.bitcast(B.pad_to(codes, -(-n // per) * per), word)
-        packed = B.shift_right(B.cast(words, "int64") * magic, shift)
-        return B.cast(B.bit_and(packed, 0xFF), "uint8")
+        packed = B.imul(B.cast(words, "int64"), magic)  # a fresh int64 array: in place
+        return B.cast(B.iand(B.ishr(packed, shift), 0xFF), "uint8")
     # Other b: spread every code into its bits, then pack 8 bits a byte.
     shifts = B.arange(bits, "uint8", like=codes)
     bitmat = B.bit_and(B.shift_right(B.reshape(codes, (-1, 1)), shifts), 1)

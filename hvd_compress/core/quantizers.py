@@ -117,26 +117,20 @@ class QSGDCodec(Codec):
                 Segment("codes", "uint8", -(-n * self.bits // 8))]
 
     def encode_values(self, B, v, flag, noise, cols=1):
-        n, d, s = B.shape(v)[0], self.d, self.s
-        nb = -(-n // d)
-        buckets = B.reshape(B.pad_to(v, nb * d), (nb, d))
-        norms = _norm64(B, buckets, axis=1)
+        d, s = self.d, self.s
+        norms = B.cast(B.sqrt(B.bucket_sumsq64(v, d)), "float32")
         inv = B.where(norms > 0, s / B.where(norms > 0, norms, 1.0), 0.0)  # s / ||v||
-        scaled = B.imul(B.abs(buckets), B.reshape(inv, (nb, 1)))  # s*|v|/||v||, a fresh array
-        scaled = B.reshape(scaled, (-1,))[:n]
-        level = B.cast(B.minimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
+        scaled = B.bucket_scale(B.abs(v), inv, d)  # s*|v|/||v|| (a fresh array: in place)
+        level = B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
         # code = s + sign * level, in uint8: s + level - 2 * level * [v < 0]
         code = B.isub(level + s, B.cast(v < 0, "uint8") * level * 2)
         return {"norms": _flagged(norms, flag), "codes": pack_codes(B, code, self.bits)}
 
     def decode_values(self, B, fields, n, cols=1):
-        d, s = self.d, self.s
-        nb = -(-n // d)
+        s = self.s
         level = unpack_values(B, fields["codes"], self.bits, n,
                               [float(c - s) for c in range(1 << self.bits)])
-        level = B.reshape(B.pad_to(level, nb * d), (nb, d))
-        scale = B.reshape(fields["norms"] / s, (nb, 1))
-        return B.reshape(level * scale, (-1,))[:n]
+        return B.bucket_scale(level, fields["norms"] / s, self.d)
 
 
 class TernGradCodec(Codec):
@@ -163,11 +157,12 @@ class TernGradCodec(Codec):
             mean = B.sum64(v) / n
             var = B.maximum(B.sumsq64(v) / n - mean * mean, 0.0)
             sigma = B.cast(B.sqrt(var), "float32")
-            v = B.clip(v, -c * sigma, c * sigma)
-        mag = B.abs(v)
+            mag = B.iminimum(B.abs(v), c * sigma)  # |clip(v)|; clipping keeps the sign
+        else:
+            mag = B.abs(v)
         scale = B.max(mag)
         prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))  # |v| / scale, in place
-        code = B.cast(noise < prob, "uint8") * (B.cast(v < 0, "uint8") + 1)
+        code = B.imul(B.cast(noise < prob, "uint8"), B.iadd(B.cast(v < 0, "uint8"), 1))
         return {"scale": B.reshape(_flagged(scale, flag), (1,)), "codes": pack_codes(B, code, 2)}
 
     def decode_values(self, B, fields, n, cols=1):
@@ -192,16 +187,18 @@ class OneBitCodec(Codec):
                 Segment("signs", "uint8", -(-n // 8))]
 
     def encode_values(self, B, v, flag, noise, cols=1):
-        m = B.reshape(v, (-1, cols))
+        axis = None if cols == 1 else 0  # whole-vector reductions are the fast ones
+        m = v if cols == 1 else B.reshape(v, (-1, cols))
         nonneg = m >= 0
-        npos = B.count_nonzero(nonneg, axis=0)
-        nneg = B.shape(m)[0] - npos
-        total = B.sum64(m, axis=0)
-        spos = B.sum64(B.maximum(m, 0.0), axis=0)
+        npos = B.count_nonzero(nonneg, axis=axis)
+        nneg = B.shape(v)[0] // cols - npos
+        total = B.sum64(m, axis=axis)
+        spos = B.sum64(B.maximum(m, 0.0), axis=axis)
         sneg = total - spos
         pos = B.cast(B.where(npos > 0, spos / B.maximum(npos, 1), 0.0), "float32")
         neg = B.cast(B.where(nneg > 0, sneg / B.maximum(nneg, 1), 0.0), "float32")
         bits = B.reshape(nonneg, (-1,))
+        pos, neg = B.reshape(pos, (cols,)), B.reshape(neg, (cols,))
         return {"pos": _flagged(pos, flag), "neg": _flagged(neg, flag),
                 "signs": pack_codes(B, bits, 1)}
 
@@ -229,7 +226,7 @@ class ThresholdCodec(Codec):
 
     def encode_values(self, B, v, flag, noise, cols=1):
         tau = float(self.params.get("tau", 0.01))
-        code = B.cast(v >= tau, "uint8") + B.cast(v <= -tau, "uint8") * 2
+        code = B.iadd(B.cast(v >= tau, "uint8"), B.imul(B.cast(v <= -tau, "uint8"), 2))
         scale = B.reshape(_flagged(B.scalar(tau, like=v), flag), (1,))
         return {"scale": scale, "codes": pack_codes(B, code, 2)}
 
@@ -311,12 +308,6 @@ class QuantizerCompressor(Compressor):
         fields = split_segments(self.B, self.codec.layout(n, cols), payload)
         return self.codec.decode_values(self.B, fields, n, cols)
 
-    def _extra_state(self):
-        return {"noise": self.noise.state()} if self.noise else {}
-
-    def _load_extra_state(self, extra):
-        if self.noise and "noise" in extra:
-            self.noise.load(extra["noise"])
 
 
 class Identity(Compressor):

@@ -162,12 +162,6 @@ class Sparsifier(Compressor):
             return self._codec.encode_values(B, total, 1.0, None)["values"]
         return a + b
 
-    def _extra_state(self):
-        return {"noise": self.noise.state()} if self.noise else {}
-
-    def _load_extra_state(self, extra):
-        if self.noise and "noise" in extra:
-            self.noise.load(extra["noise"])
 
 
 class TopK(Sparsifier):

@@ -45,6 +45,8 @@ class TorchBackend:
         return torch.as_tensor(x, dtype=_DTYPES[dtype] if dtype else None, device=_dev(like))
 
     def cast(self, x, dtype: str):
+        if dtype == "uint8" and x.dtype == torch.bool:
+            return x.view(torch.uint8)  # 0/1 bytes: a view, no copy
         if dtype == "uint16" and x.dtype == torch.bfloat16:
             return x.view(torch.int16)
         return x.to(_DTYPES[dtype])
@@ -141,6 +143,23 @@ class TorchBackend:
         x = x.to(torch.float64)
         return (x * x).sum() if axis is None else (x * x).sum(dim=axis)
 
+    def bucket_sumsq64(self, x, d):
+        if x.device.type == "cpu":
+            from hvd_compress.core.backend import NUMPY
+            return torch.from_numpy(NUMPY.bucket_sumsq64(x.detach().numpy(), d))
+        n = x.shape[0]
+        xb = self.pad_to(x, -(-n // d) * d).reshape(-1, d).to(torch.float64)
+        return (xb * xb).sum(dim=1)
+
+    def bucket_scale(self, x, factors, d):
+        n = x.shape[0]
+        full = n // d
+        if full:
+            x[:full * d].view(full, d).mul_(factors[:full, None])
+        if n % d:
+            x[full * d:].mul_(factors[full])
+        return x
+
     def count_nonzero(self, mask, axis=None):
         return torch.count_nonzero(mask) if axis is None else torch.count_nonzero(mask, dim=axis)
 
@@ -162,7 +181,10 @@ class TorchBackend:
         return out.index_add_(0, idx, values.to(out.dtype))
 
     def lookup(self, table, idx):
-        return table.index_select(0, idx.reshape(-1).long()).reshape(*idx.shape, *table.shape[1:])
+        flat = idx.reshape(-1)
+        if flat.dtype not in (torch.int32, torch.int64):
+            flat = flat.int()  # uint8 codes index rows (a uint8 index would be a mask)
+        return table.index_select(0, flat).reshape(*idx.shape, *table.shape[1:])
 
     def nonzero(self, mask):
         return torch.nonzero(mask).reshape(-1)
@@ -181,6 +203,15 @@ class TorchBackend:
 
     def imul(self, x, y):
         return x.mul_(y)
+
+    def iminimum(self, x, hi):
+        return x.clamp_(max=hi)
+
+    def ishr(self, x, s):
+        return x.bitwise_right_shift_(s)
+
+    def iand(self, x, y):
+        return x.bitwise_and_(y)
 
     def idiv(self, x, y):
         return x.div_(y)
