@@ -37,6 +37,20 @@ def test_json_keys_and_ratios():
     assert by_name["qsgd"]["ratio"] >= 7.8
 
 
+def test_torch_and_tensorflow_report_the_same_payloads_as_numpy():
+    sizes = {}
+    for fw in ("numpy", "torch", "tensorflow"):
+        doc = json.loads(run("--framework", fw, "--numel", "30011", "--repeats", "1", "--json",
+                             "--compression", "topk:ratio=0.01", "--compression", "qsgd",
+                             "--compression", "dgc").stdout)
+        assert doc["framework"] == fw
+        sizes[fw] = [r["payload_bytes"] for r in doc["results"]]
+        if fw != "numpy":
+            assert doc["results"][0]["framework_topk_ms"] > 0
+        assert doc["results"][2]["threshold_ms"] > 0
+    assert sizes["numpy"] == sizes["torch"] == sizes["tensorflow"]
+
+
 def test_human_table_and_selected_compressors():
     out = run("--numel", "5000", "--repeats", "1", "--compression", "topk:ratio=0.1",
               "--compression", "qsgd:levels=16").stdout

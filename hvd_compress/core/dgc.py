@@ -106,6 +106,7 @@ class DGC(Sparsifier):
                     break
                 thr = thr * UPPER if cnt > UPPER * k else thr * LOWER
             else:  # a fixed number of rounds: no host round-trip
+                cnt = B.cast(cnt, "float64")
                 thr = B.where(cnt > UPPER * k, thr * UPPER,
                               B.where(cnt < LOWER * k, thr * LOWER, thr))
         return thr

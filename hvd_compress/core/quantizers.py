@@ -195,8 +195,9 @@ class OneBitCodec(Codec):
         total = B.sum64(m, axis=axis)
         spos = B.sum64(B.maximum(m, 0.0), axis=axis)
         sneg = total - spos
-        pos = B.cast(B.where(npos > 0, spos / B.maximum(npos, 1), 0.0), "float32")
-        neg = B.cast(B.where(nneg > 0, sneg / B.maximum(nneg, 1), 0.0), "float32")
+        npos64, nneg64 = B.cast(npos, "float64"), B.cast(nneg, "float64")
+        pos = B.cast(B.where(npos > 0, spos / B.maximum(npos64, 1.0), 0.0), "float32")
+        neg = B.cast(B.where(nneg > 0, sneg / B.maximum(nneg64, 1.0), 0.0), "float32")
         bits = B.reshape(nonneg, (-1,))
         pos, neg = B.reshape(pos, (cols,)), B.reshape(neg, (cols,))
         return {"pos": _flagged(pos, flag), "neg": _flagged(neg, flag),

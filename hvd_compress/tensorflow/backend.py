@@ -1,0 +1,292 @@
+"""The core's array backend on TensorFlow tensors (eager and inside ``tf.function``).
+
+Every method mirrors :class:`hvd_compress.core.backend.NumpyBackend` and gives
+the same bits (``tests/test_tensorflow_same_bits.py``).  TensorFlow tensors are
+immutable and may be symbolic, so this backend always takes the core's device
+path: no value is read on the host, data-dependent choices go through
+``tf.where``, and the "in place" operations return new tensors (the core always
+uses what they return).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+_DTYPES = {
+    "float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32,
+    "float64": tf.float64, "uint8": tf.uint8, "int16": tf.int16, "int32": tf.int32,
+    "int64": tf.int64, "uint16": tf.int16, "bool": tf.bool,
+}
+_NAMES = {tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32",
+          tf.float64: "float64", tf.uint8: "uint8", tf.int16: "uint16", tf.int32: "int32",
+          tf.int64: "int64", tf.bool: "bool"}
+
+
+def _like(value, ref):
+    """``value`` (a Python number or tensor) as a tensor of ``ref``'s dtype."""
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return value
+    return tf.constant(value, dtype=ref.dtype)
+
+
+class TensorFlowBackend:
+    """Backend on ``tf.Tensor``s; always the device path (``is_host`` is False)."""
+
+    name = "tensorflow"
+
+    # -- dtypes and construction -------------------------------------------
+    def dtype_name(self, x) -> str:
+        return _NAMES[tf.as_dtype(x.dtype)]
+
+    def shape(self, x) -> tuple:
+        return tuple(int(d) for d in x.shape)
+
+    def asarray(self, x, dtype=None, like=None):
+        if isinstance(x, (tf.Tensor, tf.Variable)):
+            return x if dtype is None else tf.cast(x, _DTYPES[dtype])
+        return tf.constant(x, dtype=_DTYPES[dtype] if dtype else None)
+
+    def cast(self, x, dtype):
+        target = _DTYPES[dtype]
+        if x.dtype == target:
+            return x
+        if dtype == "uint16" and x.dtype == tf.bfloat16:
+            return tf.bitcast(x, tf.int16)
+        return tf.cast(x, target)
+
+    def zeros(self, shape, dtype="float32", like=None):
+        return tf.zeros(shape, dtype=_DTYPES[dtype])
+
+    def full(self, shape, value, dtype="float32", like=None):
+        return tf.fill(shape, tf.constant(value, dtype=_DTYPES[dtype]))
+
+    def arange(self, n, dtype="int64", like=None):
+        return tf.range(n, dtype=_DTYPES[dtype]) if dtype not in ("uint8",) else \
+            tf.cast(tf.range(n, dtype=tf.int32), tf.uint8)
+
+    def scalar(self, value, dtype="float32", like=None):
+        return tf.constant(value, dtype=_DTYPES[dtype])
+
+    def copy(self, x):
+        return tf.identity(x)
+
+    # -- shape ----------------------------------------------------------------
+    def reshape(self, x, shape):
+        return tf.reshape(x, shape)
+
+    def concat(self, xs):
+        return tf.concat([tf.reshape(x, [-1]) for x in xs], axis=0)
+
+    def pad_to(self, x, n):
+        extra = n - int(x.shape[0])
+        return x if extra == 0 else tf.concat([x, tf.zeros([extra], dtype=x.dtype)], 0)
+
+    # -- elementwise ----------------------------------------------------------
+    def abs(self, x):
+        return tf.abs(x)
+
+    def sign(self, x):
+        return tf.sign(x)
+
+    def where(self, cond, a, b):
+        if not isinstance(a, (tf.Tensor, tf.Variable)) and not isinstance(b, (tf.Tensor, tf.Variable)):
+            a, b = tf.constant(a), tf.constant(b)
+            if a.dtype != b.dtype:
+                a, b = tf.cast(a, tf.float32), tf.cast(b, tf.float32)
+        elif not isinstance(a, (tf.Tensor, tf.Variable)):
+            a = _like(a, b)
+        elif not isinstance(b, (tf.Tensor, tf.Variable)):
+            b = _like(b, a)
+        return tf.where(cond, a, b)
+
+    def isfinite(self, x):
+        return tf.math.is_finite(x)
+
+    def floor(self, x):
+        return tf.floor(x)
+
+    def log(self, x):
+        return tf.math.log(x)
+
+    def cos(self, x):
+        return tf.cos(x)
+
+    def sqrt(self, x):
+        return tf.sqrt(x)
+
+    def maximum(self, a, b):
+        return tf.maximum(a, _like(b, a))
+
+    def minimum(self, a, b):
+        return tf.minimum(a, _like(b, a))
+
+    def clip(self, x, lo, hi):
+        return tf.clip_by_value(x, _like(lo, x), _like(hi, x))
+
+    # -- reductions -------------------------------------------------------------
+    def sum(self, x, axis=None):
+        return tf.reduce_sum(x, axis=axis)
+
+    def max(self, x, axis=None):
+        return tf.reduce_max(x, axis=axis)
+
+    def all_finite(self, x):
+        return tf.math.is_finite(tf.reduce_min(x)) & tf.math.is_finite(tf.reduce_max(x))
+
+    def sum64(self, x, axis=None):
+        return tf.reduce_sum(tf.cast(x, tf.float64), axis=axis)
+
+    def sumsq64(self, x, axis=None):
+        x = tf.cast(x, tf.float64)
+        return tf.reduce_sum(x * x, axis=axis)
+
+    def bucket_sumsq64(self, x, d):
+        n = int(x.shape[0])
+        xb = tf.reshape(self.pad_to(x, -(-n // d) * d), [-1, d])
+        return self.sumsq64(xb, axis=1)
+
+    def bucket_scale(self, x, factors, d):
+        n = int(x.shape[0])
+        xb = tf.reshape(self.pad_to(x, -(-n // d) * d), [-1, d]) * tf.reshape(factors, [-1, 1])
+        return tf.reshape(xb, [-1])[:n]
+
+    def count_nonzero(self, mask, axis=None):
+        return tf.math.count_nonzero(mask, axis=axis, dtype=tf.int64)
+
+    def cumsum(self, x):
+        return tf.cumsum(x)
+
+    def kth_largest(self, x, k):
+        return tf.math.top_k(x, k=k, sorted=True).values[k - 1]
+
+    # -- indexing -----------------------------------------------------------------
+    def gather(self, x, idx):
+        return tf.gather(x, idx)
+
+    def lookup(self, table, idx):
+        return tf.gather(table, tf.cast(idx, tf.int32))
+
+    def scatter_add(self, n, idx, values, dtype="float32"):
+        return tf.tensor_scatter_nd_add(tf.zeros([n], dtype=_DTYPES[dtype]),
+                                        tf.reshape(idx, [-1, 1]), tf.cast(values, _DTYPES[dtype]))
+
+    def index_add(self, acc, idx, values):
+        return tf.tensor_scatter_nd_add(acc, tf.reshape(idx, [-1, 1]), tf.cast(values, acc.dtype))
+
+    def compact(self, mask, k):
+        n = int(mask.shape[0])
+        pos = tf.cumsum(tf.cast(mask, tf.int64)) - 1
+        keep = mask & (pos < k)
+        slots = tf.where(keep, pos, tf.constant(k, tf.int64))
+        out = tf.tensor_scatter_nd_max(tf.fill([k + 1], tf.constant(-1, tf.int64)),
+                                       tf.reshape(slots, [-1, 1]),
+                                       tf.where(keep, tf.range(n, dtype=tf.int64),
+                                                tf.constant(-1, tf.int64)))[:k]
+        return tf.where(out < 0, tf.constant(n, tf.int64), out)
+
+    def is_host(self, x) -> bool:
+        return False
+
+    def iadd(self, x, y):
+        return x + _like(y, x)
+
+    def isub(self, x, y):
+        return x - _like(y, x)
+
+    def imul(self, x, y):
+        return x * _like(y, x)
+
+    def idiv(self, x, y):
+        return x / _like(y, x)
+
+    def ifloor(self, x):
+        return tf.floor(x)
+
+    def iminimum(self, x, hi):
+        return tf.minimum(x, _like(hi, x))
+
+    def ishr(self, x, s):
+        return tf.bitwise.right_shift(x, _like(s, x))
+
+    def iand(self, x, y):
+        return tf.bitwise.bitwise_and(x, _like(y, x))
+
+    # -- integers and bits ----------------------------------------------------------
+    def shift_left(self, x, s):
+        return tf.bitwise.left_shift(x, tf.cast(_like(s, x), x.dtype))
+
+    def shift_right(self, x, s):
+        return tf.bitwise.right_shift(x, tf.cast(_like(s, x), x.dtype))
+
+    def bit_and(self, x, y):
+        return tf.bitwise.bitwise_and(x, _like(y, x))
+
+    def bit_or(self, x, y):
+        return tf.bitwise.bitwise_or(x, _like(y, x))
+
+    def bit_xor(self, x, y):
+        return tf.bitwise.bitwise_xor(x, tf.cast(_like(y, x), x.dtype))
+
+    def mul_low32(self, x, c):
+        # int64 products wrap modulo 2**64; the low 32 bits are exact.
+        return tf.bitwise.bitwise_and(x * tf.constant(c, tf.int64), tf.constant(0xFFFFFFFF, tf.int64))
+
+    def bitcast(self, x, dtype):
+        target = _DTYPES[dtype]
+        if x.dtype == target:
+            return x
+        size_in, size_out = x.dtype.size, target.size
+        if size_in > size_out:  # e.g. float32 -> uint8: [n, 4] -> [4n]
+            return tf.reshape(tf.bitcast(x, target), [-1])
+        return tf.bitcast(tf.reshape(x, [-1, size_out // size_in]), target)
+
+    def to_bfloat16_bits(self, x):
+        return tf.bitcast(tf.cast(x, tf.bfloat16), tf.int16)
+
+    def from_bfloat16_bits(self, bits):
+        if bits.dtype == tf.int16:
+            bits = tf.bitcast(bits, tf.bfloat16)
+        return tf.cast(bits, tf.float32)
+
+    # -- linear algebra -------------------------------------------------------------
+    def matmul(self, a, b):
+        return tf.matmul(a, b)
+
+    def transpose(self, x):
+        return tf.transpose(x)
+
+    def orthonormalize(self, p):
+        q, r = tf.linalg.qr(p)
+        d = tf.sign(tf.linalg.diag_part(r))
+        d = tf.where(d == 0, tf.ones_like(d), d)
+        return q * d
+
+    # -- random numbers (generators the compressor owns) --------------------------------
+    def generator(self, seed):
+        return tf.random.Generator.from_seed(seed)
+
+    def uniform(self, gen, n, like=None):
+        return gen.uniform([n], dtype=tf.float32)
+
+    def generator_state(self, gen):
+        return {"state": gen.state.numpy().tolist(), "algorithm": int(gen.algorithm)}
+
+    def set_generator_state(self, gen, state):
+        gen.reset(tf.constant(state["state"], dtype=gen.state.dtype))
+
+    # -- host conversion ------------------------------------------------------------------
+    def to_numpy(self, x):
+        x = tf.convert_to_tensor(x)
+        if x.dtype == tf.bfloat16:
+            x = tf.bitcast(x, tf.int16)
+        return x.numpy()
+
+    def from_numpy(self, a, like=None):
+        a = np.asarray(a)
+        if a.dtype == np.uint16:
+            a = a.view(np.int16)
+        return tf.constant(a)
+
+    def align(self, value, like):
+        return value

@@ -1,0 +1,59 @@
+"""TensorFlow runs the reference core's algorithms bit for bit (eager mode)."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+
+from hvd_compress.core import NUMPY, build  # noqa: E402
+from hvd_compress.tensorflow import TensorFlowBackend  # noqa: E402
+from tests.test_torch_same_bits import SHAPES, SPECS, _bytes, _noise_len  # noqa: E402
+
+TFB = TensorFlowBackend()
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_same_payload_bytes_and_decode_as_numpy(spec, shape):
+    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    rng = np.random.default_rng(hash((spec, shape)) % 2 ** 32)
+    needs_noise = ref.spec.parts[-1].name in ("qsgd", "terngrad")
+    for step in range(3):
+        x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+        meta = ref.meta_for(x, "w")
+        noise = rng.random(_noise_len(ref, meta), dtype=np.float32) if needs_noise else None
+        er = ref.encode(x, "w", noise=noise)
+        et = tfc.encode(tf.constant(x), "w", noise=None if noise is None else tf.constant(noise))
+        assert et.nbytes == er.nbytes
+        assert _bytes(TFB.to_numpy(et.payload)) == _bytes(er.payload), (spec, shape, step)
+        dr = ref.aggregate(er.payload if ref.summable else [er.payload], er)
+        dt = tfc.aggregate(et.payload if tfc.summable else [et.payload], et)
+        np.testing.assert_array_equal(TFB.to_numpy(dt), dr)
+
+
+def test_powersgd_matches_numpy_to_rounding():
+    ref, tfc = build("powersgd:rank=2", NUMPY), build("powersgd:rank=2", TFB)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((40, 30)).astype(np.float32)
+        er, et = ref.encode(x, "w"), tfc.encode(tf.constant(x), "w")
+        er, et = ref.next_round(er, er.payload), tfc.next_round(et, et.payload)
+        np.testing.assert_allclose(TFB.to_numpy(tfc.aggregate(et.payload, et)),
+                                   ref.aggregate(er.payload, er), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "qsgd", "onebit", "dgc:ratio=0.05"])
+def test_non_finite_input_keeps_state(spec):
+    comp = build(spec, TFB)
+    x = tf.random.stateless_normal([30, 20], seed=[1, 2])
+    comp.encode(x, "w")
+    before = {k: v.numpy() for k, v in comp.states["w"].items() if isinstance(v, tf.Tensor)}
+    bad = tf.tensor_scatter_nd_update(x, [[2, 3]], [float("nan")])
+    enc = comp.encode(bad, "w")
+    out = comp.aggregate([enc.payload], enc)
+    assert not np.all(np.isfinite(out.numpy()))
+    for key, value in before.items():
+        np.testing.assert_array_equal(comp.states["w"][key].numpy(), value)
