@@ -65,7 +65,7 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-step "2/5 virtual environment $VENV with numpy, mpi4py, PyTorch $TORCH_VERSION ($TORCH_FLAVOR), TensorFlow $TF_VERSION, scikit-learn, matplotlib"
+step "2/5 virtual environment $VENV with numpy, mpi4py, PyTorch $TORCH_VERSION ($TORCH_FLAVOR), TensorFlow $TF_VERSION, scikit-learn, matplotlib, numba"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV" || die "could not create the venv with $PYTHON"
 fi
@@ -75,7 +75,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 have=$("$PY" - <<'PYEOF' 2>/dev/null || true
 import importlib.metadata as m
 out = []
-for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "setuptools", "wheel"):
+for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "numba", "setuptools", "wheel"):
     try:
         out.append(f"{d}={m.version(d)}")
     except m.PackageNotFoundError:
@@ -97,8 +97,9 @@ if [[ "$have" != *"torch=$TORCH_VERSION"* || "$have" != *"tensorflow=$TF_VERSION
     else
         die "HVD_COMPRESS_TORCH must be cpu or cuda, got '$TORCH_FLAVOR'"
     fi
-    # scikit-learn ships the digits data the examples train on; matplotlib draws the plots.
-    "${PIP[@]}" install "torch==$TORCH_VERSION" "tensorflow==$TF_VERSION" numpy mpi4py scikit-learn matplotlib \
+    # scikit-learn ships the digits data the examples train on; matplotlib draws the plots;
+    # numba compiles the fused CPU kernels (hvd_compress/kernels.py).
+    "${PIP[@]}" install "torch==$TORCH_VERSION" "tensorflow==$TF_VERSION" numpy mpi4py scikit-learn matplotlib numba \
         >>"$log" 2>&1 || die "pip failed, see $log"
 fi
 TORCH_FULL=$("$PY" -c 'import torch; print(torch.__version__)') || die "torch does not import"

@@ -129,6 +129,10 @@ class NumpyBackend:
             return np.bool_(True)
         return np.isfinite(np.min(x)) & np.isfinite(np.max(x))
 
+    def absmax(self, x):
+        """max |x| from the minimum and the maximum (no temporary)."""
+        return np.maximum(np.abs(np.min(x)), np.abs(np.max(x)))
+
     def sum64(self, x, axis=None):
         """Sum with float64 accumulation; a float64 result (numpy's pairwise summation)."""
         return np.sum(x, axis=axis, dtype=np.float64)
@@ -319,6 +323,14 @@ class NumpyBackend:
 
     def from_numpy(self, a, like=None):
         return np.array(a, copy=True)
+
+    def host_view(self, x):
+        """A numpy view of host data (for the fused kernels in hvd_compress.kernels)."""
+        return x
+
+    def from_host(self, a):
+        """A backend array over numpy array ``a`` (no copy where possible)."""
+        return a
 
     def align(self, value, like):
         """``value`` on ``like``'s device (restored state); numpy has one device."""

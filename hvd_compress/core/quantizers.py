@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from .. import kernels
 from .base import Compressor, Encoded
-from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
+from .bitpack import Segment, join_segments, pack_codes, packed_nbytes, split_segments, unpack_values
 
 
 def _flagged(x, flag):
@@ -51,7 +54,9 @@ class Codec:
     def layout(self, n: int, cols: int = 1) -> list:
         raise NotImplementedError
 
-    def encode_values(self, B, v, flag, noise, cols: int = 1) -> dict:
+    def encode_values(self, B, v, flag, noise, cols: int = 1, subtract: bool = False) -> dict:
+        """Payload fields for ``v``.  With ``subtract`` (error feedback, host memory) a
+        codec may also leave ``v - decoded`` in ``v`` and say so with ``_subtracted``."""
         raise NotImplementedError
 
     def decode_values(self, B, fields: dict, n: int, cols: int = 1):
@@ -69,7 +74,7 @@ class FP16Codec(Codec):
     def layout(self, n, cols=1):
         return [Segment("values", "float16", n)]
 
-    def encode_values(self, B, v, flag, noise, cols=1):
+    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         return {"values": B.cast(_flagged(v, flag), "float16")}
 
     def decode_values(self, B, fields, n, cols=1):
@@ -84,7 +89,7 @@ class BF16Codec(Codec):
     def layout(self, n, cols=1):
         return [Segment("values", "uint16", n)]
 
-    def encode_values(self, B, v, flag, noise, cols=1):
+    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         return {"values": B.to_bfloat16_bits(_flagged(v, flag))}
 
     def decode_values(self, B, fields, n, cols=1):
@@ -116,10 +121,17 @@ class QSGDCodec(Codec):
         return [Segment("norms", "float32", -(-n // self.d)),
                 Segment("codes", "uint8", -(-n * self.bits // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1):
+    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         d, s = self.d, self.s
         norms = B.cast(B.sqrt(B.bucket_sumsq64(v, d)), "float32")
         inv = B.where(norms > 0, s / B.where(norms > 0, norms, 1.0), 0.0)  # s / ||v||
+        if kernels.usable(B, v, flag):  # the same arithmetic in one pass
+            n = B.shape(v)[0]
+            out = np.empty(packed_nbytes(n, 4) if self.bits == 4 else n, np.uint8)
+            kernels.qsgd_codes(B.host_view(v), B.host_view(B.cast(inv, "float32")),
+                               B.host_view(noise), s, d, self.bits == 4, out)
+            codes = B.from_host(out)
+            return {"norms": norms, "codes": codes if self.bits == 4 else pack_codes(B, codes, self.bits)}
         scaled = B.bucket_scale(B.abs(v), inv, d)  # s*|v|/||v|| (a fresh array: in place)
         level = B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
         # code = s + sign * level, in uint8: s + level - 2 * level * [v < 0]
@@ -148,15 +160,26 @@ class TernGradCodec(Codec):
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1):
+    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         n = B.shape(v)[0]
         c = float(self.params.get("clip", 2.5))
         if c > 0:
-            # sigma from float64 sums of v and v*v (v*v beyond float32's range counts as inf:
-            # no clipping then)
-            mean = B.sum64(v) / n
-            var = B.maximum(B.sumsq64(v) / n - mean * mean, 0.0)
+            # sigma from the sums of v and v*v, computed in float64
+            if kernels.usable(B, v, flag):  # both sums in one pass
+                s1, s2 = (B.from_host(np.asarray(t)) for t in kernels.moments(B.host_view(v)))
+            else:
+                s1, s2 = B.sum64(v), B.sumsq64(v)
+            mean = s1 / n
+            var = B.maximum(s2 / n - mean * mean, 0.0)
             sigma = B.cast(B.sqrt(var), "float32")
+        if kernels.usable(B, v, flag):  # scale = min(max|v|, cap): no pass but a min/max
+            cap = np.float32(c * B.to_numpy(sigma)) if c > 0 else np.float32(np.inf)
+            scale = np.minimum(np.float32(B.to_numpy(B.absmax(v))), cap)
+            out = np.empty(packed_nbytes(B.shape(v)[0], 2), np.uint8)
+            kernels.terngrad_pack(B.host_view(v), B.host_view(noise), cap,
+                                  np.float32(scale if scale > 0 else 1.0), out)
+            return {"scale": B.asarray([scale], "float32", like=v), "codes": B.from_host(out)}
+        if c > 0:
             mag = B.iminimum(B.abs(v), c * sigma)  # |clip(v)|; clipping keeps the sign
         else:
             mag = B.abs(v)
@@ -186,22 +209,31 @@ class OneBitCodec(Codec):
         return [Segment("pos", "float32", cols), Segment("neg", "float32", cols),
                 Segment("signs", "uint8", -(-n // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1):
+    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         axis = None if cols == 1 else 0  # whole-vector reductions are the fast ones
         m = v if cols == 1 else B.reshape(v, (-1, cols))
-        nonneg = m >= 0
-        npos = B.count_nonzero(nonneg, axis=axis)
+        nonneg = None
+        if cols == 1 and kernels.usable(B, v, flag):  # the three sums in one pass
+            npos, spos, sneg = (np.asarray(t) for t in kernels.sign_sums(B.host_view(v)))
+            npos, spos, sneg = (B.from_host(t) for t in (npos.astype(np.int64), spos, sneg))
+        else:
+            nonneg = m >= 0
+            npos = B.count_nonzero(nonneg, axis=axis)
+            total = B.sum64(m, axis=axis)
+            spos = B.sum64(B.maximum(m, 0.0), axis=axis)
+            sneg = total - spos
         nneg = B.shape(v)[0] // cols - npos
-        total = B.sum64(m, axis=axis)
-        spos = B.sum64(B.maximum(m, 0.0), axis=axis)
-        sneg = total - spos
         npos64, nneg64 = B.cast(npos, "float64"), B.cast(nneg, "float64")
         pos = B.cast(B.where(npos > 0, spos / B.maximum(npos64, 1.0), 0.0), "float32")
         neg = B.cast(B.where(nneg > 0, sneg / B.maximum(nneg64, 1.0), 0.0), "float32")
-        bits = B.reshape(nonneg, (-1,))
         pos, neg = B.reshape(pos, (cols,)), B.reshape(neg, (cols,))
+        if cols == 1 and kernels.usable(B, v, flag):
+            out = np.empty(packed_nbytes(B.shape(v)[0], 1), np.uint8)
+            kernels.onebit_pack(B.host_view(v), np.float32(B.to_numpy(pos)[0]),
+                                np.float32(B.to_numpy(neg)[0]), out, subtract)
+            return {"pos": pos, "neg": neg, "signs": B.from_host(out), "_subtracted": subtract}
         return {"pos": _flagged(pos, flag), "neg": _flagged(neg, flag),
-                "signs": pack_codes(B, bits, 1)}
+                "signs": pack_codes(B, B.reshape(nonneg, (-1,)), 1)}
 
     def decode_values(self, B, fields, n, cols=1):
         if cols == 1:  # one look-up: bit 1 -> pos, bit 0 -> neg
@@ -225,8 +257,13 @@ class ThresholdCodec(Codec):
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1):
+    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         tau = float(self.params.get("tau", 0.01))
+        if kernels.usable(B, v, flag):
+            out = np.empty(packed_nbytes(B.shape(v)[0], 2), np.uint8)
+            kernels.threshold_pack(B.host_view(v), np.float32(tau), out, subtract)
+            return {"scale": B.asarray([tau], "float32", like=v), "codes": B.from_host(out),
+                    "_subtracted": subtract}
         code = B.iadd(B.cast(v >= tau, "uint8"), B.imul(B.cast(v <= -tau, "uint8"), 2))
         scale = B.reshape(_flagged(B.scalar(tau, like=v), flag), (1,))
         return {"scale": scale, "codes": pack_codes(B, code, 2)}
@@ -300,9 +337,16 @@ class QuantizerCompressor(Compressor):
         elif noise is not None:
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
         cols = self._cols(meta)
-        fields = self.codec.encode_values(B, v, flag, noise, cols)
+        # In the host path with error feedback, v is this tensor's residual buffer.
+        subtract = self.ef and flag is None and B.is_host(v)
+        fields = self.codec.encode_values(B, v, flag, noise, cols, subtract=subtract)
         payload = join_segments(B, self.codec.layout(n, cols), fields)
-        return Encoded(payload, meta, self.payload_nbytes(meta))
+        return Encoded(payload, meta, self.payload_nbytes(meta),
+                       ctx={"subtracted": bool(fields.get("_subtracted", False))})
+
+    def _subtract_sent(self, v, enc) -> None:
+        if not enc.ctx.get("subtracted"):  # a fused kernel may have done it already
+            super()._subtract_sent(v, enc)
 
     def _decode(self, payload, meta, ctx=None):
         n, cols = meta.numel, self._cols(meta)

@@ -134,6 +134,9 @@ class TensorFlowBackend:
     def all_finite(self, x):
         return tf.math.is_finite(tf.reduce_min(x)) & tf.math.is_finite(tf.reduce_max(x))
 
+    def absmax(self, x):
+        return tf.maximum(tf.abs(tf.reduce_min(x)), tf.abs(tf.reduce_max(x)))
+
     def sum64(self, x, axis=None):
         return tf.reduce_sum(tf.cast(x, tf.float64), axis=axis)
 

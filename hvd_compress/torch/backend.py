@@ -130,6 +130,10 @@ class TorchBackend:
         lo, hi = torch.aminmax(x)  # NaN and +-Inf propagate: one read-only pass
         return torch.isfinite(lo) & torch.isfinite(hi)
 
+    def absmax(self, x):
+        lo, hi = torch.aminmax(x)
+        return torch.maximum(lo.abs(), hi.abs())
+
     def sum64(self, x, axis=None):
         if x.device.type == "cpu":  # numpy's float64 pairwise sum: the reference's bits, faster
             return torch.from_numpy(np.asarray(np.sum(x.detach().numpy(), axis=axis,
@@ -311,6 +315,12 @@ class TorchBackend:
         if a.dtype == np.uint16:
             a = a.view(np.int16)
         return torch.from_numpy(np.array(a, copy=True)).to(_dev(like) or "cpu")
+
+    def host_view(self, x):
+        return x.detach().numpy()  # CPU tensors only (the fused kernels' host path)
+
+    def from_host(self, a):
+        return torch.from_numpy(a)
 
     def align(self, value, like):
         """``value`` moved to ``like``'s device if it is elsewhere (restored state)."""

@@ -1,0 +1,147 @@
+"""Fused CPU kernels for the quantizers' host path (numba, optional).
+
+The quantizers in :mod:`hvd_compress.core.quantizers` are written as chains of
+array operations: clear, the same on every backend, and the reference.  In
+host memory each operation is a pass over the tensor and, on a small machine,
+each fresh temporary costs as much as the work.  These kernels do a codec's
+per-element work -- codes, bit packing and, with error feedback, the residual
+update -- in one parallel pass, with the same float32 arithmetic in the same
+order, so they give the same bits (``tests/test_kernels.py`` compares them with
+the reference chain).  The statistics (1-bit's sign sums, TernGrad's moments)
+accumulate in float64 as the reference does, in another order: the float32
+values derived from them agree unless a float64 result lies within about
+1e-16 of a float32 rounding boundary, as between numpy, torch and TensorFlow.  They are used for numpy arrays and CPU torch tensors
+when numba is installed, unless ``HVD_COMPRESS_FUSED=0``; device tensors and
+TensorFlow always take the reference chain.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:  # numba is an optional speed-up; everything works without it
+    from numba import njit, prange
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
+    AVAILABLE = False
+
+__all__ = ["AVAILABLE", "enabled", "usable", "threshold_pack", "onebit_pack", "terngrad_pack",
+           "qsgd_codes"]
+
+
+def enabled() -> bool:
+    return AVAILABLE and os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
+
+
+def usable(B, x, flag) -> bool:
+    """Whether a codec may take its fused kernel: finite input (``flag`` None) in host
+    memory on a backend that can lend a numpy view of it."""
+    return flag is None and enabled() and hasattr(B, "host_view") and B.is_host(x)
+
+
+if AVAILABLE:
+    _jit = njit(parallel=True, nogil=True, cache=True, fastmath=False, error_model="numpy")
+
+    @_jit
+    def threshold_pack(v, tau, out, subtract):
+        """2-bit codes of ``v`` against ``tau`` (1: >= tau, 2: <= -tau, else 0) packed
+        4 a byte; with ``subtract``, ``v`` keeps the residual ``v - decoded``."""
+        n = v.shape[0]
+        for q in prange(out.shape[0]):
+            b = 0
+            for j in range(4):
+                i = q * 4 + j
+                if i < n:
+                    x = v[i]
+                    if x >= tau:
+                        b |= 1 << (2 * j)
+                        if subtract:
+                            v[i] = x - tau
+                    elif x <= -tau:
+                        b |= 2 << (2 * j)
+                        if subtract:
+                            v[i] = x - (-tau)
+            out[q] = b
+
+    @_jit
+    def onebit_pack(v, pos, neg, out, subtract):
+        """Sign bits (1: v >= 0) packed 8 a byte; with ``subtract``, ``v -= pos`` where
+        the bit is 1 and ``v -= neg`` where it is 0 (one column)."""
+        n = v.shape[0]
+        for q in prange(out.shape[0]):
+            b = 0
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    x = v[i]
+                    if x >= 0:
+                        b |= 1 << j
+                        if subtract:
+                            v[i] = x - pos
+                    elif subtract:
+                        v[i] = x - neg
+            out[q] = b
+
+    @_jit
+    def sign_sums(v):
+        """(count of v >= 0, sum of those, sum of the rest), float64 accumulation."""
+        npos = 0
+        spos = 0.0
+        sneg = 0.0
+        for i in prange(v.shape[0]):
+            x = np.float64(v[i])
+            if x >= 0:
+                npos += 1
+                spos += x
+            else:
+                sneg += x
+        return npos, spos, sneg
+
+    @_jit
+    def moments(v):
+        """(sum of v, sum of v*v), products and accumulation in float64 (as the reference)."""
+        s1 = 0.0
+        s2 = 0.0
+        for i in prange(v.shape[0]):
+            x = np.float64(v[i])
+            s1 += x
+            s2 += x * x
+        return s1, s2
+
+    @_jit
+    def terngrad_pack(v, noise, cap, safe, out):
+        """TernGrad codes (1: +1, 2: -1, 0) with P(keep) = min(|v|, cap) / safe, packed
+        4 a byte."""
+        n = v.shape[0]
+        for q in prange(out.shape[0]):
+            b = 0
+            for j in range(4):
+                i = q * 4 + j
+                if i < n:
+                    x = v[i]
+                    prob = min(abs(x), cap) / safe
+                    if noise[i] < prob:
+                        b |= (2 if x < 0 else 1) << (2 * j)
+            out[q] = b
+
+    @_jit
+    def qsgd_codes(v, inv, noise, s, d, packed, out):
+        """QSGD codes s + sign * min(floor(|v| * inv[bucket] + noise), s); packed 2 a
+        byte when ``packed`` (4-bit codes), else one a byte."""
+        n = v.shape[0]
+        per = 2 if packed else 1
+        for q in prange(out.shape[0]):
+            b = 0
+            for j in range(per):
+                i = q * per + j
+                if i < n:
+                    x = v[i]
+                    level = min(np.floor(abs(x) * inv[i // d] + noise[i]), s)
+                    lv = np.int32(level)
+                    code = s - lv if x < 0 else s + lv
+                    b |= code << (4 * j)
+            out[q] = b
+else:  # pragma: no cover
+    threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
