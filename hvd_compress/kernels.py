@@ -10,9 +10,11 @@ order, so they give the same bits (``tests/test_kernels.py`` compares them with
 the reference chain).  The statistics (1-bit's sign sums, TernGrad's moments)
 accumulate in float64 as the reference does, in another order: the float32
 values derived from them agree unless a float64 result lies within about
-1e-16 of a float32 rounding boundary, as between numpy, torch and TensorFlow.  They are used for numpy arrays and CPU torch tensors
-when numba is installed, unless ``HVD_COMPRESS_FUSED=0``; device tensors and
-TensorFlow always take the reference chain.
+1e-16 of a float32 rounding boundary, as between numpy, torch and TensorFlow.
+
+They are used for numpy arrays and CPU torch tensors when numba is installed,
+unless ``HVD_COMPRESS_FUSED=0``; device tensors and TensorFlow always take the
+reference chain.
 """
 
 from __future__ import annotations
