@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .base import Encoded
 from .quantizers import _norm64
 from .sampling import stratified_indices, stream_keys
@@ -64,9 +66,15 @@ class DGC(Sparsifier):
             raise ValueError(f"dgc: epoch must be >= 0, got {epoch}")
         self.epoch = int(epoch)
 
-    def current_epoch(self, step: int) -> int:
+    def current_epoch(self, step) -> int:
         spe = int(self.params.get("steps_per_epoch", 0))
-        return step // spe if spe > 0 else self.epoch
+        if spe <= 0:
+            return self.epoch
+        if not isinstance(step, (int, np.integer)):
+            raise ValueError("dgc: steps_per_epoch needs a Python step count, which a traced "
+                             "TensorFlow step does not have; call set_epoch(epoch) each epoch "
+                             "instead")
+        return int(step) // spe
 
     def density(self, step: int) -> float:
         return warmup_density(float(self.params["ratio"]), self.current_epoch(step),

@@ -1,10 +1,23 @@
-"""hvd-compress for TensorFlow 2 (in progress: the array backend is here).
+"""hvd-compress for TensorFlow 2.
 
-:class:`TensorFlowBackend` runs the reference core's algorithms on tf tensors
-with the same bits as numpy; the Horovod integration (DistributedGradientTape,
-Keras optimizer) builds on it.
+    import horovod.tensorflow as hvd
+    import hvd_compress.tensorflow as hct
+
+    hvd.init()
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    tape = hct.DistributedGradientTape(tape, compression="topk:ratio=0.01")
+    grads = tape.gradient(loss, model.trainable_variables)
+
+The compressors run the reference core's algorithms on tf tensors (same bits
+as numpy), in eager mode and inside ``tf.function``, with per-variable state in
+``tf.Variable``s; the summable ones (``fp16``, ``bf16``, ``randomk``,
+``powersgd``) also work in Horovod's own ``hvd.DistributedGradientTape``.
 """
 
 from .backend import TensorFlowBackend
+from .compressors import TFCompressor, as_compressor, compressor
+from .tape import DistributedGradientTape
 
-__all__ = ["TensorFlowBackend"]
+__all__ = ["TensorFlowBackend", "TFCompressor", "compressor", "as_compressor",
+           "DistributedGradientTape"]

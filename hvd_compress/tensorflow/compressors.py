@@ -1,0 +1,205 @@
+"""TensorFlow compressors: the core's algorithms on tf tensors, state in ``tf.Variable``s.
+
+Each compressor runs :mod:`hvd_compress.core` through
+:class:`~.backend.TensorFlowBackend` (always the sync-free device path), in
+eager mode and inside ``tf.function``.  Per-tensor state (residual, DGC memory,
+PowerSGD's Q, the step counter) lives in ``tf.Variable``s made once per tensor
+name, outside any trace, so a traced step reads and updates them every call.
+
+Horovod's contract -- ``compress(tensor) -> (tensor, ctx)``,
+``decompress(tensor, ctx)`` -- is kept: the summable compressors (``none``,
+``fp16``, ``bf16``, ``randomk``, ``powersgd``) work in Horovod's own
+``hvd.DistributedGradientTape``; the others raise there, naming ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import tensorflow as tf
+
+from .. import spec as specmod
+from ..core import build
+from ..core.base import Encoded
+from .backend import TensorFlowBackend
+
+BACKEND = TensorFlowBackend()
+
+__all__ = ["TFCompressor", "compressor", "as_compressor"]
+
+
+class TFCompressor:
+    """A compressor spec bound to the TensorFlow backend."""
+
+    def __init__(self, spec, rank: int | None = None, world_size: int | None = None):
+        self.spec = specmod.parse(spec)
+        self._rank, self._world_size = rank, world_size
+        self._core = None
+        self._vars: dict[str, dict] = {}
+
+    def __repr__(self) -> str:
+        return f"TFCompressor({str(self.spec)!r})"
+
+    @property
+    def core(self):
+        if self._core is None:
+            rank, size = self._rank, self._world_size
+            if rank is None:
+                rank, size = _horovod_rank_size()
+            with tf.init_scope():  # the noise generator's state variable is made eagerly
+                self._core = build(self.spec, backend=BACKEND, rank=rank, world_size=size)
+        return self._core
+
+    @property
+    def summable(self) -> bool:
+        return self.core.summable
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.core, "set_epoch"):
+            self.core.set_epoch(epoch)
+
+    # -- state in variables ------------------------------------------------------------
+    def _variables(self, meta) -> dict:
+        vs = self._vars.get(meta.name)
+        if vs is None:
+            core = self.core
+            with tf.init_scope():  # made once, eagerly, even when first seen in a trace
+                core.states.pop(meta.name, None)
+                st = core.state(meta)
+                vs = {}
+                for key, value in st.items():
+                    if key == "numel":
+                        vs[key] = value
+                    elif key == "step":
+                        vs[key] = tf.Variable(tf.constant(value, tf.int64), trainable=False,
+                                              name=f"hvdc_step_{len(self._vars)}")
+                    else:
+                        vs[key] = tf.Variable(value, trainable=False,
+                                              name=f"hvdc_{key}_{len(self._vars)}")
+            self._vars[meta.name] = vs
+        return vs
+
+    @contextlib.contextmanager
+    def _bound(self, meta):
+        """The core sees the variables' values as its state; what it changes is assigned back."""
+        vs = self._variables(meta)
+        read = {k: (v.read_value() if isinstance(v, tf.Variable) else v) for k, v in vs.items()}
+        self.core.states[meta.name] = dict(read)
+        yield
+        st = self.core.states[meta.name]
+        for key, var in vs.items():
+            if isinstance(var, tf.Variable) and st[key] is not read[key]:
+                var.assign(tf.cast(st[key], var.dtype))
+
+    # -- the protocol, with state bound --------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
+    def encode(self, tensor, name: str, noise=None) -> Encoded:
+        meta = self.core.meta_for(tensor, name)
+        with self._bound(meta):
+            return self.core.encode(tensor, name, noise=noise)
+
+    def rounds(self, meta) -> int:
+        return self.core.rounds(meta)
+
+    @tf.autograph.experimental.do_not_convert
+    def next_round(self, enc: Encoded, reduced) -> Encoded:
+        with self._bound(enc.meta):
+            return self.core.next_round(enc, reduced)
+
+    @tf.autograph.experimental.do_not_convert
+    def aggregate(self, received, enc: Encoded):
+        with self._bound(enc.meta):
+            return self.core.aggregate(received, enc)
+
+    def state_dict(self) -> dict:
+        tensors = {name: {k: (v.numpy() if isinstance(v, tf.Variable) else v)
+                          for k, v in vs.items()} for name, vs in self._vars.items()}
+        extra = self.core._extra_state()
+        return {"spec": str(self.spec), "tensors": tensors, **({"extra": extra} if extra else {})}
+
+    def load_state_dict(self, sd: dict) -> None:
+        from ..core.base import TensorMeta
+        for name, st in sd["tensors"].items():
+            meta = TensorMeta(name, (int(st["numel"]),), "float32")
+            vs = self._variables(meta)
+            for key, value in st.items():
+                if isinstance(vs.get(key), tf.Variable):
+                    vs[key].assign(np.asarray(value))
+        if "extra" in sd:
+            self.core._load_extra_state(sd["extra"])
+
+    # -- Horovod's contract ---------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
+    def compress(self, tensor):
+        if not self.summable:
+            raise RuntimeError(
+                f"compression {str(self.spec)!r} sends packed bytes that cannot be summed by "
+                "allreduce, so it cannot run inside horovod.tensorflow's DistributedGradientTape "
+                "or DistributedOptimizer; use hvd_compress.tensorflow.DistributedGradientTape, "
+                "which sends it with allgather")
+        name = _tensor_name(tensor)
+        enc = self.encode(tensor, name)
+        for _ in range(self.rounds(enc.meta) - 1):
+            import horovod.tensorflow as hvd
+            reduced = hvd.allreduce(enc.payload, op=hvd.Sum,
+                                    name=f"hvdc_{_safe(name)}_round{enc.round}")
+            enc = self.next_round(enc, reduced)
+        return wire(enc.payload), enc
+
+    @tf.autograph.experimental.do_not_convert
+    def decompress(self, tensor, ctx):
+        if not isinstance(ctx, Encoded):
+            return tensor
+        return self.aggregate(tensor, ctx)
+
+
+def wire(payload):
+    """Horovod cannot reduce bfloat16: bf16 payloads travel as float16 (see the torch layer)."""
+    if payload.dtype == tf.int16:  # bfloat16 bit patterns
+        return tf.cast(tf.bitcast(payload, tf.bfloat16), tf.float16)
+    return payload
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def _tensor_name(tensor) -> str:
+    try:
+        name = tensor.name  # graph tensors: the same graph, the same names on every rank
+    except (AttributeError, ValueError):
+        name = None
+    return name or "shape" + "x".join(str(d) for d in tensor.shape)
+
+
+def _horovod_rank_size():
+    try:
+        import horovod.tensorflow as hvd
+        if hvd.is_initialized():
+            return hvd.rank(), hvd.size()
+    except ImportError:  # pragma: no cover
+        pass
+    return 0, 1
+
+
+def compressor(spec) -> TFCompressor:
+    """A TensorFlow compressor from a spec string, e.g. ``compressor("topk:ratio=0.01")``."""
+    return TFCompressor(spec)
+
+
+def as_compressor(compression) -> TFCompressor:
+    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``."""
+    if compression is None:
+        return TFCompressor("none")
+    if isinstance(compression, TFCompressor):
+        return compression
+    if isinstance(compression, str):
+        return TFCompressor(compression)
+    name = getattr(compression, "__name__", type(compression).__name__)
+    if name == "NoneCompressor":
+        return TFCompressor("none")
+    if name == "FP16Compressor":
+        return TFCompressor("fp16")
+    raise TypeError(f"compression must be an hvd_compress.tensorflow compressor, a spec string "
+                    f"like 'topk:ratio=0.01', or horovod's Compression.none/fp16; got {compression!r}")

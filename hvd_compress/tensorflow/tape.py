@@ -1,0 +1,129 @@
+"""``hvd_compress.tensorflow.DistributedGradientTape``: Horovod's tape, with every compressor.
+
+Takes the arguments of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1.
+``gradient()`` computes the local gradients, compresses each with per-variable
+state keyed by the variable's name, exchanges the payloads with the collective
+the compressor needs (``allreduce`` of summable payloads, ``allgather`` of the
+packed bytes otherwise), decodes, sums and averages.  It works in eager mode
+and inside ``tf.function``.  ``tape.last_stats`` holds the bytes this worker
+sent in the last ``gradient()`` call (and, in eager mode, the encode,
+communicate and decode milliseconds).
+"""
+
+from __future__ import annotations
+
+import time
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from .compressors import _safe, as_compressor, wire
+
+__all__ = ["DistributedGradientTape"]
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
+                 process_set, persistent=False, watch_accessed_variables=True):
+        # As Horovod does: a tape of the user's tape class that takes over its recording.
+        super(self.__class__, self).__init__(persistent, watch_accessed_variables)
+        self._tape = tape
+        self._compression = compression
+        self._sparse_as_dense = sparse_as_dense
+        self._op = op
+        self._predivide = gradient_predivide_factor
+        self._process_set = process_set
+        self.last_stats = {}
+
+    @property
+    def compression(self):
+        return self._compression
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
+        grads = super(self.__class__, self).gradient(target, sources, output_gradients)
+        return self.exchange(grads, sources)
+
+    @tf.autograph.experimental.do_not_convert
+    def exchange(self, grads, sources):
+        """Compress, exchange and aggregate ``grads`` (one per variable in ``sources``)."""
+        if not self._process_set.included():
+            return grads
+        size = self._process_set.size()
+        stats = {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0,
+                 "collectives": 0}
+        flat_sources = tf.nest.flatten(sources)
+        out = []
+        for i, (grad, var) in enumerate(zip(tf.nest.flatten(grads), flat_sources)):
+            if grad is None:
+                out.append(None)
+                continue
+            if isinstance(grad, tf.IndexedSlices):
+                if not self._sparse_as_dense:
+                    raise ValueError(f"variable {var.name!r} has a sparse gradient; compressed "
+                                     "exchange needs sparse_as_dense=True")
+                grad = tf.convert_to_tensor(grad)
+            # Keras 3 variables: .name is short ("kernel"), .path is unique
+            name = getattr(var, "path", None) or getattr(var, "name", None) or f"grad_{i}"
+            out.append(self._one(grad, name, size, stats))
+        self.last_stats = stats
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def _one(self, grad, name, size, stats):
+        comp = self._compression
+        tag = _safe(name)
+        if self._op == hvd.Average and self._predivide != 1.0:
+            grad = grad * (1.0 / self._predivide)
+        t0 = time.perf_counter()
+        enc = comp.encode(grad, name)
+        stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
+        for _ in range(comp.rounds(enc.meta) - 1):
+            t0 = time.perf_counter()
+            reduced = hvd.allreduce(enc.payload, op=hvd.Sum, name=f"hvdc.{tag}.{enc.round}",
+                                    process_set=self._process_set)
+            stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+            stats["bytes_sent"] += enc.nbytes
+            stats["collectives"] += 1
+            enc = comp.next_round(enc, reduced)
+        t0 = time.perf_counter()
+        if comp.summable:
+            received = hvd.allreduce(wire(enc.payload), op=hvd.Sum, name=f"hvdc.{tag}.{enc.round}",
+                                     process_set=self._process_set)
+            if received.dtype != enc.payload.dtype and enc.payload.dtype != tf.int16:
+                received = tf.cast(received, enc.payload.dtype)
+        else:
+            gathered = hvd.allgather(enc.payload, name=f"hvdc.{tag}.{enc.round}",
+                                     process_set=self._process_set)
+            rows = tf.reshape(gathered, [size, enc.nbytes])  # static: payload sizes are
+            received = [rows[r] for r in range(size)]
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+        stats["bytes_sent"] += enc.nbytes
+        stats["collectives"] += 1
+        t0 = time.perf_counter()
+        total = comp.aggregate(received, enc)
+        if self._op == hvd.Average:
+            total = total * tf.cast(self._predivide / size, total.dtype)
+        stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
+        return total
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
+                            sparse_as_dense=False, op=hvd.Average, gradient_predivide_factor=1.0,
+                            num_groups=0, groups=None, process_set=hvd.global_process_set):
+    """Wrap ``gradtape`` so ``gradient()`` returns compressed-exchanged averaged gradients.
+
+    Arguments are those of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1;
+    ``compression`` also takes any hvd_compress compressor or a spec string.
+    ``device_dense``/``device_sparse`` and ``groups`` are accepted for
+    compatibility (each variable is exchanged on its own).
+    """
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == hvd.Adasum:
+        raise ValueError("hvd_compress.tensorflow.DistributedGradientTape does not support "
+                         "op=Adasum; use horovod.tensorflow.DistributedGradientTape")
+    comp = as_compressor(compression)
+    cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
+               dict(_DistributedGradientTape.__dict__))
+    return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,
+               persistent=gradtape._persistent,
+               watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True))

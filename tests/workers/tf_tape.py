@@ -1,0 +1,149 @@
+"""Bodies for tests/test_tensorflow_multiprocess.py, run under horovodrun -np 2."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:ratio=0.05",
+         "qsgd:levels=7", "terngrad", "onebit", "threshold:tau=0.001", "powersgd:rank=2",
+         "topk:ratio=0.1+qsgd:levels=16"]
+
+
+class _Model:
+    """Two dense layers on plain tf.Variables (Horovod's tape wants tf.Variables)."""
+
+    def __init__(self, tf):
+        rng = np.random.default_rng(0)
+        self.tf = tf
+        self.trainable_variables = [
+            tf.Variable(rng.standard_normal((12, 16)).astype(np.float32) * 0.3, name="dense/kernel"),
+            tf.Variable(np.zeros(16, np.float32), name="dense/bias"),
+            tf.Variable(rng.standard_normal((16, 4)).astype(np.float32) * 0.3, name="out/kernel"),
+            tf.Variable(np.zeros(4, np.float32), name="out/bias")]
+
+    def __call__(self, x):
+        w1, b1, w2, b2 = self.trainable_variables
+        return self.tf.matmul(self.tf.nn.relu(self.tf.matmul(x, w1) + b1), w2) + b2
+
+
+def _model(tf):
+    return _Model(tf)
+
+
+def _batch(tf, rank, step):
+    rng = np.random.default_rng(100 * rank + step)
+    return (tf.constant(rng.standard_normal((8, 12)).astype(np.float32)),
+            tf.constant(rng.integers(0, 4, 8)))
+
+
+def aggregate_matches_reference(specs=SPECS, steps=2, traced=False):
+    """Our tape's averaged gradient equals the numpy core's aggregation of every
+    rank's gradient (deterministic compressors; stochastic ones get noise=None,
+    compared through each rank's payloads)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    from hvd_compress.core import build
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    report = {}
+    for spec in specs:
+        model = _model(tf)
+        comp = hct.compressor(spec)
+        refs = [build(spec, rank=r, world_size=size) for r in range(size)]
+
+        def step_fn(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x))
+            local = tape.gradient(loss, model.trainable_variables)
+            with tf.GradientTape() as tape2:
+                loss2 = loss_fn(y, model(x))
+            dtape = hct.DistributedGradientTape(tape2, compression=comp)
+            return local, dtape.gradient(loss2, model.trainable_variables)
+
+        fn = tf.function(step_fn) if traced else step_fn
+        stochastic = comp.core.spec.parts[-1].name in ("qsgd", "terngrad")
+        worst = None if stochastic else 0.0
+        for step in range(steps):
+            x, y = _batch(tf, rank, step)
+            local, got = fn(x, y)
+            everyone = hvd.allgather_object([g.numpy() for g in local])
+            results = hvd.allgather_object([g.numpy() for g in got])
+            assert all(np.array_equal(a, b) for a, b in zip(*results)), f"{spec}: ranks disagree"
+            if stochastic:
+                continue  # the noise is TensorFlow's own; same-bits tests cover the encoding
+            for i, var in enumerate(model.trainable_variables):
+                name = getattr(var, "path", None) or var.name
+                encs = [c.encode(everyone[r][i], name) for r, c in enumerate(refs)]
+                for _ in range(refs[0].rounds(encs[0].meta) - 1):
+                    total = sum(e.payload for e in encs)
+                    encs = [c.next_round(e, total) for c, e in zip(refs, encs)]
+                if refs[0].summable:
+                    rec = encs[0].payload
+                    for e in encs[1:]:
+                        rec = refs[0].reduce_pair(rec, e.payload)
+                else:
+                    rec = [e.payload for e in encs]
+                expect = [c.aggregate(rec, e) for c, e in zip(refs, encs)][0] / size
+                diff = float(np.max(np.abs(got[i].numpy() - expect)))
+                worst = max(worst, diff / max(1e-6, float(np.max(np.abs(expect)))))
+        report[spec] = worst
+    return {"rank": rank, "report": report}
+
+
+def horovod_own_tape(specs=("fp16", "randomk:ratio=0.1", "powersgd:rank=2")):
+    """Summable compressors inside horovod.tensorflow.DistributedGradientTape (whose compress()
+    runs in Horovod's traced subgraph); top-k must refuse with a clear error."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    report = {}
+    for spec in specs:
+        model = _model(tf)
+        comp = hct.compressor(spec)
+        x, y = _batch(tf, rank, 0)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        local = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        got = [g.numpy() for g in hvd.DistributedGradientTape(tape, compression=comp).gradient(
+            loss, model.trainable_variables)]
+        mean = [sum(g[i] for g in hvd.allgather_object(local)) / size for i in range(len(local))]
+        same_on_ranks = all(np.array_equal(a, b) for a, b in zip(*hvd.allgather_object(got)))
+        info = {"ranks_agree": same_on_ranks}
+        if spec == "fp16":
+            info["err"] = max(float(np.max(np.abs(a - b))) for a, b in zip(got, mean))
+        elif spec.startswith("randomk"):
+            # first step, empty residual: the kept coordinates carry the exact mean, the rest 0
+            info["kept"] = [int(np.count_nonzero(g)) for g in got]
+            info["err"] = max(float(np.max(np.abs(np.where(g != 0, g - m, 0.0))))
+                              for g, m in zip(got, mean))
+        else:  # powersgd: matrices come back as rank-2 projections, no larger than the mean
+            info["ranks"] = [int(np.linalg.matrix_rank(g)) for g in got if g.ndim == 2]
+            info["shrinks"] = all(np.linalg.norm(g) <= np.linalg.norm(m) * (1 + 1e-5)
+                                  for g, m in zip(got, mean) if g.ndim == 2)
+            info["vectors_exact"] = max(float(np.max(np.abs(g - m)))
+                                        for g, m in zip(got, mean) if g.ndim == 1)
+        report[spec] = info
+    model = _model(tf)
+    x, y = _batch(tf, rank, 0)
+    message = ""
+    try:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        hvd.DistributedGradientTape(tape, compression=hct.compressor("topk:ratio=0.1")).gradient(
+            loss, model.trainable_variables)
+    except Exception as exc:  # noqa: BLE001 - TensorFlow may wrap the error
+        message = str(exc)
+    return {"rank": rank, "report": report, "topk_error": message}
