@@ -29,14 +29,21 @@ BACKEND = TensorFlowBackend()
 __all__ = ["TFCompressor", "compressor", "as_compressor"]
 
 
-class TFCompressor:
-    """A compressor spec bound to the TensorFlow backend."""
+class TFCompressor(tf.Module):
+    """A compressor spec bound to the TensorFlow backend.
+
+    A ``tf.Module``: its per-tensor state variables (made on first use) and its
+    noise generator are tracked, so ``tf.train.Checkpoint(compressor=comp)``
+    (or a model checkpoint holding the tape or optimizer) saves and restores them;
+    restoring before first use is deferred until the variables exist.
+    """
 
     def __init__(self, spec, rank: int | None = None, world_size: int | None = None):
+        super().__init__(name="hvd_compress")
         self.spec = specmod.parse(spec)
         self._rank, self._world_size = rank, world_size
         self._core = None
-        self._vars: dict[str, dict] = {}
+        self.tensor_state = {}  # tensor name -> {key: tf.Variable}, tracked
 
     def __repr__(self) -> str:
         return f"TFCompressor({str(self.spec)!r})"
@@ -49,6 +56,9 @@ class TFCompressor:
                 rank, size = _horovod_rank_size()
             with tf.init_scope():  # the noise generator's state variable is made eagerly
                 self._core = build(self.spec, backend=BACKEND, rank=rank, world_size=size)
+                noise = getattr(self._core, "noise", None)
+                if noise is not None:
+                    self.noise_generator = noise.gen  # tracked: checkpointed with the state
         return self._core
 
     @property
@@ -61,7 +71,7 @@ class TFCompressor:
 
     # -- state in variables ------------------------------------------------------------
     def _variables(self, meta) -> dict:
-        vs = self._vars.get(meta.name)
+        vs = self.tensor_state.get(meta.name)
         if vs is None:
             core = self.core
             with tf.init_scope():  # made once, eagerly, even when first seen in a trace
@@ -73,11 +83,12 @@ class TFCompressor:
                         vs[key] = value
                     elif key == "step":
                         vs[key] = tf.Variable(tf.constant(value, tf.int64), trainable=False,
-                                              name=f"hvdc_step_{len(self._vars)}")
+                                              name=f"hvdc_step_{len(self.tensor_state)}")
                     else:
                         vs[key] = tf.Variable(value, trainable=False,
-                                              name=f"hvdc_{key}_{len(self._vars)}")
-            self._vars[meta.name] = vs
+                                              name=f"hvdc_{key}_{len(self.tensor_state)}")
+            self.tensor_state[meta.name] = vs
+            vs = self.tensor_state[meta.name]
         return vs
 
     @contextlib.contextmanager
@@ -114,7 +125,7 @@ class TFCompressor:
 
     def state_dict(self) -> dict:
         tensors = {name: {k: (v.numpy() if isinstance(v, tf.Variable) else v)
-                          for k, v in vs.items()} for name, vs in self._vars.items()}
+                          for k, v in vs.items()} for name, vs in self.tensor_state.items()}
         extra = self.core._extra_state()
         return {"spec": str(self.spec), "tensors": tensors, **({"extra": extra} if extra else {})}
 
