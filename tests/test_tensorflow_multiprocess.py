@@ -33,3 +33,13 @@ def test_summable_compressors_in_horovods_own_tape():
         assert rep["powersgd:rank=2"]["vectors_exact"] < 1e-6  # vectors travel dense
         assert "cannot run inside horovod.tensorflow" in res["topk_error"]
         assert "hvd_compress.tensorflow.DistributedGradientTape" in res["topk_error"]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_backward_passes_per_step_matches_accumulating_by_hand(traced):
+    specs = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "powersgd:rank=2"]
+    results = run_horovod("tests.workers.tf_tape:aggregate_matches_reference", np=2,
+                          kwargs={"specs": specs, "bpps": 2, "traced": traced}, timeout=600)
+    for res in results:
+        for spec, err in res["report"].items():
+            assert err < (1e-4 if "powersgd" in spec else 1e-5), (spec, err)

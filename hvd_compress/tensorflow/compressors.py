@@ -103,6 +103,25 @@ class TFCompressor(tf.Module):
             if isinstance(var, tf.Variable) and st[key] is not read[key]:
                 var.assign(tf.cast(st[key], var.dtype))
 
+    # -- local accumulation (backward_passes_per_step) -------------------------------------
+    def accumulator(self, name: str, like):
+        """The variable summing ``name``'s gradients between exchanges."""
+        accs = self.__dict__.setdefault("_accs", {})
+        if name not in accs:
+            with tf.init_scope():
+                accs[name] = tf.Variable(tf.zeros(like.shape, like.dtype), trainable=False,
+                                         name=f"hvdc_acc_{len(accs)}")
+            self.accumulators = dict(accs)  # tracked for checkpoints
+        return accs[name]
+
+    def pass_counter(self):
+        """Backward passes seen (one increment per DistributedGradientTape.gradient call)."""
+        if getattr(self, "_passes", None) is None:
+            with tf.init_scope():
+                self._passes = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                           name="hvdc_passes")
+        return self._passes
+
     # -- the protocol, with state bound --------------------------------------------------
     @tf.autograph.experimental.do_not_convert
     def encode(self, tensor, name: str, noise=None) -> Encoded:
@@ -199,18 +218,31 @@ def compressor(spec) -> TFCompressor:
     return TFCompressor(spec)
 
 
+_SHARED: dict = {}
+
+
 def as_compressor(compression) -> TFCompressor:
-    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``."""
-    if compression is None:
-        return TFCompressor("none")
+    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``.
+
+    TensorFlow code makes a new tape every step, so a spec string (or None) names
+    one compressor shared by every tape in the process -- its error-feedback and
+    other state carry over from step to step.  Pass a :class:`TFCompressor` to
+    keep state apart (two models, say)."""
     if isinstance(compression, TFCompressor):
         return compression
-    if isinstance(compression, str):
-        return TFCompressor(compression)
-    name = getattr(compression, "__name__", type(compression).__name__)
-    if name == "NoneCompressor":
-        return TFCompressor("none")
-    if name == "FP16Compressor":
-        return TFCompressor("fp16")
-    raise TypeError(f"compression must be an hvd_compress.tensorflow compressor, a spec string "
-                    f"like 'topk:ratio=0.01', or horovod's Compression.none/fp16; got {compression!r}")
+    if compression is None:
+        compression = "none"
+    if not isinstance(compression, str):
+        name = getattr(compression, "__name__", type(compression).__name__)
+        if name == "NoneCompressor":
+            compression = "none"
+        elif name == "FP16Compressor":
+            compression = "fp16"
+        else:
+            raise TypeError(f"compression must be an hvd_compress.tensorflow compressor, a spec "
+                            f"string like 'topk:ratio=0.01', or horovod's Compression.none/fp16; "
+                            f"got {compression!r}")
+    key = str(specmod.parse(compression))
+    if key not in _SHARED:
+        _SHARED[key] = TFCompressor(key)
+    return _SHARED[key]

@@ -24,7 +24,8 @@ __all__ = ["DistributedGradientTape"]
 
 class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
-                 process_set, persistent=False, watch_accessed_variables=True):
+                 process_set, backward_passes_per_step=1, persistent=False,
+                 watch_accessed_variables=True):
         # As Horovod does: a tape of the user's tape class that takes over its recording.
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
@@ -33,7 +34,10 @@ class _DistributedGradientTape(tf.GradientTape):
         self._op = op
         self._predivide = gradient_predivide_factor
         self._process_set = process_set
+        self._bpps = backward_passes_per_step
         self.last_stats = {}
+        #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
+        self.exchanged = True
 
     @property
     def compression(self):
@@ -51,11 +55,10 @@ class _DistributedGradientTape(tf.GradientTape):
         size = self._process_set.size()
         stats = {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0,
                  "collectives": 0}
-        flat_sources = tf.nest.flatten(sources)
-        out = []
-        for i, (grad, var) in enumerate(zip(tf.nest.flatten(grads), flat_sources)):
+        pairs = []  # (position, dense gradient, variable name)
+        flat = tf.nest.flatten(grads)
+        for i, (grad, var) in enumerate(zip(flat, tf.nest.flatten(sources))):
             if grad is None:
-                out.append(None)
                 continue
             if isinstance(grad, tf.IndexedSlices):
                 if not self._sparse_as_dense:
@@ -64,9 +67,43 @@ class _DistributedGradientTape(tf.GradientTape):
                 grad = tf.convert_to_tensor(grad)
             # Keras 3 variables: .name is short ("kernel"), .path is unique
             name = getattr(var, "path", None) or getattr(var, "name", None) or f"grad_{i}"
-            out.append(self._one(grad, name, size, stats))
+            pairs.append((i, grad, name))
+        if self._bpps == 1:
+            results = [self._one(g, name, size, stats) for _, g, name in pairs]
+        else:
+            results = self._accumulate(pairs, size, stats)
+        out = list(flat)
+        for (i, _, _), value in zip(pairs, results):
+            out[i] = value
         self.last_stats = stats
         return tf.nest.pack_sequence_as(grads, out)
+
+    def _accumulate(self, pairs, size, stats):
+        """Sum gradients locally; exchange the sums every ``backward_passes_per_step``-th
+        pass (zeros are returned in between, and ``self.exchanged`` says which)."""
+        comp = self._compression
+        accs = [comp.accumulator(name, g) for _, g, name in pairs]
+        updates = [acc.assign_add(g) for acc, (_, g, _) in zip(accs, pairs)]
+        with tf.control_dependencies(updates):
+            passes = comp.pass_counter().assign_add(1)
+        do = tf.equal(passes % self._bpps, 0)
+
+        def sync():
+            outs = [self._one(acc.read_value(), name, size, stats)
+                    for acc, (_, _, name) in zip(accs, pairs)]
+            with tf.control_dependencies(outs):
+                resets = [acc.assign(tf.zeros_like(acc)) for acc in accs]
+            with tf.control_dependencies(resets):
+                return [tf.identity(o) for o in outs]
+
+        def skip():
+            return [tf.zeros_like(g) for _, g, _ in pairs]
+
+        if tf.executing_eagerly():
+            self.exchanged = bool(do)
+            return sync() if self.exchanged else skip()
+        self.exchanged = do
+        return tf.cond(do, sync, skip)
 
     def _one(self, grad, name, size, stats):
         comp = self._compression
@@ -108,14 +145,23 @@ class _DistributedGradientTape(tf.GradientTape):
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
                             sparse_as_dense=False, op=hvd.Average, gradient_predivide_factor=1.0,
-                            num_groups=0, groups=None, process_set=hvd.global_process_set):
+                            num_groups=0, groups=None, process_set=hvd.global_process_set,
+                            backward_passes_per_step=1):
     """Wrap ``gradtape`` so ``gradient()`` returns compressed-exchanged averaged gradients.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1;
     ``compression`` also takes any hvd_compress compressor or a spec string.
     ``device_dense``/``device_sparse`` and ``groups`` are accepted for
     compatibility (each variable is exchanged on its own).
+
+    ``backward_passes_per_step=N``: each ``gradient()`` call adds the local
+    gradients into accumulators kept with the compressor; every N-th call
+    exchanges the sums (compressed once) and returns their average over ranks,
+    the calls in between return zeros.  ``tape.exchanged`` tells which (a
+    boolean tensor inside ``tf.function``): apply the gradients only then.
     """
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be > 0")
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == hvd.Adasum:
@@ -125,5 +171,5 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,
-               persistent=gradtape._persistent,
+               backward_passes_per_step, persistent=gradtape._persistent,
                watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True))

@@ -40,7 +40,7 @@ def _batch(tf, rank, step):
             tf.constant(rng.integers(0, 4, 8)))
 
 
-def aggregate_matches_reference(specs=SPECS, steps=2, traced=False):
+def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     """Our tape's averaged gradient equals the numpy core's aggregation of every
     rank's gradient (deterministic compressors; stochastic ones get noise=None,
     compared through each rank's payloads)."""
@@ -64,15 +64,21 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False):
             local = tape.gradient(loss, model.trainable_variables)
             with tf.GradientTape() as tape2:
                 loss2 = loss_fn(y, model(x))
-            dtape = hct.DistributedGradientTape(tape2, compression=comp)
+            dtape = hct.DistributedGradientTape(tape2, compression=comp,
+                                                backward_passes_per_step=bpps)
             return local, dtape.gradient(loss2, model.trainable_variables)
 
         fn = tf.function(step_fn) if traced else step_fn
         stochastic = comp.core.spec.parts[-1].name in ("qsgd", "terngrad")
         worst = None if stochastic else 0.0
         for step in range(steps):
-            x, y = _batch(tf, rank, step)
-            local, got = fn(x, y)
+            local = None
+            for micro in range(bpps):  # the tape returns zeros until the bpps-th pass
+                x, y = _batch(tf, rank, 10 * step + micro)
+                g, got = fn(x, y)
+                local = g if local is None else [a + b for a, b in zip(local, g)]
+                if micro < bpps - 1:
+                    assert all(float(tf.reduce_max(tf.abs(t))) == 0.0 for t in got)
             everyone = hvd.allgather_object([g.numpy() for g in local])
             results = hvd.allgather_object([g.numpy() for g in got])
             assert all(np.array_equal(a, b) for a, b in zip(*results)), f"{spec}: ranks disagree"
