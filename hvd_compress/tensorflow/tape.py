@@ -12,12 +12,11 @@ communicate and decode milliseconds).
 
 from __future__ import annotations
 
-import time
-
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .compressors import _safe, as_compressor, wire
+from .compressors import as_compressor
+from .exchange import GradientExchange
 
 __all__ = ["DistributedGradientTape"]
 
@@ -31,9 +30,8 @@ class _DistributedGradientTape(tf.GradientTape):
         self._tape = tape
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
-        self._op = op
-        self._predivide = gradient_predivide_factor
         self._process_set = process_set
+        self._exchange = GradientExchange(compression, op, gradient_predivide_factor, process_set)
         self._bpps = backward_passes_per_step
         self.last_stats = {}
         #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
@@ -52,7 +50,6 @@ class _DistributedGradientTape(tf.GradientTape):
         """Compress, exchange and aggregate ``grads`` (one per variable in ``sources``)."""
         if not self._process_set.included():
             return grads
-        size = self._process_set.size()
         stats = {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0,
                  "collectives": 0}
         pairs = []  # (position, dense gradient, variable name)
@@ -69,16 +66,16 @@ class _DistributedGradientTape(tf.GradientTape):
             name = getattr(var, "path", None) or getattr(var, "name", None) or f"grad_{i}"
             pairs.append((i, grad, name))
         if self._bpps == 1:
-            results = [self._one(g, name, size, stats) for _, g, name in pairs]
+            results = [self._exchange.one(g, name, stats) for _, g, name in pairs]
         else:
-            results = self._accumulate(pairs, size, stats)
+            results = self._accumulate(pairs, stats)
         out = list(flat)
         for (i, _, _), value in zip(pairs, results):
             out[i] = value
         self.last_stats = stats
         return tf.nest.pack_sequence_as(grads, out)
 
-    def _accumulate(self, pairs, size, stats):
+    def _accumulate(self, pairs, stats):
         """Sum gradients locally; exchange the sums every ``backward_passes_per_step``-th
         pass (zeros are returned in between, and ``self.exchanged`` says which)."""
         comp = self._compression
@@ -89,7 +86,7 @@ class _DistributedGradientTape(tf.GradientTape):
         do = tf.equal(passes % self._bpps, 0)
 
         def sync():
-            outs = [self._one(acc.read_value(), name, size, stats)
+            outs = [self._exchange.one(acc.read_value(), name, stats)
                     for acc, (_, _, name) in zip(accs, pairs)]
             with tf.control_dependencies(outs):
                 resets = [acc.assign(tf.zeros_like(acc)) for acc in accs]
@@ -104,44 +101,6 @@ class _DistributedGradientTape(tf.GradientTape):
             return sync() if self.exchanged else skip()
         self.exchanged = do
         return tf.cond(do, sync, skip)
-
-    def _one(self, grad, name, size, stats):
-        comp = self._compression
-        tag = _safe(name)
-        if self._op == hvd.Average and self._predivide != 1.0:
-            grad = grad * (1.0 / self._predivide)
-        t0 = time.perf_counter()
-        enc = comp.encode(grad, name)
-        stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
-        for _ in range(comp.rounds(enc.meta) - 1):
-            t0 = time.perf_counter()
-            reduced = hvd.allreduce(enc.payload, op=hvd.Sum, name=f"hvdc.{tag}.{enc.round}",
-                                    process_set=self._process_set)
-            stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
-            stats["bytes_sent"] += enc.nbytes
-            stats["collectives"] += 1
-            enc = comp.next_round(enc, reduced)
-        t0 = time.perf_counter()
-        if comp.summable:
-            received = hvd.allreduce(wire(enc.payload), op=hvd.Sum, name=f"hvdc.{tag}.{enc.round}",
-                                     process_set=self._process_set)
-            if received.dtype != enc.payload.dtype and enc.payload.dtype != tf.int16:
-                received = tf.cast(received, enc.payload.dtype)
-        else:
-            gathered = hvd.allgather(enc.payload, name=f"hvdc.{tag}.{enc.round}",
-                                     process_set=self._process_set)
-            rows = tf.reshape(gathered, [size, enc.nbytes])  # static: payload sizes are
-            received = [rows[r] for r in range(size)]
-        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
-        stats["bytes_sent"] += enc.nbytes
-        stats["collectives"] += 1
-        t0 = time.perf_counter()
-        total = comp.aggregate(received, enc)
-        if self._op == hvd.Average:
-            total = total * tf.cast(self._predivide / size, total.dtype)
-        stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
-        return total
-
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
                             sparse_as_dense=False, op=hvd.Average, gradient_predivide_factor=1.0,

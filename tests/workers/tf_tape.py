@@ -153,3 +153,41 @@ def horovod_own_tape(specs=("fp16", "randomk:ratio=0.1", "powersgd:rank=2")):
     except Exception as exc:  # noqa: BLE001 - TensorFlow may wrap the error
         message = str(exc)
     return {"rank": rank, "report": report, "topk_error": message}
+
+
+def keras_checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
+    """Custom loop with the Keras DistributedOptimizer; checkpoint (model, optimizer with the
+    compressor's state) at save_at; 'resume' restores in a fresh launch and finishes."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank = hvd.rank()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(4)])
+    opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.5),
+                                         compression=hct.compressor(spec))
+    opt.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+
+    start = 0
+    folder = f"{path}/rank{rank}"
+    if phase == "resume":
+        ckpt.restore(tf.train.latest_checkpoint(folder)).assert_existing_objects_matched()
+        start = save_at
+    for s in range(start, total_steps):
+        if phase == "run" and s == save_at:
+            ckpt.save(f"{folder}/ckpt")
+        step(*_batch(tf, rank, s))
+    return {"params": [v.numpy().tobytes().hex() for v in model.trainable_variables],
+            "iterations": int(opt.iterations.numpy())}

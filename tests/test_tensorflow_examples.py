@@ -1,0 +1,54 @@
+"""TensorFlow examples and the Keras optimizer under real horovodrun -np 2 launches."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hvd_compress.runtools import SUMMARY_KEYS
+from tests.harness import REPO, run_horovod, run_script
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize("spec", ["none", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit"])
+def test_keras_fit_digits_reaches_90_percent(spec, tmp_path):
+    out = tmp_path / "s.json"
+    run_script("tf_examples/train_digits.py", ["--compression", spec, "--json", out, "--quiet"],
+               timeout=600)
+    doc = json.loads(out.read_text())
+    assert set(SUMMARY_KEYS) <= set(doc) and doc["framework"] == "tensorflow" and doc["np"] == 2
+    assert doc["test_accuracy"] >= 0.90, doc
+    if spec != "none":
+        assert doc["bytes_per_step"] < 153_128 / 2
+
+
+def test_keras_backward_passes_per_step(tmp_path):
+    out = tmp_path / "s.json"
+    run_script("tf_examples/train_digits.py", ["--compression", "topk:ratio=0.05", "--epochs", "2",
+                                               "--backward-passes-per-step", "2", "--json", out])
+    doc = json.loads(out.read_text())
+    assert doc["steps"] == (2 * 45) // 2  # 45 batches of 16 per epoch on each rank, 2 per update
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "onebit", "powersgd:rank=2"])
+def test_keras_optimizer_checkpoint_resumes_identically(spec, tmp_path):
+    path = str(tmp_path / "ckpt")
+    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phase", np=2,
+                       kwargs={"spec": spec, "path": path, "phase": "run"}, timeout=600)
+    resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phase", np=2,
+                          kwargs={"spec": spec, "path": path, "phase": "resume"}, timeout=600)
+    for a, b in zip(full, resumed):
+        assert a["params"] == b["params"] and a["iterations"] == b["iterations"] == 6
+    assert full[0]["params"] == full[1]["params"]
+
+
+def test_help_and_bad_spec():
+    script = str(REPO / "tf_examples" / "train_digits.py")
+    ok = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0 and "--compression" in ok.stdout
+    bad = subprocess.run([sys.executable, script, "--compression", "qsgd:levels=0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "qsgd: levels must be >= 1, got 0" in bad.stderr
