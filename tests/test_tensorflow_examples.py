@@ -52,3 +52,17 @@ def test_help_and_bad_spec():
     bad = subprocess.run([sys.executable, script, "--compression", "qsgd:levels=0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "qsgd: levels must be >= 1, got 0" in bad.stderr
+
+
+@pytest.mark.parametrize("extra", [["--compression", "topk:ratio=0.05"],
+                                   ["--compression", "onebit", "--backward-passes-per-step", "2"],
+                                   ["--compression", "fp16", "--horovod-tape"]])
+def test_tf_synthetic_benchmark(extra, tmp_path):
+    out = tmp_path / "s.json"
+    text = run_script("tf_examples/synthetic_benchmark.py",
+                      ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
+                       "--json", out, *extra], timeout=600)
+    assert "total img/sec on 2 workers" in text
+    doc = json.loads(out.read_text())
+    assert set(SUMMARY_KEYS) <= set(doc) and doc["steps"] == 4 and doc["test_accuracy"] is None
+    assert doc["bytes_per_step"] > 0

@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Horovod's TF2 synthetic benchmark shape, with compression: a custom loop with the tape.
+
+    horovodrun -np 2 python tf_examples/synthetic_benchmark.py --compression topk:ratio=0.01
+
+A small ResNet-like Keras model (``--width``, ``--blocks``, ``--image-size``) on
+one random batch; ``--num-warmup-batches`` untimed steps, then ``--num-iters``
+timed iterations of ``--num-batches-per-iter`` steps, each a ``tf.function``
+with ``hvd_compress.tensorflow.DistributedGradientTape``; images/s per worker
+and in total.  ``--horovod-tape`` uses Horovod's own tape (summable compressors).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from hvd_compress import runtools  # noqa: E402
+
+
+def resnet(keras, width, blocks, image_size, classes):
+    inp = keras.Input((image_size, image_size, 3))
+    x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(inp)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    for stage, n in enumerate(blocks):
+        for b in range(n):
+            stride = 2 if (b == 0 and stage > 0) else 1
+            ch = width * 2 ** stage
+            y = keras.layers.Conv2D(ch, 3, strides=stride, padding="same", use_bias=False)(x)
+            y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
+            y = keras.layers.BatchNormalization()(
+                keras.layers.Conv2D(ch, 3, padding="same", use_bias=False)(y))
+            if stride != 1 or x.shape[-1] != ch:
+                x = keras.layers.Conv2D(ch, 1, strides=stride, use_bias=False)(x)
+            x = keras.layers.ReLU()(keras.layers.Add()([x, y]))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, keras.layers.Dense(classes)(x))
+
+
+def main(argv=None):
+    ap = runtools.common_parser(__doc__.split("\n\n")[0], batch_size=32, lr=0.01)
+    ap.add_argument("--num-warmup-batches", type=int, default=3)
+    ap.add_argument("--num-batches-per-iter", type=runtools.positive_int, default=5)
+    ap.add_argument("--num-iters", type=runtools.positive_int, default=5)
+    ap.add_argument("--width", type=runtools.positive_int, default=16)
+    ap.add_argument("--blocks", type=runtools.positive_int, nargs="+", default=[1, 1, 1])
+    ap.add_argument("--image-size", type=runtools.positive_int, default=32)
+    ap.add_argument("--horovod-tape", action="store_true",
+                    help="use horovod.tensorflow.DistributedGradientTape (summable compressors)")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // size))
+    keras.utils.set_random_seed(args.seed)
+    model = resnet(keras, args.width, args.blocks, args.image_size, 10)
+    opt = keras.optimizers.SGD(args.lr, momentum=0.9)
+    comp = hct.compressor(args.compression)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(args.seed + rank)
+    data = tf.constant(rng.standard_normal((args.batch_size, args.image_size, args.image_size, 3),
+                                           dtype=np.float32))
+    target = tf.constant(rng.integers(0, 10, args.batch_size))
+    bpps = args.backward_passes_per_step
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(target, model(data, training=True))
+        if args.horovod_tape:
+            tape = hvd.DistributedGradientTape(tape, compression=comp)
+        else:
+            tape = hct.DistributedGradientTape(tape, compression=comp,
+                                               backward_passes_per_step=bpps)
+        # Horovod 0.28.1's tape keys sources by tf.Variable.ref(): give it Keras 3's
+        # underlying tf.Variables
+        sources = [v.value for v in model.trainable_variables] if args.horovod_tape \
+            else model.trainable_variables
+        grads = tape.gradient(loss, sources)
+        if args.horovod_tape or bpps == 1:
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        elif tape.exchanged:
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    for v in model.variables:  # the same initial weights everywhere
+        v.assign(hvd.broadcast(v.value, root_rank=0, name=f"init.{v.path}"))
+    nparams = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    if rank == 0 and not args.quiet:
+        print(f"model: ResNet width {args.width} blocks {args.blocks}, {nparams:,} parameters; "
+              f"batch {args.batch_size}; {size} workers; compression {args.compression}", flush=True)
+    for _ in range(args.num_warmup_batches):
+        step()
+    progress = runtools.Progress(args.num_iters, "iterations", enabled=rank == 0 and not args.quiet)
+    rates, train_s = [], 0.0
+    for it in range(args.num_iters):
+        t0 = time.perf_counter()
+        for _ in range(args.num_batches_per_iter):
+            loss = step()
+        float(loss)  # wait for the step
+        dt = time.perf_counter() - t0
+        train_s += dt
+        rates.append(args.batch_size * args.num_batches_per_iter / dt)
+        progress.update(it + 1, f"{rates[-1]:.1f} img/s per worker")
+    mean, conf = float(np.mean(rates)), 1.96 * float(np.std(rates))
+    if rank == 0:
+        if not args.quiet:
+            print(f"img/sec per worker: {mean:.1f} +-{conf:.1f}", flush=True)
+            print(f"total img/sec on {size} workers: {size * mean:.1f} +-{size * conf:.1f}",
+                  flush=True)
+        steps = args.num_iters * args.num_batches_per_iter
+        core = comp.core
+        per_step = sum(core.payload_nbytes(core.meta_for(v.value, v.path))
+                       for v in model.trainable_variables) / bpps
+        doc = runtools.summary("tensorflow", "synthetic_benchmark", args.compression, size, steps,
+                               steps * args.batch_size * size, train_s,
+                               {"bytes_sent": per_step * steps}, None,
+                               time.perf_counter() - t_start, parameters=nparams,
+                               img_sec_per_worker_mean=round(mean, 2),
+                               img_sec_per_worker_conf=round(conf, 2))
+        runtools.write_summary(args.json, doc)
+
+
+if __name__ == "__main__":
+    main()
