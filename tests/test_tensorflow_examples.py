@@ -1,9 +1,11 @@
 """TensorFlow examples and the Keras optimizer under real horovodrun -np 2 launches."""
 
 import json
+import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hvd_compress.runtools import SUMMARY_KEYS
@@ -44,14 +46,37 @@ def test_keras_optimizer_checkpoint_resumes_identically(spec, tmp_path):
     assert full[0]["params"] == full[1]["params"]
 
 
-def test_help_and_bad_spec():
-    script = str(REPO / "tf_examples" / "train_digits.py")
+@pytest.mark.parametrize("name", ["train_digits.py", "synthetic_benchmark.py", "train_cifar10.py"])
+def test_help_and_bad_spec(name):
+    script = str(REPO / "tf_examples" / name)
     ok = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
                         timeout=120)
-    assert ok.returncode == 0 and "--compression" in ok.stdout
+    assert ok.returncode == 0 and "--compression" in ok.stdout and "--json" in ok.stdout
     bad = subprocess.run([sys.executable, script, "--compression", "qsgd:levels=0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "qsgd: levels must be >= 1, got 0" in bad.stderr
+
+
+def test_tf_train_cifar10_reads_python_batches(tmp_path):
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = rng.integers(0, 10, 16)
+        data = (rng.integers(0, 80, (16, 3072)) + labels[:, None] * 16).astype(np.uint8)
+        with open(tmp_path / name, "wb") as f:
+            pickle.dump({b"data": data, b"labels": labels.tolist()}, f)
+    out = tmp_path / "s.json"
+    run_script("tf_examples/train_cifar10.py",
+               ["--data-dir", tmp_path, "--epochs", "1", "--batch-size", "8",
+                "--compression", "dgc:ratio=0.01", "--json", out, "--quiet"], timeout=600)
+    doc = json.loads(out.read_text())
+    assert doc["example"] == "train_cifar10" and 0.0 <= doc["test_accuracy"] <= 1.0
+    assert doc["steps"] == 40 // 8  # 80 training images, 40 per rank
+
+
+def test_tf_train_cifar10_missing_data_is_a_clear_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "tf_examples" / "train_cifar10.py"),
+                           "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "data_batch_1 not found" in proc.stderr
 
 
 @pytest.mark.parametrize("extra", [["--compression", "topk:ratio=0.05"],

@@ -19,17 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hvd_compress import runtools  # noqa: E402
-
-
-def load_digits_split(seed: int = 0):
-    import numpy as np
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    x = (data.images / 16.0).astype(np.float32)[..., None]
-    y = data.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    test, train = order[:360], order[360:]
-    return x[train], y[train], x[test], y[test]
+from hvd_compress.datasets import digits_split  # noqa: E402
 
 
 def main(argv=None):
@@ -46,7 +36,7 @@ def main(argv=None):
     rank, size = hvd.rank(), hvd.size()
     tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // size))
     keras.utils.set_random_seed(args.seed)
-    xtr, ytr, xte, yte = load_digits_split()
+    xtr, ytr, xte, yte = (a[..., None] if a.ndim == 3 else a for a in digits_split())
     xtr, ytr = xtr[rank::size], ytr[rank::size]
     model = keras.Sequential([
         keras.Input((8, 8, 1)),
@@ -89,17 +79,12 @@ def main(argv=None):
             print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
         updates = max(1, epochs_cb.steps // args.backward_passes_per_step)
         nbytes = sum(comp.core.payload_nbytes(comp.core.meta_for(v.value, v.path))
-                     if comp.core.rounds(comp.core.meta_for(v.value, v.path)) == 1
-                     else _powersgd_bytes(comp, v) for v in model.trainable_variables)
+                     for v in model.trainable_variables)
         stats = {"bytes_sent": nbytes * updates}
         doc = runtools.summary("tensorflow", "train_digits", args.compression, size, updates,
                                epochs_cb.steps * args.batch_size * size, train_s, stats, acc,
                                time.perf_counter() - t_start, epochs=args.epochs)
         runtools.write_summary(args.json, doc)
-
-
-def _powersgd_bytes(comp, v):
-    return comp.core.payload_nbytes(comp.core.meta_for(v.value, v.path))
 
 
 if __name__ == "__main__":

@@ -12,35 +12,23 @@ and flips; rank 0 reports the test accuracy after every epoch.
 
 from __future__ import annotations
 
-import os
-import pickle
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from _common import finish, init, make_optimizer, reset_stats, train_epochs
 from models import resnet
 
 from hvd_compress import runtools
-
-MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32).reshape(1, 3, 1, 1)
-STD = np.array([0.2470, 0.2435, 0.2616], np.float32).reshape(1, 3, 1, 1)
+from hvd_compress.datasets import cifar10
 
 
-def load_batches(data_dir: str, names):
-    xs, ys = [], []
-    for name in names:
-        path = os.path.join(data_dir, name)
-        if not os.path.exists(path):
-            raise SystemExit(f"train_cifar10: {path} not found; --data-dir must hold the CIFAR-10 "
-                             "python batches (data_batch_1..5, test_batch)")
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        xs.append(np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(batch[b"labels"], np.int64))
-    x = (np.concatenate(xs).astype(np.float32) / 255.0 - MEAN) / STD
-    return torch.from_numpy(x), torch.from_numpy(np.concatenate(ys))
+def load_batches(data_dir: str, train: bool):
+    try:
+        x, y = cifar10(data_dir, train)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"train_cifar10: {exc}") from None
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def augment(x, gen):
@@ -75,8 +63,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     rank, size = init(args.seed)
-    xtr, ytr = load_batches(args.data_dir, [f"data_batch_{i}" for i in range(1, 6)])
-    xte, yte = load_batches(args.data_dir, ["test_batch"])
+    xtr, ytr = load_batches(args.data_dir, train=True)
+    xte, yte = load_batches(args.data_dir, train=False)
     if args.limit_train > 0:
         xtr, ytr = xtr[:args.limit_train], ytr[:args.limit_train]
     xtr, ytr = xtr[rank::size], ytr[rank::size]

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from _common import finish, init, make_optimizer, reset_stats, train_epochs
 
 from hvd_compress import runtools
+from hvd_compress.datasets import digits_split
 
 
 class DigitsNet(torch.nn.Module):
@@ -35,14 +35,9 @@ class DigitsNet(torch.nn.Module):
 
 
 def load_digits_split(seed: int = 0):
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    x = (data.images / 16.0).astype(np.float32)[:, None]
-    y = data.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    test, train = order[:360], order[360:]
-    return (torch.from_numpy(x[train]), torch.from_numpy(y[train]),
-            torch.from_numpy(x[test]), torch.from_numpy(y[test]))
+    xtr, ytr, xte, yte = digits_split(seed)
+    return (torch.from_numpy(xtr[:, None]), torch.from_numpy(ytr),
+            torch.from_numpy(xte[:, None]), torch.from_numpy(yte))
 
 
 def accuracy(model, x, y) -> float:
