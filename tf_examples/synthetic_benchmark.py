@@ -12,17 +12,13 @@ and in total.  ``--horovod-tape`` uses Horovod's own tape (summable compressors)
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+from _common import broadcast_initial, bytes_per_update, init
+from models import resnet
 
-import numpy as np  # noqa: E402
-from models import resnet  # noqa: E402
-
-from hvd_compress import runtools  # noqa: E402
+from hvd_compress import runtools
 
 
 def main(argv=None):
@@ -37,15 +33,8 @@ def main(argv=None):
                     help="use horovod.tensorflow.DistributedGradientTape (summable compressors)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    import horovod.tensorflow as hvd
-    import keras
-    import tensorflow as tf
-
-    import hvd_compress.tensorflow as hct
-    hvd.init()
+    hvd, keras, tf, hct = init(args.seed)
     rank, size = hvd.rank(), hvd.size()
-    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // size))
-    keras.utils.set_random_seed(args.seed)
     model = resnet(keras, args.width, args.blocks, args.image_size, 10)
     opt = keras.optimizers.SGD(args.lr, momentum=0.9)
     comp = hct.compressor(args.compression)
@@ -76,8 +65,7 @@ def main(argv=None):
             opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    for v in model.variables:  # the same initial weights everywhere
-        v.assign(hvd.broadcast(v.value, root_rank=0, name=f"init.{v.path}"))
+    broadcast_initial(hvd, model)
     nparams = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     if rank == 0 and not args.quiet:
         print(f"model: ResNet width {args.width} blocks {args.blocks}, {nparams:,} parameters; "
@@ -102,9 +90,7 @@ def main(argv=None):
             print(f"total img/sec on {size} workers: {size * mean:.1f} +-{size * conf:.1f}",
                   flush=True)
         steps = args.num_iters * args.num_batches_per_iter
-        core = comp.core
-        per_step = sum(core.payload_nbytes(core.meta_for(v.value, v.path))
-                       for v in model.trainable_variables) / bpps
+        per_step = bytes_per_update(comp, model.trainable_variables) / bpps
         doc = runtools.summary("tensorflow", "synthetic_benchmark", args.compression, size, steps,
                                steps * args.batch_size * size, train_s,
                                {"bytes_sent": per_step * steps}, None,

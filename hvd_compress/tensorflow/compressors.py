@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import spec as specmod
-from ..core import build
 from ..core.base import Encoded
+from ..frontend import CompressorFrontend
 from .backend import TensorFlowBackend
 
 BACKEND = TensorFlowBackend()
@@ -29,7 +29,7 @@ BACKEND = TensorFlowBackend()
 __all__ = ["TFCompressor", "compressor", "as_compressor"]
 
 
-class TFCompressor(tf.Module):
+class TFCompressor(tf.Module, CompressorFrontend):
     """A compressor spec bound to the TensorFlow backend.
 
     A ``tf.Module``: its per-tensor state variables (made on first use) and its
@@ -38,11 +38,13 @@ class TFCompressor(tf.Module):
     restoring before first use is deferred until the variables exist.
     """
 
+    BACKEND = BACKEND
+    HOROVOD_WRAPPER = "horovod.tensorflow's DistributedGradientTape or DistributedOptimizer"
+    OUR_WRAPPER = "hvd_compress.tensorflow.DistributedGradientTape"
+
     def __init__(self, spec, rank: int | None = None, world_size: int | None = None):
-        super().__init__(name="hvd_compress")
-        self.spec = specmod.parse(spec)
-        self._rank, self._world_size = rank, world_size
-        self._core = None
+        tf.Module.__init__(self, name="hvd_compress")
+        self._init_frontend(spec, rank, world_size)
         self.tensor_state = {}  # tensor name -> {key: tf.Variable}, tracked
 
     def __repr__(self) -> str:
@@ -51,23 +53,15 @@ class TFCompressor(tf.Module):
     @property
     def core(self):
         if self._core is None:
-            rank, size = self._rank, self._world_size
-            if rank is None:
-                rank, size = _horovod_rank_size()
             with tf.init_scope():  # the noise generator's state variable is made eagerly
-                self._core = build(self.spec, backend=BACKEND, rank=rank, world_size=size)
+                self._core = self._build_core()
                 noise = getattr(self._core, "noise", None)
                 if noise is not None:
                     self.noise_generator = noise.gen  # tracked: checkpointed with the state
         return self._core
 
-    @property
-    def summable(self) -> bool:
-        return self.core.summable
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.core, "set_epoch"):
-            self.core.set_epoch(epoch)
+    def _horovod_rank_size(self):
+        return _horovod_rank_size()
 
     # -- state in variables ------------------------------------------------------------
     def _variables(self, meta) -> dict:
@@ -162,12 +156,7 @@ class TFCompressor(tf.Module):
     # -- Horovod's contract ---------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert
     def compress(self, tensor):
-        if not self.summable:
-            raise RuntimeError(
-                f"compression {str(self.spec)!r} sends packed bytes that cannot be summed by "
-                "allreduce, so it cannot run inside horovod.tensorflow's DistributedGradientTape "
-                "or DistributedOptimizer; use hvd_compress.tensorflow.DistributedGradientTape, "
-                "which sends it with allgather")
+        self._refuse_unsummable()
         name = _tensor_name(tensor)
         enc = self.encode(tensor, name)
         for _ in range(self.rounds(enc.meta) - 1):

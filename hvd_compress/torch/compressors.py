@@ -22,8 +22,8 @@ import warnings
 import torch
 
 from .. import spec as specmod
-from ..core import build
 from ..core.base import Encoded
+from ..frontend import CompressorFrontend
 from .backend import TorchBackend
 
 __all__ = ["TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK", "DGC", "QSGD",
@@ -39,14 +39,15 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-class TorchCompressor:
+class TorchCompressor(CompressorFrontend):
     """A compressor spec bound to the torch backend; one instance per optimizer."""
 
+    BACKEND = BACKEND
+    HOROVOD_WRAPPER = "horovod.torch.DistributedOptimizer"
+    OUR_WRAPPER = "hvd_compress.torch.DistributedOptimizer"
+
     def __init__(self, spec):
-        self.spec = specmod.parse(spec)
-        self._core = None
-        self._rank = None
-        self._world_size = None
+        self._init_frontend(spec)
 
     # -- configuration -------------------------------------------------------------
     def __repr__(self) -> str:
@@ -77,20 +78,11 @@ class TorchCompressor:
     @property
     def core(self):
         if self._core is None:
-            rank, size = self._rank, self._world_size
-            if rank is None:
-                rank, size = _horovod_rank_size()
-            self._core = build(self.spec, backend=BACKEND, rank=rank, world_size=size)
+            self._core = self._build_core()
         return self._core
 
-    @property
-    def summable(self) -> bool:
-        return self.core.summable
-
-    def set_epoch(self, epoch: int) -> None:
-        """DGC's warm-up epoch (no-op for other compressors)."""
-        if hasattr(self.core, "set_epoch"):
-            self.core.set_epoch(epoch)
+    def _horovod_rank_size(self):
+        return _horovod_rank_size()
 
     def state_dict(self) -> dict:
         return self.core.state_dict()
@@ -101,12 +93,7 @@ class TorchCompressor:
     # -- Horovod's contract ----------------------------------------------------------------
     def compress(self, tensor):
         comp = self.core
-        if not comp.summable:
-            raise RuntimeError(
-                f"compression {str(self.spec)!r} sends packed bytes that cannot be summed by "
-                "allreduce, so it cannot run inside horovod.torch.DistributedOptimizer; use "
-                "hvd_compress.torch.DistributedOptimizer (a drop-in replacement taking the same "
-                "arguments), which sends it with allgather")
+        self._refuse_unsummable()
         name = _horovod_param_name() or _shape_name(tensor)
         enc = comp.encode(tensor, name)
         for _ in range(comp.rounds(enc.meta) - 1):
