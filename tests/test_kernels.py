@@ -1,5 +1,7 @@
 """The fused CPU kernels give the same bits as the reference chain of array operations."""
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -33,7 +35,7 @@ def _run(spec, backend, xs, noises, fused, monkeypatch):
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fused_kernels_match_the_reference_chain(spec, shape, backend, monkeypatch):
-    rng = np.random.default_rng(abs(hash((spec, shape))) % 2 ** 32)
+    rng = np.random.default_rng(zlib.crc32(repr((spec, shape)).encode()))
     xs = [(rng.standard_normal(shape) * 1e-2).astype(np.float32) for _ in range(3)]
     noises = [rng.random(int(np.prod(shape)), dtype=np.float32) for _ in range(3)]
     fused = _run(spec, backend, xs, noises, True, monkeypatch)

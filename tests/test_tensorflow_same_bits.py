@@ -1,6 +1,7 @@
 """TensorFlow runs the reference core's algorithms bit for bit (eager mode)."""
 
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ TFB = TensorFlowBackend()
 @pytest.mark.parametrize("shape", SHAPES)
 def test_same_payload_bytes_and_decode_as_numpy(spec, shape):
     ref, tfc = build(spec, NUMPY), build(spec, TFB)
-    rng = np.random.default_rng(hash((spec, shape)) % 2 ** 32)
+    rng = np.random.default_rng(zlib.crc32(repr((spec, shape)).encode()))
     needs_noise = ref.spec.parts[-1].name in ("qsgd", "terngrad")
     for step in range(3):
         x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)

@@ -207,6 +207,10 @@ class NumpyBackend:
         np.multiply(x, y, out=x)
         return x
 
+    def div(self, a, b):
+        """Correctly rounded ``a / b`` (either may be a Python number)."""
+        return np.true_divide(a, b)
+
     def idiv(self, x, y):
         """``x /= y`` in place; returns ``x``."""
         np.divide(x, y, out=x)

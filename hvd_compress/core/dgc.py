@@ -131,7 +131,7 @@ class DGC(Sparsifier):
         if clip > 0:
             norm = _norm64(B, g)
             limit = clip / math.sqrt(self.world_size)
-            g = g * B.minimum(B.scalar(1.0, like=g), limit / B.maximum(norm, 1e-30))
+            g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
         nesterov = bool(self.params.get("nesterov"))
         if flag is None and B.is_host(g):
             return self._encode_in_place(g, meta, st, noise, m, nesterov)

@@ -124,7 +124,7 @@ class QSGDCodec(Codec):
     def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         d, s = self.d, self.s
         norms = B.cast(B.sqrt(B.bucket_sumsq64(v, d)), "float32")
-        inv = B.where(norms > 0, s / B.where(norms > 0, norms, 1.0), 0.0)  # s / ||v||
+        inv = B.where(norms > 0, B.div(float(s), B.where(norms > 0, norms, 1.0)), 0.0)  # s/||v||
         if kernels.usable(B, v, flag):  # the same arithmetic in one pass
             n = B.shape(v)[0]
             out = np.empty(packed_nbytes(n, 4) if self.bits == 4 else n, np.uint8)
@@ -142,7 +142,7 @@ class QSGDCodec(Codec):
         s = self.s
         level = unpack_values(B, fields["codes"], self.bits, n,
                               [float(c - s) for c in range(1 << self.bits)])
-        return B.bucket_scale(level, fields["norms"] / s, self.d)
+        return B.bucket_scale(level, B.div(fields["norms"], float(s)), self.d)
 
 
 class TernGradCodec(Codec):
@@ -169,8 +169,8 @@ class TernGradCodec(Codec):
                 s1, s2 = (B.from_host(np.asarray(t)) for t in kernels.moments(B.host_view(v)))
             else:
                 s1, s2 = B.sum64(v), B.sumsq64(v)
-            mean = s1 / n
-            var = B.maximum(s2 / n - mean * mean, 0.0)
+            mean = B.div(s1, float(n))
+            var = B.maximum(B.div(s2, float(n)) - mean * mean, 0.0)
             sigma = B.cast(B.sqrt(var), "float32")
         if kernels.usable(B, v, flag):  # scale = min(max|v|, cap): no pass but a min/max
             cap = np.float32(c * B.to_numpy(sigma)) if c > 0 else np.float32(np.inf)
@@ -224,8 +224,8 @@ class OneBitCodec(Codec):
             sneg = total - spos
         nneg = B.shape(v)[0] // cols - npos
         npos64, nneg64 = B.cast(npos, "float64"), B.cast(nneg, "float64")
-        pos = B.cast(B.where(npos > 0, spos / B.maximum(npos64, 1.0), 0.0), "float32")
-        neg = B.cast(B.where(nneg > 0, sneg / B.maximum(nneg64, 1.0), 0.0), "float32")
+        pos = B.cast(B.where(npos > 0, B.div(spos, B.maximum(npos64, 1.0)), 0.0), "float32")
+        neg = B.cast(B.where(nneg > 0, B.div(sneg, B.maximum(nneg64, 1.0)), 0.0), "float32")
         pos, neg = B.reshape(pos, (cols,)), B.reshape(neg, (cols,))
         if cols == 1 and kernels.usable(B, v, flag):
             out = np.empty(packed_nbytes(B.shape(v)[0], 1), np.uint8)

@@ -200,6 +200,11 @@ class TensorFlowBackend:
     def imul(self, x, y):
         return x * _like(y, x)
 
+    def div(self, a, b):
+        if not isinstance(a, (tf.Tensor, tf.Variable)):
+            a = _like(a, b)
+        return tf.math.divide(a, _like(b, a))
+
     def idiv(self, x, y):
         return x / _like(y, x)
 

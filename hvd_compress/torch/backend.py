@@ -23,6 +23,10 @@ _NAMES = {v: k for k, v in _DTYPES.items() if k != "uint16"}
 _NAMES[torch.int16] = "uint16"
 
 
+def _np_dtype(t):
+    return {torch.float32: np.float32, torch.float64: np.float64}.get(t.dtype, np.float64)
+
+
 def _dev(like):
     return like.device if isinstance(like, torch.Tensor) else None
 
@@ -217,8 +221,27 @@ class TorchBackend:
     def iand(self, x, y):
         return x.bitwise_and_(y)
 
+    def div(self, a, b):
+        # torch computes tensor / scalar (and scalar / tensor) as a multiplication by the
+        # reciprocal: one rounding too many.  numpy (CPU) or a full-shape divisor (devices)
+        # keeps true, correctly rounded division.
+        ref = a if isinstance(a, torch.Tensor) else b
+        if ref.device.type == "cpu":
+            an = a.detach().numpy() if isinstance(a, torch.Tensor) else np.asarray(a, _np_dtype(ref))
+            bn = b.detach().numpy() if isinstance(b, torch.Tensor) else np.asarray(b, _np_dtype(ref))
+            return torch.from_numpy(np.asarray(np.true_divide(an, bn)))
+        a = torch.as_tensor(a, dtype=ref.dtype, device=ref.device)
+        b = torch.as_tensor(b, dtype=ref.dtype, device=ref.device)
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+        return torch.div(a.expand(shape).contiguous(), b.expand(shape).contiguous())
+
     def idiv(self, x, y):
-        return x.div_(y)
+        if x.device.type == "cpu":
+            yn = y.detach().numpy() if isinstance(y, torch.Tensor) else y
+            np.true_divide(x.detach().numpy(), yn, out=x.detach().numpy())
+            return x
+        y = torch.as_tensor(y, dtype=x.dtype, device=x.device)
+        return x.div_(y.expand(x.shape).contiguous())
 
     def ifloor(self, x):
         return x.floor_()
