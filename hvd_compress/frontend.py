@@ -12,6 +12,22 @@ from . import spec as specmod
 from .core import build
 
 
+def new_stats() -> dict:
+    """One step's account of bytes sent and milliseconds spent (optimizers and tapes)."""
+    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0}
+
+
+def horovod_builtin_spec(compression) -> str:
+    """The spec of Horovod's own ``Compression.none`` / ``Compression.fp16`` (any framework)."""
+    name = getattr(compression, "__name__", type(compression).__name__)
+    if name == "NoneCompressor":
+        return "none"
+    if name == "FP16Compressor":
+        return "fp16"
+    raise TypeError(f"compression must be an hvd_compress compressor, a spec string like "
+                    f"'topk:ratio=0.01', or horovod's Compression.none/fp16; got {compression!r}")
+
+
 class CompressorFrontend:
     """Base of ``hvd_compress.torch.TorchCompressor`` and ``...tensorflow.TFCompressor``."""
 

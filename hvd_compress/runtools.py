@@ -58,6 +58,17 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
     return ap
 
 
+def add_cifar_args(ap: argparse.ArgumentParser) -> None:
+    """The CIFAR-10 examples' own flags (both frameworks)."""
+    ap.add_argument("--data-dir", required=True, help="folder with the CIFAR-10 python batches")
+    ap.add_argument("--width", type=positive_int, default=16, help="first stage width (default 16)")
+    ap.add_argument("--blocks", type=positive_int, nargs="+", default=[1, 1, 1],
+                    help="residual blocks per stage (default 1 1 1)")
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    ap.add_argument("--limit-train", type=int, default=0,
+                    help="use only the first N training images (0: all)")
+
+
 class Progress:
     """A one-line progress display on rank 0 (plain lines when not a terminal)."""
 

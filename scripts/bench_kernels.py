@@ -90,7 +90,7 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
     dec_ms, out = _timed(lambda: comp.aggregate(received, enc), B, repeats)
     if tuple(B.shape(out)) != tuple(shape):
         raise AssertionError(f"{spec}: decoded shape {B.shape(out)} != {shape}")
-    nbytes = int(enc.ctx.get("total_nbytes", 0)) or _total_nbytes(comp, enc)
+    nbytes = comp.payload_nbytes(enc.meta)  # every round's bytes (PowerSGD: P and Q)
     numel = int(np.prod(shape))
     out = {"compression": spec, "encode_ms": round(enc_ms, 3), "decode_ms": round(dec_ms, 3),
            "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3), "shape": list(shape)}
@@ -120,10 +120,6 @@ def _real_copy(B, x):
         import tensorflow as tf
         return tf.raw_ops.DeepCopy(x=x)
     return B.copy(x)
-
-
-def _total_nbytes(comp, enc) -> int:
-    return comp.payload_nbytes(enc.meta)
 
 
 def main(argv=None) -> int:

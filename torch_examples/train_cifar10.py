@@ -53,13 +53,8 @@ def evaluate(model, x, y, batch=500) -> float:
 
 def main(argv=None):
     ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=10, batch_size=64, lr=0.05)
-    ap.add_argument("--data-dir", required=True, help="folder with the CIFAR-10 python batches")
-    ap.add_argument("--width", type=runtools.positive_int, default=16)
-    ap.add_argument("--blocks", type=runtools.positive_int, nargs="+", default=[1, 1, 1])
-    ap.add_argument("--momentum", type=float, default=0.9)
+    runtools.add_cifar_args(ap)
     ap.add_argument("--weight-decay", type=float, default=5e-4)
-    ap.add_argument("--limit-train", type=int, default=0,
-                    help="use only the first N training images (0: all)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     rank, size = init(args.seed)

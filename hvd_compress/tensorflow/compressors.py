@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from .. import spec as specmod
 from ..core.base import Encoded
-from ..frontend import CompressorFrontend
+from ..frontend import CompressorFrontend, horovod_builtin_spec
 from .backend import TensorFlowBackend
 
 BACKEND = TensorFlowBackend()
@@ -222,15 +222,7 @@ def as_compressor(compression) -> TFCompressor:
     if compression is None:
         compression = "none"
     if not isinstance(compression, str):
-        name = getattr(compression, "__name__", type(compression).__name__)
-        if name == "NoneCompressor":
-            compression = "none"
-        elif name == "FP16Compressor":
-            compression = "fp16"
-        else:
-            raise TypeError(f"compression must be an hvd_compress.tensorflow compressor, a spec "
-                            f"string like 'topk:ratio=0.01', or horovod's Compression.none/fp16; "
-                            f"got {compression!r}")
+        compression = horovod_builtin_spec(compression)
     key = str(specmod.parse(compression))
     if key not in _SHARED:
         _SHARED[key] = TFCompressor(key)

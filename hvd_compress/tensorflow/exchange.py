@@ -19,10 +19,6 @@ import tensorflow as tf
 from .compressors import _safe, wire
 
 
-def new_stats() -> dict:
-    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0}
-
-
 class GradientExchange:
     def __init__(self, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  process_set=hvd.global_process_set):

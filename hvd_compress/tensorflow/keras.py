@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 
+from ..frontend import new_stats
 from .compressors import as_compressor
-from .exchange import GradientExchange, new_stats
+from .exchange import GradientExchange
 
 __all__ = ["DistributedOptimizer"]
 

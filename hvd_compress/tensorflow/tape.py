@@ -15,6 +15,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..frontend import new_stats
 from .compressors import as_compressor
 from .exchange import GradientExchange
 
@@ -50,8 +51,7 @@ class _DistributedGradientTape(tf.GradientTape):
         """Compress, exchange and aggregate ``grads`` (one per variable in ``sources``)."""
         if not self._process_set.included():
             return grads
-        stats = {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0,
-                 "collectives": 0}
+        stats = new_stats()
         pairs = []  # (position, dense gradient, variable name)
         flat = tf.nest.flatten(grads)
         for i, (grad, var) in enumerate(zip(flat, tf.nest.flatten(sources))):

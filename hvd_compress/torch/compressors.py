@@ -23,7 +23,7 @@ import torch
 
 from .. import spec as specmod
 from ..core.base import Encoded
-from ..frontend import CompressorFrontend
+from ..frontend import CompressorFrontend, horovod_builtin_spec
 from .backend import TorchBackend
 
 __all__ = ["TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK", "DGC", "QSGD",
@@ -106,7 +106,7 @@ class TorchCompressor(CompressorFrontend):
     def decompress(self, tensor, ctx):
         if not isinstance(ctx, Encoded):
             return tensor
-        return self.core.aggregate(unwire(tensor, ctx.payload), ctx)
+        return self.core.aggregate(tensor, ctx)
 
 
 def wire(payload):
@@ -117,12 +117,6 @@ def wire(payload):
                    "bfloat16 and sent as float16 (exact within float16's range)")
         return payload.view(torch.bfloat16).to(torch.float16)
     return payload
-
-
-def unwire(tensor, like):
-    """The reduced payload as the compressor decodes it.  A bf16 sum that travelled as
-    float16 stays float16 (decoding widens it to float32 without a second rounding)."""
-    return tensor
 
 
 def _horovod_rank_size():
@@ -279,10 +273,4 @@ def as_compressor(compression) -> TorchCompressor:
         return compression
     if isinstance(compression, str):
         return compressor(compression)
-    name = getattr(compression, "__name__", type(compression).__name__)
-    if name in ("NoneCompressor",):
-        return NoneCompressor()
-    if name in ("FP16Compressor",):
-        return FP16()
-    raise TypeError(f"compression must be an hvd_compress compressor, a spec string like "
-                    f"'topk:ratio=0.01', or horovod's Compression.none/fp16; got {compression!r}")
+    return compressor(horovod_builtin_spec(compression))

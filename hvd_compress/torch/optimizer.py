@@ -39,7 +39,8 @@ import horovod.torch as hvd
 import torch
 from horovod.common.util import split_list
 
-from .compressors import as_compressor, unwire, wire
+from ..frontend import new_stats
+from .compressors import as_compressor, wire
 
 __all__ = ["DistributedOptimizer"]
 
@@ -97,8 +98,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = self._split_by_rounds(self._make_groups(groups))
         self._p_to_group = {p: g for g in self._groups for p in g}
         self._plain = compression.spec.name == "none"
-        self.comm_stats = _new_stats()
-        self.comm_totals = _new_stats()
+        self.comm_stats = new_stats()
+        self.comm_totals = new_stats()
         self._steps_synchronized = 0
         if process_set.included():
             self._compression.bind(hvd.rank(), process_set.size())
@@ -239,7 +240,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         parts, offset = [], 0
         if pending.summable:
             for size, shape, enc in zip(pending.sizes, pending.shapes, pending.encs):
-                parts.append(unwire(out[offset:offset + size].reshape(shape), enc.payload))
+                parts.append(out[offset:offset + size].reshape(shape))
                 offset += size
             return parts
         nranks = self.process_set.size()
@@ -296,7 +297,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.last_stats = dict(self.comm_stats)
         for key, value in self.comm_stats.items():
             self.comm_totals[key] += value
-        self.comm_stats = _new_stats()
+        self.comm_stats = new_stats()
         self._synchronized = True
 
     @staticmethod
@@ -364,10 +365,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @property
     def compression(self):
         return self._compression
-
-
-def _new_stats():
-    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0}
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,

@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from tests.workers.reference import Reference
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:ratio=0.05",
@@ -48,7 +50,6 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     import tensorflow as tf
 
     import hvd_compress.tensorflow as hct
-    from hvd_compress.core import build
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -56,7 +57,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     for spec in specs:
         model = _model(tf)
         comp = hct.compressor(spec)
-        refs = [build(spec, rank=r, world_size=size) for r in range(size)]
+        ref = Reference(spec, size)
 
         def step_fn(x, y):
             with tf.GradientTape() as tape:
@@ -84,19 +85,11 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
             assert all(np.array_equal(a, b) for a, b in zip(*results)), f"{spec}: ranks disagree"
             if stochastic:
                 continue  # the noise is TensorFlow's own; same-bits tests cover the encoding
-            for i, var in enumerate(model.trainable_variables):
-                name = getattr(var, "path", None) or var.name
-                encs = [c.encode(everyone[r][i], name) for r, c in enumerate(refs)]
-                for _ in range(refs[0].rounds(encs[0].meta) - 1):
-                    total = sum(e.payload for e in encs)
-                    encs = [c.next_round(e, total) for c, e in zip(refs, encs)]
-                if refs[0].summable:
-                    rec = encs[0].payload
-                    for e in encs[1:]:
-                        rec = refs[0].reduce_pair(rec, e.payload)
-                else:
-                    rec = [e.payload for e in encs]
-                expect = [c.aggregate(rec, e) for c, e in zip(refs, encs)][0] / size
+            names = [getattr(v, "path", None) or v.name for v in model.trainable_variables]
+            expected = ref.step([dict(zip(names, grads)) for grads in everyone],
+                                [{} for _ in everyone])
+            for i, name in enumerate(names):
+                expect = expected[name]
                 diff = float(np.max(np.abs(got[i].numpy() - expect)))
                 worst = max(worst, diff / max(1e-6, float(np.max(np.abs(expect)))))
         report[spec] = worst
