@@ -24,6 +24,12 @@
 #   PYTHON=python3.11             interpreter for the venv
 set -euo pipefail
 
+case "${1:-}" in
+    "") ;;
+    -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (it takes none; see --help)" >&2; exit 2 ;;
+esac
+
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_COMPRESS_VENV:-$ROOT/.venv}
 CACHE=${HVD_COMPRESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd-compress}
