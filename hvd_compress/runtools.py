@@ -21,6 +21,33 @@ SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_pe
                 "comm_ms", "decode_ms", "test_accuracy", "wall_s")
 
 
+def worker_threads(local_size: int) -> int:
+    """Compute threads for one worker: ``HVD_COMPRESS_THREADS`` when set (the capped-link
+    launcher sets it: its workers share one machine but each is alone on its "host"),
+    else this machine's cores shared among the workers on it."""
+    env = os.environ.get("HVD_COMPRESS_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, (os.cpu_count() or 1) // max(1, local_size))
+
+
+def limit_kernel_threads(n: int) -> None:
+    """The fused numba kernels' thread pool to ``n`` threads: workers sharing a machine
+    must not each spin up a thread per core (oversubscribed, they run several times slower)."""
+    from . import kernels
+    if kernels.AVAILABLE:
+        import numba
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def past_warmup(comp) -> None:
+    """Put a compressor with a warm-up schedule (DGC) at its final sparsity: the synthetic
+    benchmarks time the steady state, which a few steps of a fresh run never reach."""
+    epochs = [int(p.params.get("warmup_epochs", 0)) for p in comp.spec.parts]
+    if max(epochs, default=0) > 0:
+        comp.set_epoch(max(epochs))
+
+
 def spec_arg(text: str) -> str:
     try:
         specmod.parse(text)
@@ -56,6 +83,21 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
     ap.add_argument("--json", metavar="PATH", help="write the run summary (JSON) to PATH on rank 0")
     ap.add_argument("--quiet", action="store_true", help="no progress display")
     return ap
+
+
+def add_synthetic_args(ap: argparse.ArgumentParser) -> None:
+    """The synthetic benchmarks' own flags (both frameworks; Horovod's benchmark shape)."""
+    ap.add_argument("--num-warmup-batches", type=int, default=3, help="untimed steps (default 3)")
+    ap.add_argument("--num-batches-per-iter", type=positive_int, default=5,
+                    help="steps per timed iteration (default 5)")
+    ap.add_argument("--num-iters", type=positive_int, default=5, help="timed iterations (default 5)")
+    ap.add_argument("--width", type=positive_int, default=16, help="first stage width (default 16)")
+    ap.add_argument("--blocks", type=positive_int, nargs="+", default=[1, 1, 1],
+                    help="residual blocks per stage (default 1 1 1)")
+    ap.add_argument("--image-size", type=positive_int, default=32, help="default 32")
+    ap.add_argument("--num-classes", type=positive_int, default=10, help="default 10")
+    ap.add_argument("--momentum", type=float, default=0.0,
+                    help="SGD momentum (default 0: plain SGD, as Horovod's benchmark)")
 
 
 def add_cifar_args(ap: argparse.ArgumentParser) -> None:
@@ -114,6 +156,8 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
         "test_accuracy": None if test_accuracy is None else round(float(test_accuracy), 4),
         "wall_s": round(wall_s, 3),
     }
+    if stats.get("collectives"):
+        out["collectives_per_step"] = round(stats["collectives"] / steps, 3)
     out.update(extra)
     return out
 

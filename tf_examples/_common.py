@@ -19,8 +19,9 @@ def init(seed: int):
 
     import hvd_compress.tensorflow as hct
     hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(
-        max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    threads = runtools.worker_threads(hvd.local_size())
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    runtools.limit_kernel_threads(threads)
     keras.utils.set_random_seed(seed)
     return hvd, keras, tf, hct
 

@@ -23,26 +23,22 @@ from hvd_compress import runtools
 
 def main(argv=None):
     ap = runtools.common_parser(__doc__.split("\n\n")[0], batch_size=32, lr=0.01)
-    ap.add_argument("--num-warmup-batches", type=int, default=3)
-    ap.add_argument("--num-batches-per-iter", type=runtools.positive_int, default=5)
-    ap.add_argument("--num-iters", type=runtools.positive_int, default=5)
-    ap.add_argument("--width", type=runtools.positive_int, default=16)
-    ap.add_argument("--blocks", type=runtools.positive_int, nargs="+", default=[1, 1, 1])
-    ap.add_argument("--image-size", type=runtools.positive_int, default=32)
+    runtools.add_synthetic_args(ap)
     ap.add_argument("--horovod-tape", action="store_true",
                     help="use horovod.tensorflow.DistributedGradientTape (summable compressors)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     hvd, keras, tf, hct = init(args.seed)
     rank, size = hvd.rank(), hvd.size()
-    model = resnet(keras, args.width, args.blocks, args.image_size, 10)
-    opt = keras.optimizers.SGD(args.lr, momentum=0.9)
+    model = resnet(keras, args.width, args.blocks, args.image_size, args.num_classes)
+    opt = keras.optimizers.SGD(args.lr, momentum=args.momentum)
     comp = hct.compressor(args.compression)
+    runtools.past_warmup(comp)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(args.seed + rank)
     data = tf.constant(rng.standard_normal((args.batch_size, args.image_size, args.image_size, 3),
                                            dtype=np.float32))
-    target = tf.constant(rng.integers(0, 10, args.batch_size))
+    target = tf.constant(rng.integers(0, args.num_classes, args.batch_size))
     bpps = args.backward_passes_per_step
 
     @tf.function

@@ -20,8 +20,9 @@ from hvd_compress import runtools  # noqa: E402
 def init(seed: int):
     """hvd.init(), one thread per worker when several share a machine, seeds."""
     hvd.init()
-    if hvd.local_size() > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    threads = runtools.worker_threads(hvd.local_size())
+    torch.set_num_threads(threads)
+    runtools.limit_kernel_threads(threads)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -27,24 +27,17 @@ from hvd_compress import runtools
 
 def main(argv=None):
     ap = runtools.common_parser(__doc__.split("\n\n")[0], batch_size=32, lr=0.01)
-    ap.add_argument("--num-warmup-batches", type=int, default=3, help="untimed steps (default 3)")
-    ap.add_argument("--num-batches-per-iter", type=runtools.positive_int, default=5,
-                    help="steps per timed iteration (default 5)")
-    ap.add_argument("--num-iters", type=runtools.positive_int, default=5,
-                    help="timed iterations (default 5)")
-    ap.add_argument("--width", type=runtools.positive_int, default=16, help="first stage width (default 16)")
-    ap.add_argument("--blocks", type=runtools.positive_int, nargs="+", default=[1, 1, 1],
-                    help="residual blocks per stage (default 1 1 1)")
-    ap.add_argument("--image-size", type=runtools.positive_int, default=32, help="default 32")
-    ap.add_argument("--num-classes", type=runtools.positive_int, default=10)
+    runtools.add_synthetic_args(ap)
     ap.add_argument("--horovod-optimizer", action="store_true",
                     help="use horovod.torch.DistributedOptimizer (summable compressors only)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     rank, size = init(args.seed)
     model = resnet(args.width, args.blocks, args.num_classes)
-    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     opt = make_optimizer(model, base, args, args.horovod_optimizer)
+    if hasattr(opt, "compression"):
+        runtools.past_warmup(opt.compression)
     g = torch.Generator().manual_seed(args.seed + rank)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g)
     target = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)

@@ -197,6 +197,20 @@ class NumpyBackend:
         synchronisation: algorithms may then branch on values and update state in place."""
         return True
 
+    def flat_view(self, x):
+        """A 1-d view sharing ``x``'s memory (writes show in ``x``), or None."""
+        return x.reshape(-1) if x.flags.c_contiguous and x.flags.writeable else None
+
+    def izero(self, x):
+        """``x[...] = 0`` in place; returns ``x``."""
+        x.fill(0)
+        return x
+
+    def icopy(self, x, y):
+        """``x[...] = y`` in place; returns ``x``."""
+        np.copyto(x, y)
+        return x
+
     def iadd(self, x, y):
         """``x += y`` in place; returns ``x``."""
         np.add(x, y, out=x)

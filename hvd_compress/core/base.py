@@ -158,26 +158,29 @@ class Compressor:
     def next_round(self, enc: Encoded, reduced) -> Encoded:
         raise NotImplementedError(f"{self.name} has one round")
 
-    def decode(self, payload, meta: TensorMeta, ctx: dict | None = None):
+    def decode(self, payload, meta: TensorMeta, ctx: dict | None = None, out=None):
         """Dense tensor (shape and dtype of the input) from one payload.
 
         ``ctx`` is the encoding rank's :attr:`Encoded.ctx` for compressors whose
-        payload leaves out what all ranks share (Random-k's indices)."""
-        return self._finish(self._decode(payload, meta, ctx or {}), meta)
+        payload leaves out what all ranks share (Random-k's indices).  ``out``
+        (optional, the input's shape and dtype) receives the result in place --
+        a gradient buffer, say -- and is returned; in host memory this saves
+        allocating a dense tensor per step."""
+        return self._finish(self._decode(payload, meta, ctx or {}), meta, out)
 
-    def aggregate(self, received, enc: Encoded):
+    def aggregate(self, received, enc: Encoded, out=None):
         """Dense sum over ranks from the allreduced payload or the list of gathered ones.
 
         ``enc`` is this rank's own :class:`Encoded` for the tensor (its meta and
-        local context; PowerSGD needs the latter)."""
+        local context; PowerSGD needs the latter); ``out`` as in :meth:`decode`."""
         meta = enc.meta
         if self.summable:
-            return self.decode(received, meta, enc.ctx)
+            return self.decode(received, meta, enc.ctx, out)
         total = None
         for p in received:
             d = self._decode(p, meta, enc.ctx)
             total = d if total is None else total + d
-        return self._finish(total, meta)
+        return self._finish(total, meta, out)
 
     def reduce_pair(self, a, b):
         """How the allreduce combines two payloads (summable compressors)."""
@@ -243,10 +246,18 @@ class Compressor:
     def _decode_own(self, enc: Encoded):
         return self._decode(enc.payload, enc.meta, enc.ctx)
 
-    def _finish(self, flat, meta: TensorMeta):
+    def _finish(self, flat, meta: TensorMeta, out=None):
         B = self.B
-        out = B.reshape(flat, meta.shape)
-        return out if meta.dtype == "float32" else B.cast(out, meta.dtype)
+        dense = B.reshape(flat, meta.shape)
+        dense = dense if meta.dtype == "float32" else B.cast(dense, meta.dtype)
+        return dense if out is None else B.icopy(out, dense)
+
+    def _flat_out(self, out, meta: TensorMeta):
+        """A flat float32 view of ``out`` to decode into, or None (then decode, then copy)."""
+        B = self.B
+        if out is None or meta.dtype != "float32" or not B.is_host(out):
+            return None
+        return B.flat_view(out)
 
 
 def exchange(comp: Compressor, x, name: str, allreduce_sum, allgather, noise=None):

@@ -107,17 +107,17 @@ class PowerSGD(Compressor):
         ctx = {"p_hat": p_hat}
         return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=ctx)
 
-    def aggregate(self, received, enc: Encoded):
+    def aggregate(self, received, enc: Encoded, out=None):
         B = self.B
         meta = enc.meta
         if enc.ctx.get("dense"):
-            return self._finish(received, meta)
+            return self._finish(received, meta, out)
         st = self.states[meta.name]
         total = B.matmul(enc.ctx["p_hat"], B.transpose(received))
         q_next = received * (1.0 / self.world_size)
         st["q"] = B.where(B.all_finite(q_next), q_next, st["q"])
         st["step"] = st["step"] + 1
-        return self._finish(B.reshape(total, (-1,)), meta)
+        return self._finish(B.reshape(total, (-1,)), meta, out)
 
-    def decode(self, payload, meta, ctx=None):
+    def decode(self, payload, meta, ctx=None, out=None):
         raise NotImplementedError("powersgd: decoding needs both rounds; use aggregate()")

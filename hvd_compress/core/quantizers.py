@@ -371,8 +371,9 @@ class Identity(Compressor):
     def _decode(self, payload, meta, ctx=None):
         return payload
 
-    def _finish(self, flat, meta):
-        return self.B.reshape(flat, meta.shape)
+    def _finish(self, flat, meta, out=None):
+        dense = self.B.reshape(flat, meta.shape)
+        return dense if out is None else self.B.icopy(out, dense)
 
 
 class Cast16(Compressor):

@@ -143,16 +143,16 @@ class Sparsifier(Compressor):
         return self.B.scatter_add(meta.numel, self._indices(fields, ctx),
                                   self._values(fields, meta, ctx))
 
-    def aggregate(self, received, enc):
-        if self.summable:
-            return self.decode(received, enc.meta, enc.ctx)
+    def aggregate(self, received, enc, out=None):
         B = self.B
-        total = B.zeros((enc.meta.numel,), "float32", like=enc.ctx["indices"])
-        for p in received:  # rank by rank: the same summation order everywhere
+        flat = self._flat_out(out, enc.meta)  # scatter straight into the caller's buffer
+        total = B.izero(flat) if flat is not None else \
+            B.zeros((enc.meta.numel,), "float32", like=enc.ctx["indices"])
+        for p in ([received] if self.summable else received):  # rank by rank: one order everywhere
             fields = self._fields(p, enc.meta, enc.ctx)
             total = B.index_add(total, self._indices(fields, enc.ctx),
                                 self._values(fields, enc.meta, enc.ctx))
-        return self._finish(total, enc.meta)
+        return out if flat is not None else self._finish(total, enc.meta, out)
 
     def reduce_pair(self, a, b):
         if self._codec is not None:  # fp16/bf16 values: add in float32, round back

@@ -191,6 +191,15 @@ class TensorFlowBackend:
     def is_host(self, x) -> bool:
         return False
 
+    def flat_view(self, x):
+        return None  # immutable
+
+    def izero(self, x):  # tensors are immutable: the "in place" ops return new ones
+        return tf.zeros_like(x)
+
+    def icopy(self, x, y):
+        return tf.identity(_like(y, x))
+
     def iadd(self, x, y):
         return x + _like(y, x)
 

@@ -132,9 +132,9 @@ class TFCompressor(tf.Module, CompressorFrontend):
             return self.core.next_round(enc, reduced)
 
     @tf.autograph.experimental.do_not_convert
-    def aggregate(self, received, enc: Encoded):
+    def aggregate(self, received, enc: Encoded, out=None):
         with self._bound(enc.meta):
-            return self.core.aggregate(received, enc)
+            return self.core.aggregate(received, enc, out)
 
     def state_dict(self) -> dict:
         tensors = {name: {k: (v.numpy() if isinstance(v, tf.Variable) else v)

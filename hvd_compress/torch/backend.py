@@ -203,6 +203,15 @@ class TorchBackend:
     def is_host(self, x) -> bool:
         return x.device.type == "cpu"
 
+    def flat_view(self, x):
+        return x.view(-1) if x.is_contiguous() else None
+
+    def izero(self, x):
+        return x.zero_()
+
+    def icopy(self, x, y):
+        return x.copy_(y)
+
     def iadd(self, x, y):
         return x.add_(y)
 

@@ -284,11 +284,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p, enc, got in zip(group, pd.encs, received):
                 if pd.summable and self._compression.spec.name == "none":
                     result = got.reshape(p.shape)  # Horovod already averaged and scaled
-                else:
-                    result = comp.aggregate(got, enc)
+                else:  # decoded straight into p.grad where it can be (no dense temporary)
+                    grad = p.grad
+                    into = grad if grad is not None and not grad.is_sparse and grad.dtype == p.dtype \
+                        and grad.shape == p.shape else None
+                    result = comp.aggregate(got, enc, out=into)
                     if self.op == hvd.Average:
-                        result = result * (self.gradient_predivide_factor / size)
-                self._set_grad(p, result)
+                        scale = self.gradient_predivide_factor / size
+                        result = result.mul_(scale) if result is into else result * scale
+                if result is not p.grad:
+                    self._set_grad(p, result)
                 self._allreduce_delay[p] = self.backward_passes_per_step
             self.comm_stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
         self._pending.clear()

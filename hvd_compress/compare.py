@@ -1,0 +1,553 @@
+"""Compare compressors over worker counts and link bandwidths with real Horovod runs.
+
+    hvd-compress-compare --out results                       # the small default matrix
+    hvd-compress-compare --example digits --np 1 2 --compression none topk:ratio=0.01 \\
+        --bandwidth uncapped 1gbit --out results-digits --predict
+
+For each compressor spec x worker count (``--np``) x bandwidth (``--bandwidth``;
+``uncapped`` or a rate such as ``100mbit``/``1gbit``) this launches one of the
+examples (``--example synthetic|digits|cifar10``, ``--framework
+torch|tensorflow``) under Horovod -- ``horovodrun --gloo`` when uncapped; with a
+rate, one network namespace per worker behind ``tc``-capped links
+(:mod:`hvd_compress.netcap`, needs root) -- and collects the example's
+``--json`` summary.  Into ``--out`` go:
+
+* ``results.csv``: one row per run, the summary keys of DESIGN.md section 6
+  plus ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
+  ``step_ms`` and ``log`` (that run's output);
+* ``results.md``: the same as a Markdown table, with the speed-up over
+  ``none`` at the same worker count and bandwidth;
+* ``throughput.png``, ``bytes_per_step.png``, ``time_split.png`` and, when the
+  example reports accuracy, ``accuracy_vs_time.png``;
+* with ``--predict``, ``prediction.md``: the cost model
+  (:mod:`hvd_compress.costmodel`) fitted to these runs, its step-time
+  predictions at other bandwidths and up to 1024 workers, the crossover
+  bandwidths, and its error on each capped run it was not fitted on.
+
+A run that fails is recorded as failed (with its log) and the rest go on;
+``--resume`` keeps the rows of runs that succeeded and runs only the rest.
+A single worker sends nothing, so ``--np 1`` runs once, uncapped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import costmodel, netcap, runtools
+from . import spec as specmod
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
+            "cifar10": "train_cifar10.py"}
+FRAMEWORK_DIRS = {"torch": "torch_examples", "tensorflow": "tf_examples"}
+DEFAULT_COMPRESSIONS = ["none", "fp16", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit", "qsgd:levels=7",
+                        "terngrad", "randomk:ratio=0.01", "powersgd:rank=2"]
+# Small enough for a 2-core machine, big enough (21.8M parameters, 87 MB of
+# gradients a step) that the link matters: a small ResNet trunk under a
+# large-vocabulary classifier (80,000 classes), the shape of models whose
+# softmax/embedding layers dominate and whose gradients are large per FLOP.
+DEFAULT_EXAMPLE_ARGS = {
+    "synthetic": "--width 64 --blocks 1 1 1 --num-classes 80000 --image-size 8 --batch-size 8 "
+                 "--num-warmup-batches 2 --num-iters 3 --num-batches-per-iter 3",
+    "digits": "--epochs 5",
+    "cifar10": "--epochs 1",
+}
+RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency")
+COLUMNS = (list(runtools.SUMMARY_KEYS) + ["bandwidth", "latency", "status", "step_ms",
+                                          "collectives_per_step", "parameters", "log"])
+UNCAPPED = "uncapped"
+
+
+# -- the matrix --------------------------------------------------------------------------
+def bandwidth_label(text: str) -> str:
+    if text.lower() in (UNCAPPED, "none", "0"):
+        return UNCAPPED
+    return netcap.format_rate(netcap.parse_rate(text))
+
+
+def plan_runs(args, capped_ok: bool) -> list[dict]:
+    runs = []
+    for spec in args.compression:
+        for np_ in args.np:
+            bands = [UNCAPPED] if np_ == 1 else list(args.bandwidth)
+            if not capped_ok:
+                bands = [UNCAPPED]
+            for bw in dict.fromkeys(bands):
+                runs.append({"framework": args.framework, "example": args.example,
+                             "compression": spec, "np": np_, "bandwidth": bw,
+                             "latency": args.latency if bw != UNCAPPED else ""})
+    return runs
+
+
+def run_key(row: dict) -> tuple:
+    return tuple(str(row.get(k, "")) for k in RUN_KEYS)
+
+
+def run_name(run: dict) -> str:
+    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in run["compression"])
+    lat = f"_lat{run['latency']}" if run["latency"] else ""
+    return f"{run['framework']}_{run['example']}_{safe}_np{run['np']}_{run['bandwidth']}{lat}"
+
+
+def example_command(args, run: dict, json_path: Path) -> list[str]:
+    script = REPO / FRAMEWORK_DIRS[run["framework"]] / EXAMPLES[run["example"]]
+    extra = shlex.split(args.example_args if args.example_args is not None
+                        else DEFAULT_EXAMPLE_ARGS[run["example"]])
+    return [sys.executable, str(script), *extra, "--compression", run["compression"],
+            "--json", str(json_path), "--quiet"]
+
+
+def horovodrun() -> str:
+    local = Path(sys.executable).with_name("horovodrun")
+    return str(local) if local.exists() else (shutil.which("horovodrun") or "horovodrun")
+
+
+def execute(args, run: dict, out: Path) -> dict:
+    """Launch one run; returns its CSV row (status ok or failed)."""
+    name = run_name(run)
+    json_path = out / "runs" / f"{name}.json"
+    log_path = out / "logs" / f"{name}.log"
+    for p in (json_path, log_path):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.exists():
+            p.unlink()
+    cmd = example_command(args, run, json_path)
+    t0 = time.perf_counter()
+    try:
+        if run["bandwidth"] == UNCAPPED:
+            full = [horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}", "--gloo",
+                    *cmd]
+            with open(log_path, "w") as log:
+                log.write("$ " + shlex.join(full) + "\n")
+                log.flush()
+                proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, cwd=REPO)
+                try:
+                    rc = proc.wait(timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    netcap._kill(proc)
+                    rc = 124
+        else:
+            latency = netcap.parse_latency(run["latency"]) if run["latency"] else 0.0
+            with open(log_path, "w") as log:
+                log.write(f"# {run['np']} namespaces, links capped at {run['bandwidth']}"
+                          f"{', latency ' + run['latency'] if latency else ''}\n$ "
+                          + shlex.join(cmd) + "\n")
+            with netcap.CappedNetwork(run["np"], netcap.parse_rate(run["bandwidth"]), latency) as net:
+                rc = netcap.launch_horovod(net, cmd, log_path=str(log_path), timeout_s=args.timeout)
+    except Exception as exc:  # a launcher error is this run's failure, not the matrix's
+        with open(log_path, "a") as log:
+            log.write(f"\ncompare: launch failed: {exc!r}\n")
+        rc = -1
+    wall = time.perf_counter() - t0
+    row = dict(run)
+    row["log"] = str(log_path)
+    if rc == 0 and json_path.exists():
+        import json
+        doc = json.loads(json_path.read_text())
+        for key in COLUMNS:
+            if key in doc and key not in RUN_KEYS:
+                row[key] = doc[key]
+        row["step_ms"] = round(sum(float(doc.get(k) or 0.0)
+                                   for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")), 3)
+        row["status"] = "ok"
+    else:
+        row["status"] = ("timed out" if rc == 124 else f"failed (exit {rc})") + f"; see {log_path}"
+        row["wall_s"] = round(wall, 3)
+    return row
+
+
+# -- results files ---------------------------------------------------------------------------
+def read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+    os.replace(tmp, path)
+
+
+def _f(row: dict, key: str) -> float | None:
+    try:
+        value = float(row.get(key, ""))
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def ok_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def speedups(rows: list[dict]) -> dict:
+    """run key -> images/s over none's at the same framework, example, np, bandwidth."""
+    base = {}
+    for r in ok_rows(rows):
+        if specmod.parse(r["compression"]).name == "none":
+            base[(r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""))] = \
+                _f(r, "images_per_sec")
+    out = {}
+    for r in ok_rows(rows):
+        b = base.get((r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", "")))
+        ips = _f(r, "images_per_sec")
+        if b and ips is not None:
+            out[run_key(r)] = ips / b
+    return out
+
+
+def best_lines(rows: list[dict]) -> list[str]:
+    """Per worker count and bandwidth (np > 1): the fastest compressor and its speed-up."""
+    sp = speedups(rows)
+    groups: dict = {}
+    for r in ok_rows(rows):
+        if int(r["np"]) > 1 and run_key(r) in sp:
+            groups.setdefault((int(r["np"]), r["bandwidth"], r.get("latency", "")), []).append(r)
+    lines = []
+    for (np_, bw, lat), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        best = max(rs, key=lambda r: _f(r, "images_per_sec") or 0.0)
+        where = f"np {np_}, {bw}" + (f", latency {lat}" if lat else "")
+        lines.append(f"best at {where}: {best['compression']} -- {_f(best, 'images_per_sec'):.1f} "
+                     f"images/s, {sp[run_key(best)]:.2f}x none")
+    return lines
+
+
+def write_markdown(path: Path, rows: list[dict]) -> None:
+    sp = speedups(rows)
+    head = ["framework", "example", "compression", "np", "bandwidth", "images/s", "per worker",
+            "vs none", "bytes/step", "compute ms", "encode ms", "comm ms", "decode ms", "accuracy",
+            "wall s", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        okay = r.get("status") == "ok"
+
+        def num(key, fmt="{:.1f}"):
+            v = _f(r, key)
+            return fmt.format(v) if (okay and v is not None) else ""
+        s = sp.get(run_key(r))
+        bw = r["bandwidth"] + (f" +{r['latency']}" if r.get("latency") else "")
+        lines.append("| " + " | ".join([
+            r["framework"], r["example"], f"`{r['compression']}`", str(r["np"]), bw,
+            num("images_per_sec"), num("images_per_sec_per_worker"),
+            f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
+            num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),
+            num("test_accuracy", "{:.4f}"), num("wall_s"),
+            "ok" if okay else r.get("status", "").split(";")[0]]) + " |")
+    text = "\n".join(lines) + "\n"
+    bl = best_lines(rows)
+    if bl:
+        text += "\n" + "\n".join(f"- {line}" for line in bl) + "\n"
+    path.write_text(text)
+
+
+def plot(out: Path, rows: list[dict]) -> list[str]:
+    """The PNG plots; returns the files written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = ok_rows(rows)
+    if not rows:
+        return []
+    written = []
+    specs = list(dict.fromkeys(r["compression"] for r in rows))
+    bands = list(dict.fromkeys(r["bandwidth"] for r in rows))
+
+    # throughput against worker count, one panel per bandwidth (np 1 is in every panel)
+    fig, axes = plt.subplots(1, len(bands), figsize=(5.5 * len(bands), 4.2), squeeze=False)
+    for ax, bw in zip(axes[0], bands):
+        for spec in specs:
+            pts = sorted((int(r["np"]), _f(r, "images_per_sec")) for r in rows
+                         if r["compression"] == spec and (r["bandwidth"] == bw or int(r["np"]) == 1))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=spec)
+        ax.set_title(f"links: {bw}")
+        ax.set_xlabel("workers (np)")
+        ax.set_ylabel("images/s (all workers)")
+        ax.set_xticks(sorted({int(r["np"]) for r in rows}))
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    written.append(_save(fig, out / "throughput.png"))
+
+    # bytes one worker sends per step
+    per_spec = {}
+    for r in rows:
+        if int(r["np"]) > 1 or r["compression"] not in per_spec:
+            per_spec[r["compression"]] = _f(r, "bytes_per_step") or 0.0
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(per_spec) + 1.5))
+    names = list(per_spec)
+    ax.barh(names, [max(per_spec[n], 1.0) for n in names], color="tab:blue")
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("bytes sent per step per worker (log)")
+    for i, n in enumerate(names):
+        ax.text(max(per_spec[n], 1.0), i, f" {per_spec[n] / 1e6:.2f} MB", va="center", fontsize=7)
+    fig.tight_layout()
+    written.append(_save(fig, out / "bytes_per_step.png"))
+
+    # where the step time goes, stacked, one bar per run
+    labels, parts = [], {k: [] for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")}
+    for r in rows:
+        labels.append(f"{r['compression']}\nnp{r['np']} {r['bandwidth']}")
+        for k in parts:
+            parts[k].append(_f(r, k) or 0.0)
+    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), 5))
+    bottom = [0.0] * len(labels)
+    for k, color in zip(parts, ("tab:gray", "tab:orange", "tab:red", "tab:green")):
+        ax.bar(range(len(labels)), parts[k], bottom=bottom, label=k.replace("_ms", ""), color=color)
+        bottom = [b + v for b, v in zip(bottom, parts[k])]
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=90, fontsize=6)
+    ax.set_ylabel("ms per step")
+    ax.legend()
+    fig.tight_layout()
+    written.append(_save(fig, out / "time_split.png"))
+
+    acc = [r for r in rows if _f(r, "test_accuracy") is not None]
+    if acc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for spec in specs:
+            pts = [(_f(r, "wall_s"), _f(r, "test_accuracy"), r) for r in acc if r["compression"] == spec]
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=spec)
+                for x, y, r in pts:
+                    ax.annotate(f"np{r['np']} {r['bandwidth']}", (x, y), fontsize=6)
+        ax.set_xlabel("wall-clock time of the run (s)")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "accuracy_vs_time.png"))
+    return written
+
+
+def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+# -- the cost model on measured rows -------------------------------------------------------
+def _collective(spec: str) -> str:
+    from .core import build
+    return costmodel.ALLREDUCE if build(spec).summable else costmodel.ALLGATHER
+
+
+def _sample(r: dict) -> costmodel.Sample:
+    return costmodel.Sample(_collective(r["compression"]), int(r["np"]), _f(r, "bytes_per_step") or 0.0,
+                            netcap.parse_rate(r["bandwidth"]), _f(r, "collectives_per_step") or 1.0,
+                            (_f(r, "comm_ms") or 0.0) / 1e3)
+
+
+def _profile(r: dict) -> costmodel.Profile:
+    step = _f(r, "step_ms") or 0.0
+    return costmodel.Profile(r["compression"], _collective(r["compression"]), _f(r, "compute_ms") or 0.0,
+                             _f(r, "encode_ms") or 0.0, _f(r, "decode_ms") or 0.0,
+                             _f(r, "bytes_per_step") or 0.0, _f(r, "collectives_per_step") or 1.0,
+                             int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3)
+
+
+def predict(rows: list[dict]) -> tuple[str, list[str]]:
+    """(prediction.md text, lines worth printing)."""
+    rows = ok_rows(rows)
+    capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
+    uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
+    md, say = ["# Cost model", ""], []
+    if not uncapped:
+        return "# Cost model\n\nNo uncapped run succeeded: nothing to fit.\n", ["predict: no uncapped runs"]
+    # per compressor: the uncapped run at the largest worker count stands for a worker's costs
+    profiles, at_np = {}, {}
+    for r in sorted(uncapped, key=lambda r: int(r["np"])):
+        profiles[r["compression"]] = _profile(r)
+        at_np[(r["compression"], int(r["np"]))] = _profile(r)
+    if len(capped) >= 1:
+        link = costmodel.fit_links([_sample(r) for r in capped])
+        md += [f"Link fitted to {len(capped)} capped run(s): " + "; ".join(
+            f"{coll}: alpha = {lk.alpha_s * 1e6:.1f} us per message step, efficiency = "
+            f"{lk.efficiency:.3f} of the nominal rate" for coll, lk in link.items()) + ".", ""]
+    else:
+        link = costmodel.Link(alpha_s=0.0, efficiency=1.0)
+        md += ["No capped run: the link cannot be fitted; assumed alpha = 0 and the nominal rate "
+               "(efficiency 1). Run with `--bandwidth` (as root) for a fitted model.", ""]
+    md += ["Step = compute + encode + decode(p) + comm(p, B); ring allreduce "
+           "2(p-1)/p*S*8/(eta*B) + 2(p-1)*alpha per collective, allgather (p-1)*S*8/(eta*B) + "
+           "(p-1)*alpha; allgather decoding grows with p. Each compressor's compute, encode, "
+           "decode and bytes are its uncapped run at the largest worker count (np "
+           f"{max(int(r['np']) for r in uncapped)} here); on this machine workers share the cores, "
+           "so compute is that of a worker with a share of them.", ""]
+
+    # validation: each capped run predicted by a link fitted without it
+    md += ["## Validation on capped runs (leave one out)", ""]
+    errors = []
+    if len(capped) >= 2:
+        md += ["| compression | np | bandwidth | measured step ms | predicted ms | error |",
+               "|---|---|---|---|---|---|"]
+        for i, r in enumerate(capped):
+            base = at_np.get((r["compression"], int(r["np"])))
+            if base is None:
+                continue
+            held = costmodel.fit_links([_sample(o) for j, o in enumerate(capped) if j != i])
+            pred = costmodel.StepModel(held, {r["compression"]: base}).step_ms(
+                r["compression"], int(r["np"]), netcap.parse_rate(r["bandwidth"]))
+            meas = _f(r, "step_ms")
+            err = (pred - meas) / meas
+            errors.append(abs(err))
+            md.append(f"| `{r['compression']}` | {r['np']} | {r['bandwidth']} | {meas:.1f} | {pred:.1f} | "
+                      f"{100 * err:+.1f}% |")
+        if errors:
+            within = sum(e <= 0.25 for e in errors)
+            line = (f"cost model: predicted {len(errors)} capped runs it was not fitted on; median error "
+                    f"{100 * sorted(errors)[len(errors) // 2]:.1f}%, worst {100 * max(errors):.1f}%, "
+                    f"{within}/{len(errors)} within 25%")
+            md += ["", line, ""]
+            say.append(line)
+    else:
+        md += ["Fewer than two capped runs: nothing to validate on.", ""]
+        say.append("cost model: fewer than two capped runs, not validated")
+
+    # predictions
+    model = costmodel.StepModel(link, profiles)
+    bws = [1e8, 1e9, 1e10, 1e11]
+    ps = [2, 8, 64, 1024]
+    md += ["## Predicted images/s (all workers) and speed-up over none", ""]
+    head = ["compression"] + [f"p={p} {netcap.format_rate(b)}" for p in ps for b in bws]
+    md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    has_none = "none" in profiles
+    for spec in profiles:
+        cells = []
+        for p in ps:
+            for b in bws:
+                ips = model.images_per_sec(spec, p, b)
+                rel = ips / model.images_per_sec("none", p, b) if has_none else float("nan")
+                cells.append(f"{ips:.0f}" + (f" ({rel:.2f}x)" if has_none else ""))
+        md.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+    md.append("")
+    if has_none:
+        md += ["## Crossover bandwidths", ""]
+        for spec in profiles:
+            if spec == "none":
+                continue
+            for p in ps:
+                kind, bps = costmodel.crossover(model, spec, p)
+                if kind == "below":
+                    text = f"{spec} beats none below {bps / 1e9:.3g} Gbit/s at {p} workers"
+                elif kind == "above":
+                    text = f"{spec} beats none above {bps / 1e9:.3g} Gbit/s at {p} workers"
+                elif kind == "always":
+                    text = f"{spec} beats none at every bandwidth from 1 Mbit/s to 1 Tbit/s at {p} workers"
+                else:
+                    text = f"{spec} never beats none between 1 Mbit/s and 1 Tbit/s at {p} workers"
+                md.append(f"- {text}")
+                if p == 8:
+                    say.append(text)
+        md.append("")
+    return "\n".join(md), say
+
+
+# -- command line ----------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="hvd-compress-compare", description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compression", nargs="+", type=runtools.spec_arg, default=DEFAULT_COMPRESSIONS,
+                    metavar="SPEC", help="compressor specs (default: %(default)s)")
+    ap.add_argument("--np", nargs="+", type=runtools.positive_int, default=[1, 2],
+                    help="worker counts (default: 1 2)")
+    ap.add_argument("--bandwidth", nargs="+", default=[UNCAPPED, "1gbit"], metavar="RATE",
+                    help="'uncapped' and/or link rates such as 100mbit 1gbit 10gbit "
+                         "(default: uncapped 1gbit; capped rates need root)")
+    ap.add_argument("--latency", default="", metavar="DELAY",
+                    help="added one-way delay on capped links, e.g. 1ms (default none)")
+    ap.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic",
+                    help="which example to run (default synthetic)")
+    ap.add_argument("--framework", choices=sorted(FRAMEWORK_DIRS), default="torch",
+                    help="(default torch)")
+    ap.add_argument("--example-args", default=None, metavar="ARGS",
+                    help="arguments for the example instead of the defaults (one quoted string); "
+                         "defaults: " + "; ".join(f"{k}: {v}" for k, v in DEFAULT_EXAMPLE_ARGS.items()))
+    ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the successful runs already in DIR/results.csv; run the rest")
+    ap.add_argument("--predict", action="store_true",
+                    help="fit the cost model and write DIR/prediction.md")
+    ap.add_argument("--timeout", type=float, default=900.0,
+                    help="seconds before one run is stopped and recorded as timed out (default 900)")
+    ap.add_argument("--quiet", action="store_true", help="no progress display")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.bandwidth = [bandwidth_label(b) for b in args.bandwidth]
+        if args.latency:
+            netcap.parse_latency(args.latency)
+    except ValueError as exc:
+        parser().error(str(exc))
+    if args.example == "cifar10" and (args.example_args is None or "--data-dir" not in args.example_args):
+        parser().error("--example cifar10 needs --example-args '--data-dir DIR ...'")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    capped_ok, why = netcap.available()
+    if any(b != UNCAPPED for b in args.bandwidth) and not capped_ok:
+        print(f"compare: {why}; running uncapped only", file=sys.stderr, flush=True)
+    if 1 in args.np and any(b != UNCAPPED for b in args.bandwidth):
+        print("compare: np 1 runs once, uncapped (a single worker sends nothing)", flush=True)
+    runs = plan_runs(args, capped_ok)
+    csv_path = out / "results.csv"
+    rows = read_csv(csv_path) if args.resume else []
+    done = {run_key(r) for r in rows if r.get("status") == "ok"}
+    rows = [r for r in rows if r.get("status") == "ok"]
+    todo = [r for r in runs if run_key(r) not in done]
+    if args.resume:
+        print(f"compare: resuming; {len(runs) - len(todo)} of {len(runs)} runs already done", flush=True)
+    progress = runtools.Progress(len(todo), "runs", enabled=not args.quiet, stream=sys.stdout)
+    progress.update(0)
+    failed = 0
+    for i, run in enumerate(todo):
+        row = execute(args, run, out)
+        rows.append(row)
+        write_csv(csv_path, rows)
+        if row["status"] != "ok":
+            failed += 1
+        note = f"{run['compression']} np {run['np']} {run['bandwidth']}: " + (
+            f"{float(row['images_per_sec']):.1f} img/s" if row["status"] == "ok" else row["status"])
+        progress.update(i + 1, note)
+    order = {run_key(r): i for i, r in enumerate(runs)}
+    rows.sort(key=lambda r: order.get(run_key(r), len(order)))
+    write_csv(csv_path, rows)
+    write_markdown(out / "results.md", rows)
+    files = [str(csv_path), str(out / "results.md")] + plot(out, rows)
+    print((out / "results.md").read_text(), flush=True)
+    if args.predict:
+        text, say = predict(rows)
+        (out / "prediction.md").write_text(text)
+        files.append(str(out / "prediction.md"))
+        for line in say:
+            print(line, flush=True)
+    print("wrote: " + ", ".join(files), flush=True)
+    if failed:
+        print(f"compare: {failed} run(s) failed; see the status column and their logs", flush=True)
+    return 1 if failed == len(todo) and todo else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

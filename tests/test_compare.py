@@ -1,0 +1,223 @@
+"""The comparison over worker counts: cost model, capped links, the end-to-end matrix."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from hvd_compress import costmodel, netcap
+from hvd_compress.costmodel import ALLGATHER, ALLREDUCE, Link, Sample
+from tests.harness import REPO
+
+CAPPED_OK, CAPPED_WHY = netcap.available()
+needs_capped = pytest.mark.skipif(not CAPPED_OK, reason=CAPPED_WHY or "capped links available")
+
+
+# -- cost model ------------------------------------------------------------------------------
+def test_wire_bytes_and_hops_of_ring_collectives():
+    assert costmodel.wire_bytes(ALLREDUCE, 2, 100.0) == 100.0  # 2(p-1)/p * S
+    assert costmodel.wire_bytes(ALLREDUCE, 4, 100.0) == 150.0
+    assert costmodel.wire_bytes(ALLGATHER, 4, 100.0) == 300.0  # (p-1) * S
+    assert costmodel.wire_bytes(ALLREDUCE, 1, 100.0) == 0.0
+    assert (costmodel.hops(ALLREDUCE, 8), costmodel.hops(ALLGATHER, 8)) == (14, 7)
+
+
+def _synthetic_samples(link, rng, noise=0.0):
+    samples = []
+    for coll in (ALLREDUCE, ALLGATHER):
+        for p in (2, 4, 8):
+            for nbytes in (1e3, 1e5, 1e7):
+                for bw in (1e8, 1e9, 1e10):
+                    for msgs in (1, 10):
+                        t = link.comm_s(coll, p, nbytes, bw, msgs)
+                        t *= 1 + noise * rng.standard_normal()
+                        samples.append(Sample(coll, p, nbytes, bw, msgs, t))
+    return samples
+
+
+def test_fit_link_recovers_known_alpha_and_beta():
+    truth = Link(alpha_s=37e-6, efficiency=0.83)
+    fit = costmodel.fit_link(_synthetic_samples(truth, np.random.default_rng(0)))
+    assert fit.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
+    assert fit.efficiency == pytest.approx(truth.efficiency, rel=1e-9)
+    # with 2% multiplicative noise: still close
+    noisy = costmodel.fit_link(_synthetic_samples(truth, np.random.default_rng(1), noise=0.02))
+    assert noisy.alpha_s == pytest.approx(truth.alpha_s, rel=0.1)
+    assert noisy.efficiency == pytest.approx(truth.efficiency, rel=0.03)
+
+
+def test_fit_link_needs_multi_worker_samples():
+    with pytest.raises(ValueError, match="more than one worker"):
+        costmodel.fit_link([Sample(ALLREDUCE, 1, 1e6, 1e9, 1, 0.0)])
+
+
+def test_crossover_matches_the_closed_form():
+    link = Link(alpha_s=0.0, efficiency=1.0)
+    prof = dict(compute_ms=100.0, images_per_step=32, measured_p=2)
+    model = costmodel.StepModel(link, {
+        "none": costmodel.Profile("none", ALLREDUCE, encode_ms=0, decode_ms=0, nbytes=1e8, **prof),
+        "c": costmodel.Profile("c", ALLGATHER, encode_ms=30, decode_ms=10, nbytes=1e6, **prof)})
+    p = 4
+    # none: 2(p-1)/p*1e8*8/B s; c: 40 ms + decode grows to 20 ms at p=4, + (p-1)*1e6*8/B s
+    extra_s = (30 + 10 * p / 2) / 1e3
+    b_star = (2 * (p - 1) / p * 1e8 * 8 - (p - 1) * 1e6 * 8) / extra_s
+    kind, bps = costmodel.crossover(model, "c", p)
+    assert kind == "below" and bps == pytest.approx(b_star, rel=1e-6)
+    assert model.step_ms("c", p, b_star / 2) < model.step_ms("none", p, b_star / 2)
+    step_s = 0.1 + 2 * (p - 1) / p * 1e8 * 8 / 1e12
+    assert model.images_per_sec("none", p, 1e12) == pytest.approx(p * 32 / step_s, rel=1e-9)
+
+
+def test_bandwidth_and_latency_parsing():
+    assert netcap.parse_rate("100mbit") == 1e8 and netcap.parse_rate("1Gbit") == 1e9
+    assert netcap.parse_rate("2.5gbit") == 2.5e9 and netcap.format_rate(1e9) == "1gbit"
+    assert netcap.parse_latency("200us") == pytest.approx(2e-4) and netcap.parse_latency("2") == 0.002
+    for bad in ("fast", "-1gbit", "0mbit"):
+        with pytest.raises(ValueError):
+            netcap.parse_rate(bad)
+
+
+# -- capped links ----------------------------------------------------------------------------
+def _transfer_seconds(net, nbytes: int) -> float:
+    server = subprocess.Popen(net.exec_prefix(0) + [sys.executable, "-c", f"""
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('{net.address(0)}', 5999)); s.listen(1); print('ready', flush=True)
+c, _ = s.accept(); got = 0; t0 = None
+while got < {nbytes}:
+    b = c.recv(1 << 20)
+    if not b: break
+    if t0 is None: t0 = time.perf_counter()
+    got += len(b)
+print(got, time.perf_counter() - t0, flush=True)
+"""], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    subprocess.run(net.exec_prefix(1) + [sys.executable, "-c", f"""
+import socket
+s = socket.create_connection(('{net.address(0)}', 5999)); s.sendall(b'x' * {nbytes}); s.close()
+"""], check=True, timeout=60)
+    got, seconds = server.communicate(timeout=60)[0].split()
+    assert int(got) == nbytes
+    return float(seconds)
+
+
+def _leftovers():
+    return netcap.our_namespaces() + netcap.our_links()
+
+
+@needs_capped
+def test_capped_link_moves_data_at_the_set_rate_and_cleans_up():
+    nbytes = 6_250_000  # 0.5 s at 100 Mbit/s
+    with netcap.CappedNetwork(2, netcap.parse_rate("100mbit")) as net:
+        assert set(net.namespaces) <= set(netcap.our_namespaces())
+        qdiscs = subprocess.run(["tc", "qdisc", "show", "dev", net.veths[0]], capture_output=True,
+                                text=True).stdout
+        assert "tbf" in qdiscs
+        seconds = _transfer_seconds(net, nbytes)
+    ideal = nbytes * 8 / 100e6
+    assert abs(seconds - ideal) <= 0.2 * ideal, (seconds, ideal)
+    assert _leftovers() == []
+    assert not any(os.path.exists(f"/etc/netns/{ns}") for ns in net.namespaces)
+
+
+@needs_capped
+def test_capped_network_is_removed_when_interrupted(tmp_path):
+    code = ("import time; from hvd_compress import netcap\n"
+            "with netcap.CappedNetwork(2, 1e8) as net:\n"
+            "    print(' '.join(net.namespaces), flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    names = proc.stdout.readline().split()
+    assert len(names) == 2 and set(names) <= set(netcap.our_namespaces())
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert not set(names) & set(netcap.our_namespaces())
+    assert _leftovers() == []
+
+
+# -- the matrix, end to end ---------------------------------------------------------------------
+TINY = ("--width 8 --blocks 1 --num-classes 10 --image-size 8 --batch-size 4 "
+        "--num-warmup-batches 1 --num-iters 1 --num-batches-per-iter 2")
+
+
+def _compare(out, *args, timeout=900):
+    cmd = [sys.executable, str(REPO / "scripts" / "compare.py"), "--out", str(out), "--quiet", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return res
+
+
+def _rows(out):
+    with open(out / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.multiprocess
+def test_tiny_matrix_end_to_end_with_a_failed_run_and_resume(tmp_path):
+    bands = ["uncapped", "1gbit"] if CAPPED_OK else ["uncapped"]
+    res = _compare(tmp_path, "--compression", "none", "topk:ratio=0.01", "--np", "1", "2",
+                   "--bandwidth", *bands, "--example-args", TINY, "--predict")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = _rows(tmp_path)
+    expected = {(c, n, b) for c in ("none", "topk:ratio=0.01") for n in ("1", "2") for b in bands
+                if n == "2" or b == "uncapped"}
+    assert {(r["compression"], r["np"], r["bandwidth"]) for r in rows} == expected
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["framework"] == "torch" and r["example"] == "synthetic"
+        assert float(r["images_per_sec"]) > 0 and float(r["step_ms"]) > 0
+        assert os.path.exists(r["log"])
+    topk2 = next(r for r in rows if r["compression"] == "topk:ratio=0.01" and r["np"] == "2")
+    none2 = next(r for r in rows if r["compression"] == "none" and r["np"] == "2")
+    assert int(topk2["bytes_per_step"]) < int(none2["bytes_per_step"]) / 10
+    md = (tmp_path / "results.md").read_text()
+    assert md.count("\n| torch |") == len(rows) and "vs none" in md and "1.00x" in md
+    for png in ("throughput.png", "bytes_per_step.png", "time_split.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pred = (tmp_path / "prediction.md").read_text()
+    assert "Crossover" in pred and "1024" in pred
+    if CAPPED_OK:
+        assert "Link fitted" in pred
+    before = {r["compression"] + r["np"] + r["bandwidth"]: r["wall_s"] for r in rows}
+
+    # --resume: the successful runs stay as they were; a run that fails is recorded, not dropped
+    res = _compare(tmp_path, "--compression", "none", "topk:ratio=0.01", "randomk:ratio=0.01",
+                   "--np", "1", "2", "--bandwidth", "uncapped", "--resume",
+                   "--example-args", TINY + " --blocks 0")  # randomk's runs get a bad flag
+    assert "resuming" in res.stdout, res.stdout + res.stderr
+    rows = _rows(tmp_path)
+    failed = [r for r in rows if r["status"] != "ok"]
+    assert {(r["compression"], r["np"]) for r in failed} == {("randomk:ratio=0.01", "1"),
+                                                              ("randomk:ratio=0.01", "2")}
+    for r in failed:
+        assert r["status"].startswith("failed") and r["log"] in r["status"]
+        assert "--blocks" in open(r["log"]).read()
+    kept = {r["compression"] + r["np"] + r["bandwidth"]: r["wall_s"] for r in rows if r["status"] == "ok"}
+    assert {k: before[k] for k in kept} == kept and len(kept) == len(before)
+    assert "failed" in (tmp_path / "results.md").read_text()
+
+
+def test_compare_help_and_bad_input():
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "compare.py"), "--help"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0 and "--bandwidth" in res.stdout and "--predict" in res.stdout
+    for bad, msg in ((["--bandwidth", "fast"], "bandwidth"), (["--compression", "topk:ratio=2"], "ratio"),
+                     (["--example", "cifar10"], "data-dir")):
+        res = subprocess.run([sys.executable, str(REPO / "scripts" / "compare.py"), "--out", "/tmp/x", *bad],
+                             capture_output=True, text=True, cwd=REPO)
+        assert res.returncode == 2 and msg in res.stderr, res.stderr
+
+
+def test_uncapped_fallback_message_without_root(monkeypatch, tmp_path):
+    from hvd_compress import compare
+    monkeypatch.setattr(netcap, "available", lambda: (False, "capped links need root"))
+    monkeypatch.setattr(compare, "execute", lambda args, run, out: dict(
+        run, status="ok", images_per_sec=1.0, step_ms=1.0, log="x"))
+    t0 = time.time()
+    assert compare.main(["--out", str(tmp_path), "--compression", "none", "--np", "2",
+                         "--bandwidth", "1gbit", "--quiet"]) == 0
+    assert time.time() - t0 < 60
+    assert [r["bandwidth"] for r in _rows(tmp_path)] == ["uncapped"]
