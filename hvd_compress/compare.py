@@ -381,8 +381,9 @@ def predict(rows: list[dict]) -> tuple[str, list[str]]:
     if len(capped) >= 1:
         link = costmodel.fit_links([_sample(r) for r in capped])
         md += [f"Link fitted to {len(capped)} capped run(s): " + "; ".join(
-            f"{coll}: alpha = {lk.alpha_s * 1e6:.1f} us per message step, efficiency = "
-            f"{lk.efficiency:.3f} of the nominal rate" for coll, lk in link.items()) + ".", ""]
+            f"{coll}: alpha = {lk.alpha_s * 1e6:.1f} us per message step, eta = "
+            f"{lk.efficiency:.3f} x the nominal rate" for coll, lk in link.items()) + ". (eta is "
+            "fitted to the exposed communication time: above 1 when transfers hide behind compute.)", ""]
     else:
         link = costmodel.Link(alpha_s=0.0, efficiency=1.0)
         md += ["No capped run: the link cannot be fitted; assumed alpha = 0 and the nominal rate "
