@@ -351,9 +351,15 @@ def _collective(spec: str) -> str:
     return costmodel.ALLREDUCE if build(spec).summable else costmodel.ALLGATHER
 
 
+def _messages(spec: str) -> float:
+    """Latency-bound messages per step: Horovod fuses a step's tensors into one
+    collective per cycle, so one per round (PowerSGD: two), not one per tensor."""
+    return 2.0 if specmod.parse(spec).name == "powersgd" else 1.0
+
+
 def _sample(r: dict) -> costmodel.Sample:
     return costmodel.Sample(_collective(r["compression"]), int(r["np"]), _f(r, "bytes_per_step") or 0.0,
-                            netcap.parse_rate(r["bandwidth"]), _f(r, "collectives_per_step") or 1.0,
+                            netcap.parse_rate(r["bandwidth"]), _messages(r["compression"]),
                             (_f(r, "comm_ms") or 0.0) / 1e3)
 
 
@@ -361,7 +367,7 @@ def _profile(r: dict) -> costmodel.Profile:
     step = _f(r, "step_ms") or 0.0
     return costmodel.Profile(r["compression"], _collective(r["compression"]), _f(r, "compute_ms") or 0.0,
                              _f(r, "encode_ms") or 0.0, _f(r, "decode_ms") or 0.0,
-                             _f(r, "bytes_per_step") or 0.0, _f(r, "collectives_per_step") or 1.0,
+                             _f(r, "bytes_per_step") or 0.0, _messages(r["compression"]),
                              int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3)
 
 
