@@ -132,10 +132,9 @@ def execute(args, run: dict, out: Path) -> dict:
                 proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True, cwd=REPO)
                 try:
-                    rc = proc.wait(timeout=args.timeout)
-                except subprocess.TimeoutExpired:
-                    netcap._kill(proc)
-                    rc = 124
+                    rc = netcap.wait_all([proc], args.timeout)
+                finally:
+                    netcap.stop(proc)
         else:
             latency = netcap.parse_latency(run["latency"]) if run["latency"] else 0.0
             with open(log_path, "w") as log:
@@ -502,15 +501,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     try:
         args.bandwidth = [bandwidth_label(b) for b in args.bandwidth]
         if args.latency:
             netcap.parse_latency(args.latency)
     except ValueError as exc:
-        parser().error(str(exc))
+        ap.error(str(exc))
     if args.example == "cifar10" and (args.example_args is None or "--data-dir" not in args.example_args):
-        parser().error("--example cifar10 needs --example-args '--data-dir DIR ...'")
+        ap.error("--example cifar10 needs --example-args '--data-dir DIR ...'")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     capped_ok, why = netcap.available()

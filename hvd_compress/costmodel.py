@@ -88,16 +88,13 @@ def fit_link(samples: list[Sample]) -> Link:
     w = np.array([1.0 / max(r[2], 1e-9) for r in rows], dtype=np.float64)
     a = np.array([[r[0], r[1]] for r in rows], dtype=np.float64) * w[:, None]
     y = np.array([r[2] for r in rows], dtype=np.float64) * w
-    candidates = []
+    alpha, inv_eta = -1.0, -1.0
     if len(rows) >= 2 and np.linalg.matrix_rank(a) == 2:
         (alpha, inv_eta), *_ = np.linalg.lstsq(a, y, rcond=None)
-        if alpha >= 0 and inv_eta > 0:
-            candidates.append((alpha, inv_eta))
-    if not candidates:  # alpha = 0, or bandwidth-only
+    if alpha < 0 or inv_eta <= 0:  # infeasible or underdetermined: alpha = 0, bandwidth only
         col = a[:, 1]
-        inv_eta = float(col @ y / (col @ col)) if col @ col > 0 else 1.0
-        candidates.append((0.0, max(inv_eta, 1e-9)))
-    alpha, inv_eta = candidates[0]
+        alpha = 0.0
+        inv_eta = max(float(col @ y / (col @ col)) if col @ col > 0 else 1.0, 1e-9)
     return Link(alpha_s=float(alpha), efficiency=float(1.0 / inv_eta))
 
 

@@ -269,16 +269,18 @@ def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = No
             procs.append(subprocess.Popen(net.exec_prefix(slot.rank) + list(command), env=wenv,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
-        return _wait_all(procs, timeout_s)
+        return wait_all(procs, timeout_s)
     finally:
         for p in procs:
-            _kill(p)
+            stop(p)
         server.stop()
         if log is not subprocess.DEVNULL:
             log.close()
 
 
-def _wait_all(procs: list, timeout_s: float) -> int:
+def wait_all(procs: list, timeout_s: float) -> int:
+    """Wait for every process; the first non-zero exit code, 124 on time-out, else 0.
+    After one fails the others get 10 s to report before the caller stops them."""
     deadline = time.monotonic() + timeout_s
     first_bad = 0
     while True:
@@ -294,7 +296,8 @@ def _wait_all(procs: list, timeout_s: float) -> int:
         time.sleep(0.05)
 
 
-def _kill(p) -> None:
+def stop(p) -> None:
+    """Kill a process started with ``start_new_session=True``, with its whole group."""
     if p.poll() is None:
         try:
             os.killpg(p.pid, signal.SIGKILL)
