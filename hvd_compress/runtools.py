@@ -15,6 +15,7 @@ import sys
 import time
 
 from . import spec as specmod
+from .localsteps import check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
@@ -63,14 +64,55 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+class _ExampleParser(argparse.ArgumentParser):
+    """Rejects flag combinations local SGD / DGA cannot run, as a usage error."""
+
+    def parse_args(self, args=None, namespace=None):
+        ns = super().parse_args(args, namespace)
+        try:
+            check_local_args(ns.local_sgd, ns.backward_passes_per_step, ns.local_sgd_warmup_steps,
+                             ns.delay, True, specmod.parse(ns.compression))
+        except ValueError as exc:
+            self.error(str(exc).replace("local_sgd_warmup_steps", "--local-sgd-warmup-steps")
+                       .replace("local_sgd", "--local-sgd").replace("delay", "--delay"))
+        return ns
+
+
+def passes_per_step(args) -> int:
+    """Backward passes per optimizer step: one under local SGD (each pass is a local step)."""
+    return 1 if args.local_sgd else args.backward_passes_per_step
+
+
+def local_fields(args) -> dict:
+    """Summary keys saying how often workers talk (local SGD period, DGA delay)."""
+    return {"backward_passes_per_step": args.backward_passes_per_step,
+            "local_sgd": bool(args.local_sgd), "delay": args.delay}
+
+
 def common_parser(description: str, epochs: int | None = None, steps: int | None = None,
                   batch_size: int = 32, lr: float = 0.05) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=description)
+    ap = _ExampleParser(description=description)
     ap.add_argument("--compression", type=spec_arg, default="none", metavar="SPEC",
                     help="compressor spec, e.g. none, fp16, topk:ratio=0.01, dgc:ratio=0.001, "
                          "onebit, 'topk:ratio=0.01+qsgd:levels=16' (default: none)")
     ap.add_argument("--backward-passes-per-step", type=positive_int, default=1, metavar="N",
-                    help="accumulate N backward passes locally before one exchange (default 1)")
+                    help="accumulate N backward passes locally before one exchange (default 1); "
+                         "with --local-sgd: average the parameters every N local steps")
+    ap.add_argument("--local-sgd", action="store_true",
+                    help="local SGD: every worker steps on its own gradients, the parameters are "
+                         "averaged every --backward-passes-per-step steps")
+    ap.add_argument("--local-sgd-warmup-steps", type=nonnegative_int, default=0, metavar="K",
+                    help="with --local-sgd: K ordinary synchronous steps first (post-local SGD)")
+    ap.add_argument("--delay", type=nonnegative_int, default=0, metavar="D",
+                    help="Delayed Gradient Averaging: apply step i's average at step i+D "
+                         "(default 0: synchronous)")
     if epochs is not None:
         ap.add_argument("--epochs", type=positive_int, default=epochs, help="epochs (default %(default)s)")
     if steps is not None:

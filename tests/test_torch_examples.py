@@ -46,6 +46,30 @@ def test_train_digits_with_backward_passes_per_step(tmp_path):
     assert "digits topk:ratio=0.05 np=2" in text  # the progress display
 
 
+@pytest.mark.parametrize("flags, bytes_ratio", [
+    (["--local-sgd", "--backward-passes-per-step", "4"], 1 / 4),  # averages every 4th step
+    (["--delay", "2"], 1.0),  # DGA sends every step, applies it 2 steps later
+])
+def test_train_digits_with_local_sgd_and_dga(flags, bytes_ratio, tmp_path):
+    out = tmp_path / "s.json"
+    run_script("torch_examples/train_digits.py", [*flags, "--json", out, "--quiet"], timeout=600)
+    doc = _summary(out)
+    assert doc["test_accuracy"] >= 0.90, doc
+    assert doc["steps"] == 15 * (719 // 16)  # one backward pass per step in both
+    assert doc["bytes_per_step"] == pytest.approx(153_128 * bytes_ratio, rel=0.01)
+    assert doc["local_sgd"] == ("--local-sgd" in flags) and doc["delay"] == (2 if "--delay" in flags else 0)
+
+
+def test_bad_local_sgd_flags_are_usage_errors():
+    proc = subprocess.run([sys.executable, str(REPO / "torch_examples/train_digits.py"),
+                           "--local-sgd", "--delay", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "cannot be combined" in proc.stderr
+    proc = subprocess.run([sys.executable, str(REPO / "torch_examples/train_digits.py"),
+                           "--delay", "1", "--compression", "powersgd:rank=2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "one-round compressor" in proc.stderr
+
+
 @pytest.mark.parametrize("extra", [[], ["--horovod-optimizer"]])
 def test_synthetic_benchmark(extra, tmp_path):
     out = tmp_path / "s.json"

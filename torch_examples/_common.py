@@ -33,13 +33,18 @@ def make_optimizer(model, base, args, horovod_optimizer: bool = False):
     """Our DistributedOptimizer (or Horovod's, for comparison) with broadcast initial state."""
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if horovod_optimizer:
+        if args.local_sgd or args.delay:
+            raise SystemExit("--horovod-optimizer has no --local-sgd or --delay")
         opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                        compression=hc.compressor(args.compression),
                                        backward_passes_per_step=args.backward_passes_per_step)
     else:
         opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                       compression=args.compression,
-                                      backward_passes_per_step=args.backward_passes_per_step)
+                                      backward_passes_per_step=args.backward_passes_per_step,
+                                      local_sgd=args.local_sgd,
+                                      local_sgd_warmup_steps=args.local_sgd_warmup_steps,
+                                      named_buffers=model.named_buffers(), delay=args.delay)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     return opt
 
@@ -57,10 +62,13 @@ def reset_stats(opt) -> None:
 
 def finish(args, example: str, steps: int, images: int, train_s: float, opt, accuracy,
            wall_s: float, **extra) -> None:
+    if hasattr(opt, "drain"):
+        opt.drain()  # DGA: collectives still in flight
     if hvd.rank() != 0:
         return
     doc = runtools.summary("torch", example, args.compression, hvd.size(), steps, images,
-                           train_s, stats_of(opt), accuracy, wall_s, **extra)
+                           train_s, stats_of(opt), accuracy, wall_s, **runtools.local_fields(args),
+                           **extra)
     runtools.write_summary(args.json, doc)
 
 
@@ -73,7 +81,7 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
     import time
 
     rank, size = hvd.rank(), hvd.size()
-    bpps = args.backward_passes_per_step
+    bpps = runtools.passes_per_step(args)
     per_step = args.batch_size * bpps
     steps_per_epoch = max(1, len(x) // per_step)
     progress = runtools.Progress(steps_per_epoch * args.epochs, label,

@@ -41,7 +41,7 @@ def main(argv=None):
     g = torch.Generator().manual_seed(args.seed + rank)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g)
     target = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
-    bpps = args.backward_passes_per_step
+    bpps = runtools.passes_per_step(args)
     nparams = sum(p.numel() for p in model.parameters())
 
     def step():

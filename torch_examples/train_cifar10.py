@@ -68,7 +68,7 @@ def main(argv=None):
                            weight_decay=args.weight_decay)
     opt = make_optimizer(model, base, args)
     reset_stats(opt)
-    steps_per_epoch = max(1, len(xtr) // (args.batch_size * args.backward_passes_per_step))
+    steps_per_epoch = max(1, len(xtr) // (args.batch_size * runtools.passes_per_step(args)))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps_per_epoch * args.epochs)
     gen = torch.Generator().manual_seed(args.seed + rank)
     steps, images, train_s, acc = train_epochs(

@@ -1,0 +1,74 @@
+"""Fewer, later messages: when local SGD averages, and Delayed Gradient Averaging's update.
+
+Framework-neutral rules the PyTorch optimizer and the TensorFlow tape/Keras
+optimizer share.
+
+**Local SGD** (Stich, "Local SGD Converges Fast and Communicates Little", ICLR
+2019; post-local SGD: Lin et al., "Don't Use Large Mini-Batches, Use Local SGD",
+ICLR 2020).  Every worker applies its own optimizer step after each backward
+pass; every ``period`` steps the workers average their parameters (or, with a
+compressor, the change since the last average, so error feedback applies to
+it).  Optimizer state stays local.  ``warmup`` synchronous steps (ordinary
+gradient averaging) may come first.  Horovod's ``backward_passes_per_step`` is
+only gradient accumulation: no worker ever steps on its own.
+
+**Delayed Gradient Averaging** (Zhu, Lin, Lu, Han, "Delayed Gradient Averaging:
+Tolerate the Communication Latency for Federated Learning", NeurIPS 2021).  The
+average of step ``i``'s gradients is applied at step ``i + D``; meanwhile each
+worker steps on its own gradient, corrected once the stale average arrives::
+
+    w <- w - lr * (g_i - g_{i-D} + avg(g_{i-D}))        (i >= D)
+    w <- w - lr * g_i                                    (i <  D)
+
+so the collective of step ``i`` overlaps the compute of the next ``D`` steps.
+``D = 0`` is ordinary synchronous training.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LocalSGDSchedule", "check_local_args"]
+
+
+class LocalSGDSchedule:
+    """Which optimizer steps are synchronous (warm-up) and after which ones workers average.
+
+    Steps count from 0.  Works on Python ints and on integer tensors (TF graphs):
+    the expressions use only ``<``, ``>=``, ``%``, ``==`` and ``&``.
+    """
+
+    def __init__(self, period: int, warmup: int = 0):
+        self.period = int(period)
+        self.warmup = int(warmup)
+
+    def synchronous(self, step):
+        """Whether step ``step`` averages gradients as ordinary data-parallel SGD does."""
+        return step < self.warmup
+
+    def averages_after(self, step):
+        """Whether the workers average their parameters after local step ``step``."""
+        return (step >= self.warmup) & ((step - self.warmup + 1) % self.period == 0)
+
+    def __repr__(self) -> str:
+        return f"LocalSGDSchedule(period={self.period}, warmup={self.warmup})"
+
+
+def check_local_args(local_sgd: bool, backward_passes_per_step: int, warmup: int, delay: int,
+                     op_is_average: bool, spec=None) -> None:
+    """Clear errors for combinations that cannot work (both frameworks raise the same)."""
+    if warmup < 0:
+        raise ValueError(f"local_sgd_warmup_steps must be >= 0, got {warmup}")
+    if warmup and not local_sgd:
+        raise ValueError("local_sgd_warmup_steps needs local_sgd=True")
+    if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
+        raise ValueError(f"delay must be an integer >= 0, got {delay!r}")
+    if local_sgd and delay:
+        raise ValueError("local_sgd and delay (Delayed Gradient Averaging) cannot be combined: "
+                         "local SGD averages parameters, DGA averages gradients")
+    if (local_sgd or delay) and not op_is_average:
+        raise ValueError("local_sgd and delay need op=Average")
+    if delay and backward_passes_per_step != 1:
+        raise ValueError("delay (Delayed Gradient Averaging) needs backward_passes_per_step=1")
+    if delay and spec is not None and any(part.name == "powersgd" for part in spec.parts):
+        raise ValueError("delay (Delayed Gradient Averaging) needs a one-round compressor; "
+                         "PowerSGD's second round depends on its first, so its exchange "
+                         "cannot be left in flight across steps")

@@ -1,0 +1,138 @@
+"""Local SGD and Delayed Gradient Averaging (hvd_compress.localsteps), PyTorch optimizer.
+
+Multi-process checks run under real ``horovodrun -np 2`` against trajectories
+computed by hand in numpy (tests/workers/local_steps.py).
+"""
+
+import numpy as np
+import pytest
+
+from hvd_compress import spec as specmod
+from hvd_compress.localsteps import LocalSGDSchedule, check_local_args
+from tests.harness import run_horovod
+
+
+def test_schedule_warmup_then_every_period():
+    s = LocalSGDSchedule(period=4, warmup=3)
+    assert [s.synchronous(i) for i in range(5)] == [True, True, True, False, False]
+    assert [i for i in range(20) if s.averages_after(i)] == [6, 10, 14, 18]
+    assert [i for i in range(9) if LocalSGDSchedule(1).averages_after(i)] == list(range(9))
+
+
+def test_schedule_works_on_tf_integer_tensors():
+    tf = pytest.importorskip("tensorflow")
+    s = LocalSGDSchedule(period=3, warmup=2)
+    got = [bool(s.averages_after(tf.constant(i, tf.int64))) for i in range(10)]
+    assert got == [s.averages_after(i) for i in range(10)]
+    assert bool(s.synchronous(tf.constant(1, tf.int64))) and not bool(s.synchronous(tf.constant(2)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"local_sgd": True, "delay": 2}, "cannot be combined"),
+    ({"delay": -1}, "delay must be an integer >= 0"),
+    ({"delay": 1.5}, "delay must be an integer >= 0"),
+    ({"warmup": 3}, "needs local_sgd=True"),
+    ({"local_sgd": True, "warmup": -1}, "must be >= 0"),
+    ({"local_sgd": True, "op_is_average": False}, "need op=Average"),
+    ({"delay": 2, "backward_passes_per_step": 2}, "backward_passes_per_step=1"),
+    ({"delay": 1, "spec": specmod.parse("powersgd:rank=2")}, "one-round compressor"),
+])
+def test_bad_combinations_are_clear_errors(kwargs, message):
+    args = {"local_sgd": False, "backward_passes_per_step": 1, "warmup": 0, "delay": 0,
+            "op_is_average": True, "spec": None}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        check_local_args(**args)
+
+
+def test_torch_optimizer_rejects_bad_combinations():
+    torch = pytest.importorskip("torch")
+    import hvd_compress.torch as hc
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="one-round compressor"):
+        hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters(),
+                                compression="powersgd:rank=1", delay=2)
+
+
+def _check_local(results, period, warmup, steps, exact):
+    for rank, log in enumerate(results):
+        assert len(log) == steps
+        for step, entry in enumerate(log):
+            p0, p1 = (np.array(p) for p in entry["params"])
+            syncs = step < warmup or (step - warmup + 1) % period == 0
+            if syncs:  # identical right after every average (and in warm-up)
+                assert np.array_equal(p0, p1), step
+            else:  # each worker went its own way
+                assert np.abs(p0 - p1).max() > 1e-3, step
+            if step >= warmup:  # messages only every `period` local steps
+                assert (entry["collectives"] > 0) == syncs, step
+                assert (entry["bytes"] > 0) == syncs, step
+            mine = np.array(entry["params"][rank])
+            assert np.abs(mine - entry["hand"]).max() < exact, step
+            if syncs and step >= warmup:  # BatchNorm statistics averaged too
+                b0, b1 = (np.array(b) for b in entry["buffers"])
+                assert np.array_equal(b0, b1)
+                assert np.abs(b0 - entry["hand_buffers"]).max() < 1e-5
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("spec, period, warmup, exact", [
+    ("none", 4, 0, 1e-5),      # the exact mean of the ranks' parameters
+    ("none", 2, 3, 1e-5),      # post-local SGD: 3 synchronous steps first
+    ("fp16", 4, 0, 5e-3),      # changes since the last average, sent as fp16
+])
+def test_local_sgd_matches_the_hand_computed_average(spec, period, warmup, exact):
+    steps = 12
+    results = run_horovod("tests.workers.local_steps:local_sgd", np=2,
+                          kwargs={"spec": spec, "period": period, "steps": steps, "warmup": warmup})
+    _check_local(results, period, warmup, steps, exact)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("spec", ["topk:ratio=0.4", "onebit", "powersgd:rank=1"])
+def test_compressed_local_sgd_ranks_agree_after_each_average(spec):
+    steps, period = 8, 4
+    results = run_horovod("tests.workers.local_steps:local_sgd", np=2,
+                          kwargs={"spec": spec, "period": period, "steps": steps})
+    _check_local(results, period, 0, steps, exact=np.inf)
+    # between averages a worker's parameters are exactly its own SGD steps
+    for rank, log in enumerate(results):
+        assert np.abs(np.array(log[0]["params"][rank]) - log[0]["hand"]).max() < 1e-5
+
+
+@pytest.mark.multiprocess
+def test_dga_matches_the_hand_computed_correction():
+    delay, steps = 2, 8
+    results = run_horovod("tests.workers.local_steps:dga", np=2,
+                          kwargs={"spec": "none", "delay": delay, "steps": steps})
+    for log in results:
+        for step, entry in enumerate(log):
+            assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5, step
+            assert entry["collectives"] > 0  # every step sends, nobody waits for it
+        # the delayed path is not synchronous training
+        assert np.abs(np.array(log[-1]["params"]) - log[-1]["sync"]).max() > 1e-3
+    assert results[0][-1]["params"] != results[1][-1]["params"]  # local corrections differ
+
+
+@pytest.mark.multiprocess
+def test_dga_with_delay_zero_is_synchronous_training_exactly():
+    results = run_horovod("tests.workers.local_steps:dga", np=2,
+                          kwargs={"spec": "none", "delay": 0, "steps": 5})
+    for log in results:
+        for entry in log:
+            assert entry["params"] == entry["sync"]  # bit-identical to Horovod's optimizer
+            assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5
+    assert results[0][-1]["params"] == results[1][-1]["params"]
+
+
+@pytest.mark.multiprocess
+def test_dga_with_a_compressor_runs_and_ranks_send_alike():
+    results = run_horovod("tests.workers.local_steps:dga", np=2,
+                          kwargs={"spec": "topk:ratio=0.4", "delay": 2, "steps": 5})
+    for log in results:
+        # the first `delay` steps are purely local, as in the hand computation
+        for entry in log[:2]:
+            assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5
+        assert all(np.isfinite(entry["params"]).all() for entry in log)
+    assert [e["collectives"] for e in results[0]] == [e["collectives"] for e in results[1]]
