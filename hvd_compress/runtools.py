@@ -15,7 +15,7 @@ import sys
 import time
 
 from . import spec as specmod
-from .localsteps import check_local_args
+from .localsteps import LocalSGDSchedule, check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
@@ -88,6 +88,15 @@ class _ExampleParser(argparse.ArgumentParser):
 def passes_per_step(args) -> int:
     """Backward passes per optimizer step: one under local SGD (each pass is a local step)."""
     return 1 if args.local_sgd else args.backward_passes_per_step
+
+
+def needs_final_average(args, steps: int) -> bool:
+    """Whether, under --local-sgd, the workers still differ after ``steps`` optimizer steps
+    (the examples then average once more, to evaluate the mean model)."""
+    if not args.local_sgd or steps == 0:
+        return False
+    schedule = LocalSGDSchedule(args.backward_passes_per_step, args.local_sgd_warmup_steps)
+    return not (schedule.synchronous(steps - 1) or schedule.averages_after(steps - 1))
 
 
 def local_fields(args) -> dict:

@@ -10,6 +10,7 @@ import pytest
 from hvd_compress import spec as specmod
 from hvd_compress.localsteps import LocalSGDSchedule, check_local_args
 from tests.harness import run_horovod
+from tests.workers.local_hand import check_local_log
 
 
 def test_schedule_warmup_then_every_period():
@@ -55,27 +56,6 @@ def test_torch_optimizer_rejects_bad_combinations():
                                 compression="powersgd:rank=1", delay=2)
 
 
-def _check_local(results, period, warmup, steps, exact):
-    for rank, log in enumerate(results):
-        assert len(log) == steps
-        for step, entry in enumerate(log):
-            p0, p1 = (np.array(p) for p in entry["params"])
-            syncs = step < warmup or (step - warmup + 1) % period == 0
-            if syncs:  # identical right after every average (and in warm-up)
-                assert np.array_equal(p0, p1), step
-            else:  # each worker went its own way
-                assert np.abs(p0 - p1).max() > 1e-3, step
-            if step >= warmup:  # messages only every `period` local steps
-                assert (entry["collectives"] > 0) == syncs, step
-                assert (entry["bytes"] > 0) == syncs, step
-            mine = np.array(entry["params"][rank])
-            assert np.abs(mine - entry["hand"]).max() < exact, step
-            if syncs and step >= warmup:  # BatchNorm statistics averaged too
-                b0, b1 = (np.array(b) for b in entry["buffers"])
-                assert np.array_equal(b0, b1)
-                assert np.abs(b0 - entry["hand_buffers"]).max() < 1e-5
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("spec, period, warmup, exact", [
     ("none", 4, 0, 1e-5),      # the exact mean of the ranks' parameters
@@ -86,7 +66,7 @@ def test_local_sgd_matches_the_hand_computed_average(spec, period, warmup, exact
     steps = 12
     results = run_horovod("tests.workers.local_steps:local_sgd", np=2,
                           kwargs={"spec": spec, "period": period, "steps": steps, "warmup": warmup})
-    _check_local(results, period, warmup, steps, exact)
+    check_local_log(results, period, warmup, steps, exact)
 
 
 @pytest.mark.multiprocess
@@ -95,7 +75,7 @@ def test_compressed_local_sgd_ranks_agree_after_each_average(spec):
     steps, period = 8, 4
     results = run_horovod("tests.workers.local_steps:local_sgd", np=2,
                           kwargs={"spec": spec, "period": period, "steps": steps})
-    _check_local(results, period, 0, steps, exact=np.inf)
+    check_local_log(results, period, 0, steps, exact=np.inf)
     # between averages a worker's parameters are exactly its own SGD steps
     for rank, log in enumerate(results):
         assert np.abs(np.array(log[0]["params"][rank]) - log[0]["hand"]).max() < 1e-5
@@ -136,3 +116,29 @@ def test_dga_with_a_compressor_runs_and_ranks_send_alike():
             assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5
         assert all(np.isfinite(entry["params"]).all() for entry in log)
     assert [e["collectives"] for e in results[0]] == [e["collectives"] for e in results[1]]
+
+
+def test_local_steps_table_script(tmp_path):
+    import csv
+    import subprocess
+    import sys
+
+    from tests.harness import REPO
+    script = str(REPO / "scripts/local_steps_table.py")
+    assert "local SGD" in subprocess.run([sys.executable, script, "--help"], capture_output=True,
+                                         text=True, check=True).stdout
+    bad = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--periods", "--delays"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "at least one" in bad.stderr
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--epochs", "1",
+                           "--periods", "2", "--delays", "0", "1", "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(tmp_path / "local_steps.csv") as f:
+        rows = {r["mode"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"sync", "DGA D=1", "local SGD H=2"}
+    assert all(r["status"] == "ok" for r in rows.values())
+    sync = int(rows["sync"]["bytes_per_epoch"])
+    assert int(rows["DGA D=1"]["bytes_per_epoch"]) == sync
+    assert int(rows["local SGD H=2"]["bytes_per_epoch"]) == sync // 2  # 44 steps, 22 averages
+    assert "| local SGD H=2 |" in (tmp_path / "local_steps.md").read_text()

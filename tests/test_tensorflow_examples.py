@@ -34,6 +34,31 @@ def test_keras_backward_passes_per_step(tmp_path):
     assert doc["steps"] == (2 * 45) // 2  # 45 batches of 16 per epoch on each rank, 2 per update
 
 
+@pytest.mark.parametrize("flags, bytes_ratio", [
+    # averages after every 4th of 675 updates, and once more before evaluating
+    (["--local-sgd", "--backward-passes-per-step", "4"], (168 + 1) / 675),
+    (["--delay", "2"], 1.0),  # DGA sends every update
+])
+def test_keras_fit_digits_with_local_sgd_and_dga(flags, bytes_ratio, tmp_path):
+    out = tmp_path / "s.json"
+    run_script("tf_examples/train_digits.py", [*flags, "--json", out, "--quiet"], timeout=600)
+    doc = json.loads(out.read_text())
+    assert doc["test_accuracy"] >= 0.90, doc
+    assert doc["steps"] == 15 * 45  # one update per batch in both
+    assert doc["bytes_per_step"] == pytest.approx(153_128 * bytes_ratio, rel=0.01)
+    assert doc["local_sgd"] == ("--local-sgd" in flags)
+
+
+def test_synthetic_tape_with_local_sgd(tmp_path):
+    out = tmp_path / "s.json"
+    run_script("tf_examples/synthetic_benchmark.py",
+               ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
+                "--num-warmup-batches", "1", "--local-sgd", "--backward-passes-per-step", "2",
+                "--json", out, "--quiet"], timeout=600)
+    doc = json.loads(out.read_text())
+    assert doc["local_sgd"] and doc["steps"] == 4 and doc["bytes_per_step"] > 0
+
+
 @pytest.mark.parametrize("spec", ["topk:ratio=0.1", "onebit", "powersgd:rank=2"])
 def test_keras_optimizer_checkpoint_resumes_identically(spec, tmp_path):
     path = str(tmp_path / "ckpt")

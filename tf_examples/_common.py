@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,12 +34,17 @@ def broadcast_initial(hvd, model) -> None:
         v.assign(hvd.broadcast(v.value, root_rank=0, name=f"init.{v.path}"))
 
 
-def keras_optimizer(keras, hct, args, comp):
-    """SGD wrapped in our Keras DistributedOptimizer; DGC keeps the momentum itself."""
-    momentum = 0.0 if comp.spec.parts[0].name == "dgc" else args.momentum
+def keras_optimizer(keras, hct, args, comp, model):
+    """SGD wrapped in our Keras DistributedOptimizer; DGC keeps the momentum itself
+    (except under local SGD, where each worker's own steps keep it)."""
+    dgc = comp.spec.parts[0].name == "dgc" and not args.local_sgd
+    momentum = 0.0 if dgc else args.momentum
     return hct.keras.DistributedOptimizer(keras.optimizers.SGD(args.lr, momentum=momentum),
                                           compression=comp,
-                                          backward_passes_per_step=args.backward_passes_per_step)
+                                          backward_passes_per_step=args.backward_passes_per_step,
+                                          local_sgd=args.local_sgd,
+                                          local_sgd_warmup_steps=args.local_sgd_warmup_steps,
+                                          buffers=model.non_trainable_variables, delay=args.delay)
 
 
 def epoch_callback(keras, comp):
@@ -60,24 +67,40 @@ def bytes_per_update(comp, variables) -> int:
     return sum(core.payload_nbytes(core.meta_for(v.value, v.path)) for v in variables)
 
 
-def finish(args, example, comp, variables, batches, size, train_s, accuracy, wall_s,
+def bytes_sent(args, comp, variables, buffers, updates, final=True) -> int:
+    """Bytes one worker sent in ``updates`` optimizer updates (the payload sizes are
+    fixed per variable; traced steps cannot count them as they go), with ``final``
+    the last average before evaluation (see fit_and_report)."""
+    per_update = bytes_per_update(comp, variables)
+    if not args.local_sgd:
+        return per_update * updates
+    from hvd_compress.localsteps import LocalSGDSchedule
+    schedule = LocalSGDSchedule(args.backward_passes_per_step, args.local_sgd_warmup_steps)
+    dense = sum(int(np.prod(b.shape)) * 4 for b in buffers if "float" in str(b.dtype))
+    warm = sum(1 for i in range(updates) if schedule.synchronous(i))
+    averages = sum(1 for i in range(updates) if schedule.averages_after(i))
+    averages += final and runtools.needs_final_average(args, updates)
+    return per_update * (warm + averages) + dense * averages
+
+
+def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
            **extra) -> None:
     """Print and (with --json) write the summary; rank 0 only calls it."""
-    updates = max(1, batches // args.backward_passes_per_step)
+    updates = max(1, batches // runtools.passes_per_step(args))
+    sent = bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
+                      updates)
     doc = runtools.summary("tensorflow", example, args.compression, size, updates,
-                           batches * args.batch_size * size, train_s,
-                           {"bytes_sent": bytes_per_update(comp, variables) * updates},
-                           accuracy, wall_s, **extra)
+                           batches * args.batch_size * size, train_s, {"bytes_sent": sent},
+                           accuracy, wall_s, **runtools.local_fields(args), **extra)
     runtools.write_summary(args.json, doc)
 
 
-def fit_and_report(args, example, hvd, keras, model, comp, optimizer, xtr, ytr, xte, yte,
-                   t_start):
+def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start):
     """Compile, broadcast the initial weights, fit, evaluate, and write the summary."""
     import time
 
     rank, size = hvd.rank(), hvd.size()
-    model.compile(optimizer=optimizer,
+    model.compile(optimizer=keras_optimizer(keras, hct, args, comp, model),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     broadcast_initial(hvd, model)
@@ -85,10 +108,12 @@ def fit_and_report(args, example, hvd, keras, model, comp, optimizer, xtr, ytr, 
     t0 = time.perf_counter()
     model.fit(xtr, ytr, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
               verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs])
+    if runtools.needs_final_average(args, epochs.steps):  # evaluate the mean model
+        model.optimizer.average_parameters(model.trainable_variables)
     train_s = time.perf_counter() - t0
     acc = float(model.evaluate(xte, yte, verbose=0)[1])
     if rank == 0:
         if not args.quiet:
             print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
-        finish(args, example, comp, model.trainable_variables, epochs.steps, size, train_s, acc,
+        finish(args, example, comp, model, epochs.steps, size, train_s, acc,
                time.perf_counter() - t_start, epochs=args.epochs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from _common import broadcast_initial, bytes_per_update, init
+from _common import broadcast_initial, bytes_sent, init
 from models import resnet
 
 from hvd_compress import runtools
@@ -40,6 +40,8 @@ def main(argv=None):
                                            dtype=np.float32))
     target = tf.constant(rng.integers(0, args.num_classes, args.batch_size))
     bpps = args.backward_passes_per_step
+    if args.horovod_tape and (args.local_sgd or args.delay):
+        raise SystemExit("--horovod-tape has no --local-sgd or --delay")
 
     @tf.function
     def step():
@@ -48,15 +50,19 @@ def main(argv=None):
         if args.horovod_tape:
             tape = hvd.DistributedGradientTape(tape, compression=comp)
         else:
-            tape = hct.DistributedGradientTape(tape, compression=comp,
-                                               backward_passes_per_step=bpps)
+            tape = hct.DistributedGradientTape(
+                tape, compression=comp, backward_passes_per_step=bpps, local_sgd=args.local_sgd,
+                local_sgd_warmup_steps=args.local_sgd_warmup_steps,
+                buffers=model.non_trainable_variables, delay=args.delay)
         # Horovod 0.28.1's tape keys sources by tf.Variable.ref(): give it Keras 3's
         # underlying tf.Variables
         sources = [v.value for v in model.trainable_variables] if args.horovod_tape \
             else model.trainable_variables
         grads = tape.gradient(loss, sources)
-        if args.horovod_tape or bpps == 1:
+        if args.horovod_tape or bpps == 1 or args.local_sgd:
             opt.apply_gradients(zip(grads, model.trainable_variables))
+            if args.local_sgd:
+                tape.finish_step()
         elif tape.exchanged:
             opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -86,11 +92,18 @@ def main(argv=None):
             print(f"total img/sec on {size} workers: {size * mean:.1f} +-{size * conf:.1f}",
                   flush=True)
         steps = args.num_iters * args.num_batches_per_iter
-        per_step = bytes_per_update(comp, model.trainable_variables) / bpps
+        # bytes of the timed steps: all steps' minus the untimed warm-up steps'
+        sent = bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
+                          args.num_warmup_batches + steps, final=False) - \
+            bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
+                       args.num_warmup_batches, final=False)
+        if not args.local_sgd:
+            sent //= bpps  # an update every bpps passes
         doc = runtools.summary("tensorflow", "synthetic_benchmark", args.compression, size, steps,
                                steps * args.batch_size * size, train_s,
-                               {"bytes_sent": per_step * steps}, None,
-                               time.perf_counter() - t_start, parameters=nparams,
+                               {"bytes_sent": sent}, None,
+                               time.perf_counter() - t_start, **runtools.local_fields(args),
+                               parameters=nparams,
                                img_sec_per_worker_mean=round(mean, 2),
                                img_sec_per_worker_conf=round(conf, 2))
         runtools.write_summary(args.json, doc)

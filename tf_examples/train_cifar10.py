@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from _common import fit_and_report, init, keras_optimizer
+from _common import fit_and_report, init
 from models import resnet
 
 from hvd_compress import runtools
@@ -41,8 +41,7 @@ def main(argv=None):
     model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.RandomFlip("horizontal"),
                               keras.layers.RandomTranslation(0.125, 0.125), body])
     comp = hct.compressor(args.compression)
-    fit_and_report(args, "train_cifar10", hvd, keras, model, comp, keras_optimizer(keras, hct, args, comp),
-                   xtr, ytr, xte, yte, t_start)
+    fit_and_report(args, "train_cifar10", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from _common import fit_and_report, init, keras_optimizer
+from _common import fit_and_report, init
 
 from hvd_compress import runtools
 from hvd_compress.datasets import digits_split
@@ -35,8 +35,7 @@ def main(argv=None):
         keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
     comp = hct.compressor(args.compression)
-    fit_and_report(args, "train_digits", hvd, keras, model, comp, keras_optimizer(keras, hct, args, comp),
-                   xtr, ytr, xte, yte, t_start)
+    fit_and_report(args, "train_digits", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
             steps += 1
             progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}"
                                    + (f" acc {acc:.3f}" if acc is not None else ""))
+        if epoch == args.epochs - 1 and runtools.needs_final_average(args, steps):
+            opt.average_parameters()  # evaluate the mean model, not this worker's
         train_s += time.perf_counter() - t0
         acc = evaluate()
         if log_epochs and rank == 0 and not args.quiet:

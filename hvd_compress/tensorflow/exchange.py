@@ -28,10 +28,12 @@ class GradientExchange:
         self.process_set = process_set
 
     @tf.autograph.experimental.do_not_convert
-    def one(self, grad, name, stats):
+    def one(self, grad, name, stats, suffix=""):
+        """``suffix`` sets the collectives' names apart from other exchanges of ``name``
+        that may run at the same time (DGA's exchange thread)."""
         comp = self.compression
         size = self.process_set.size()
-        tag = _safe(name)
+        tag = _safe(name) + suffix
         if self.op == hvd.Average and self.predivide != 1.0:
             grad = grad * (1.0 / self.predivide)
         t0 = time.perf_counter()

@@ -23,8 +23,10 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 
 from ..frontend import new_stats
+from ..localsteps import check_local_args
 from .compressors import as_compressor
 from .exchange import GradientExchange
+from .localsteps import TFLocalSteps
 
 __all__ = ["DistributedOptimizer"]
 
@@ -33,11 +35,34 @@ class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         stats = new_stats()
         names = [getattr(v, "path", None) or v.name for v in trainable_variables]
-        grads = [g if g is None else self._hvdc_exchange.one(g, name, stats)
-                 for g, name in zip(grads, names)]
+        local = self._hvdc_local
+        if local.active:
+            have = [i for i, g in enumerate(grads) if g is not None]
+            new = local.gradients([grads[i] for i in have], [trainable_variables[i] for i in have],
+                                  [names[i] for i in have], stats)
+            grads = list(grads)
+            for i, g in zip(have, new):
+                grads[i] = g
+        else:
+            grads = [g if g is None else self._hvdc_exchange.one(g, name, stats)
+                     for g, name in zip(grads, names)]
+        out = super(self.__class__, self)._backend_update_step(grads, trainable_variables,
+                                                               learning_rate)
+        local.after_update(list(trainable_variables), names, stats)
         self.last_stats = stats
-        return super(self.__class__, self)._backend_update_step(grads, trainable_variables,
-                                                                learning_rate)
+        return out
+
+    def average_parameters(self, variables):
+        """Local SGD: average ``variables`` (e.g. ``model.trainable_variables``) and the
+        buffers over the ranks now, e.g. before evaluating after the last local step."""
+        stats = new_stats()
+        self._hvdc_local.average(list(variables),
+                                 [getattr(v, "path", None) or v.name for v in variables], stats)
+        self.last_stats = stats
+
+    def drain(self):
+        """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
+        self._hvdc_local.drain()
 
     @property
     def compression(self):
@@ -48,17 +73,29 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=None, sparse_as_dense=False, op=hvd.Average,
                          gradient_predivide_factor=1.0, backward_passes_per_step=1,
                          average_aggregated_gradients=True, num_groups=0, groups=None,
-                         process_set=hvd.global_process_set):
+                         process_set=hvd.global_process_set, *, local_sgd=False,
+                         local_sgd_warmup_steps=0, buffers=(), delay=0):
     """Wrap a Keras 3 optimizer; arguments as ``horovod.tensorflow.keras.DistributedOptimizer``
-    (``compression`` also takes a spec string or an hvd_compress compressor)."""
+    (``compression`` also takes a spec string or an hvd_compress compressor).
+
+    ``local_sgd=True``: every batch is this worker's own update, and every
+    ``backward_passes_per_step`` updates the workers average the trainable
+    variables (compressed: their change since the last average) and the
+    floating-point ``buffers`` (pass ``model.non_trainable_variables`` for
+    BatchNorm statistics); ``local_sgd_warmup_steps`` synchronous updates come
+    first.  ``delay=D``: Delayed Gradient Averaging (see
+    :mod:`hvd_compress.localsteps`)."""
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     if op == hvd.Adasum:
         raise ValueError("op=Adasum is not supported by hvd_compress; use Horovod's optimizer")
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
+    comp = as_compressor(compression)
+    check_local_args(local_sgd, backward_passes_per_step, local_sgd_warmup_steps, delay,
+                     op == hvd.Average, comp.spec)
     config = optimizer.get_config()
-    if backward_passes_per_step > 1:
+    if backward_passes_per_step > 1 and not local_sgd:
         config["gradient_accumulation_steps"] = backward_passes_per_step
     if name is not None:
         config["name"] = name
@@ -66,8 +103,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
-    opt._hvdc_exchange = GradientExchange(as_compressor(compression), op,
-                                          gradient_predivide_factor, process_set)
+    opt._hvdc_exchange = GradientExchange(comp, op, gradient_predivide_factor, process_set)
+    opt._hvdc_local = TFLocalSteps(opt._hvdc_exchange, local_sgd, backward_passes_per_step,
+                                   local_sgd_warmup_steps, delay, buffers)
     opt.hvd_compressor = opt._hvdc_exchange.compression  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt

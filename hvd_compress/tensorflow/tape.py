@@ -16,8 +16,10 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..frontend import new_stats
+from ..localsteps import check_local_args
 from .compressors import as_compressor
 from .exchange import GradientExchange
+from .localsteps import TFLocalSteps
 
 __all__ = ["DistributedGradientTape"]
 
@@ -25,7 +27,8 @@ __all__ = ["DistributedGradientTape"]
 class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
                  process_set, backward_passes_per_step=1, persistent=False,
-                 watch_accessed_variables=True):
+                 watch_accessed_variables=True, local_sgd=False, local_sgd_warmup_steps=0,
+                 buffers=(), delay=0):
         # As Horovod does: a tape of the user's tape class that takes over its recording.
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
@@ -34,6 +37,9 @@ class _DistributedGradientTape(tf.GradientTape):
         self._process_set = process_set
         self._exchange = GradientExchange(compression, op, gradient_predivide_factor, process_set)
         self._bpps = backward_passes_per_step
+        self._local = TFLocalSteps(self._exchange, local_sgd, backward_passes_per_step,
+                                   local_sgd_warmup_steps, delay, buffers)
+        self._names = None
         self.last_stats = {}
         #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
         self.exchanged = True
@@ -65,7 +71,12 @@ class _DistributedGradientTape(tf.GradientTape):
             # Keras 3 variables: .name is short ("kernel"), .path is unique
             name = getattr(var, "path", None) or getattr(var, "name", None) or f"grad_{i}"
             pairs.append((i, grad, name))
-        if self._bpps == 1:
+        if self._local.active:
+            variables = [tf.nest.flatten(sources)[i] for i, _, _ in pairs]
+            self._names = (variables, [name for _, _, name in pairs])
+            results = self._local.gradients([g for _, g, _ in pairs], variables,
+                                            [name for _, _, name in pairs], stats)
+        elif self._bpps == 1:
             results = [self._exchange.one(g, name, stats) for _, g, name in pairs]
         else:
             results = self._accumulate(pairs, stats)
@@ -74,6 +85,24 @@ class _DistributedGradientTape(tf.GradientTape):
             out[i] = value
         self.last_stats = stats
         return tf.nest.pack_sequence_as(grads, out)
+
+    def drain(self):
+        """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
+        self._local.drain()
+
+    def finish_step(self):
+        """With ``local_sgd``: call after applying this step's gradients.  Every
+        ``backward_passes_per_step``-th local step it averages the variables that
+        ``gradient()`` saw (and ``buffers``) over the ranks.  Returns whether it
+        averaged (a boolean tensor inside ``tf.function``); without local SGD, False."""
+        if self._local.schedule is None or not self._process_set.included():
+            return False
+        if self._names is None:
+            raise RuntimeError("finish_step() comes after gradient()")
+        stats = dict(self.last_stats) or new_stats()
+        did = self._local.after_update(*self._names, stats)
+        self.last_stats = stats
+        return did
 
     def _accumulate(self, pairs, stats):
         """Sum gradients locally; exchange the sums every ``backward_passes_per_step``-th
@@ -105,7 +134,8 @@ class _DistributedGradientTape(tf.GradientTape):
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
                             sparse_as_dense=False, op=hvd.Average, gradient_predivide_factor=1.0,
                             num_groups=0, groups=None, process_set=hvd.global_process_set,
-                            backward_passes_per_step=1):
+                            backward_passes_per_step=1, *, local_sgd=False,
+                            local_sgd_warmup_steps=0, buffers=(), delay=0):
     """Wrap ``gradtape`` so ``gradient()`` returns compressed-exchanged averaged gradients.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1;
@@ -118,6 +148,15 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     exchanges the sums (compressed once) and returns their average over ranks,
     the calls in between return zeros.  ``tape.exchanged`` tells which (a
     boolean tensor inside ``tf.function``): apply the gradients only then.
+
+    ``local_sgd=True`` (see :mod:`hvd_compress.localsteps`): ``gradient()``
+    returns this worker's own gradients (after ``local_sgd_warmup_steps``
+    synchronous steps); apply them, then call ``tape.finish_step()``, which
+    every ``backward_passes_per_step`` steps averages the variables (compressed:
+    their change since the last average) and the floating-point ``buffers``.
+    ``delay=D``: Delayed Gradient Averaging; ``gradient()`` returns
+    ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for the first D steps).
+    The step counter and DGA's ring of gradients live with the compressor.
     """
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be > 0")
@@ -127,8 +166,12 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         raise ValueError("hvd_compress.tensorflow.DistributedGradientTape does not support "
                          "op=Adasum; use horovod.tensorflow.DistributedGradientTape")
     comp = as_compressor(compression)
+    check_local_args(local_sgd, backward_passes_per_step, local_sgd_warmup_steps, delay,
+                     op == hvd.Average, comp.spec)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,
                backward_passes_per_step, persistent=gradtape._persistent,
-               watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True))
+               watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True),
+               local_sgd=local_sgd, local_sgd_warmup_steps=local_sgd_warmup_steps,
+               buffers=buffers, delay=delay)

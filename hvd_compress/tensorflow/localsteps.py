@@ -1,0 +1,206 @@
+"""Local SGD and Delayed Gradient Averaging for the TF tape and the Keras optimizer.
+
+The rules are :mod:`hvd_compress.localsteps`'; this is their TensorFlow form,
+eager and inside ``tf.function``.  The step counter, the anchors (parameters
+after the last average) and DGA's ring of the last ``D`` local and averaged
+gradients are ``tf.Variable``s kept with the compressor, so they are
+checkpointed with it.
+
+DGA's collectives: a Horovod TF collective is an op that completes within the
+call that runs it.  Eagerly, step i's exchange therefore runs on a background
+thread (one per compressor, so exchanges keep their order) and is waited for at
+step i + D: it overlaps the next D steps' compute, as in PyTorch.  Inside a
+``tf.function`` (Keras ``fit``) a step cannot leave an op running past its
+end: step i's collective runs during step i, overlapping only that step's
+update, and the average waits in a ring of variables until step i + D.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from ..frontend import new_stats
+from ..localsteps import LocalSGDSchedule
+from .compressors import _safe
+
+
+class TFLocalSteps:
+    """One wrapper's local SGD (``period``/``warmup``) or DGA (``delay``) state and steps."""
+
+    def __init__(self, exchange, local_sgd=False, period=1, warmup=0, delay=0, buffers=()):
+        self.exchange = exchange
+        self.comp = exchange.compression
+        self.schedule = LocalSGDSchedule(period, warmup) if local_sgd else None
+        self.delay = delay
+        self.buffers = list(buffers)
+
+    @property
+    def active(self) -> bool:
+        return self.schedule is not None or self.delay > 0
+
+    def counter(self):
+        """Optimizer steps taken (a variable kept with the compressor)."""
+        comp = self.comp
+        if getattr(comp, "_local_steps", None) is None:
+            with tf.init_scope():
+                comp._local_steps = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                                name="hvdc_local_steps")
+        return comp._local_steps
+
+    # -- gradients ---------------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
+    def gradients(self, grads, variables, names, stats):
+        """What the optimizer should apply this step, from the local ``grads``."""
+        if self.delay:
+            return self._delayed(grads, names, stats)
+        step = self.counter().read_value()
+        if self.comp.spec.name != "none":  # compressed: anchors = where the local phase starts
+            anchors = self._anchors(variables, names)
+            _when(tf.equal(step, self.schedule.warmup),
+                  lambda: [a.assign(tf.convert_to_tensor(v)) for a, v in zip(anchors, variables)])
+        if self.schedule.warmup == 0:
+            return list(grads)
+
+        def sync():
+            return [self.exchange.one(g, n, stats) for g, n in zip(grads, names)]
+
+        if tf.executing_eagerly():
+            return sync() if bool(self.schedule.synchronous(step)) else list(grads)
+        return tf.cond(self.schedule.synchronous(step), sync, lambda: [tf.identity(g) for g in grads])
+
+    def _anchors(self, variables, names):
+        return [self.comp.accumulator(f"{n}/anchor", v) for v, n in zip(variables, names)]
+
+    def _delayed(self, grads, names, stats):
+        """DGA: send this step's gradients; correct them with those of D steps ago."""
+        if tf.executing_eagerly():
+            return self._delayed_eager(grads, names, stats)
+        D = self.delay
+        counter = self.counter()
+        step = counter.read_value()
+        slot = tf.cast(step % D, tf.int32)
+        late = step >= D
+        out = []
+        for g, name in zip(grads, names):
+            local_ring = self.comp.accumulator(f"{name}/dga_local", tf.zeros([D, *g.shape], g.dtype))
+            avg_ring = self.comp.accumulator(f"{name}/dga_avg", tf.zeros([D, *g.shape], g.dtype))
+            old_local = tf.gather(local_ring, slot)
+            old_avg = tf.gather(avg_ring, slot)
+            corrected = tf.where(late, g - old_local + old_avg, g)
+            avg = self.exchange.one(g, name, stats)
+            with tf.control_dependencies([corrected]):
+                local_ring.scatter_nd_update([[slot]], g[None])
+                avg_ring.scatter_nd_update([[slot]], avg[None])
+            out.append(corrected)
+        with tf.control_dependencies(out):
+            counter.assign_add(1)
+        return out
+
+    def _delayed_eager(self, grads, names, stats):
+        """DGA eagerly: the exchange of step i runs on the compressor's exchange thread
+        and is collected at step i + D (tensors are immutable: no copies needed)."""
+        comp = self.comp
+        if getattr(comp, "_dga_thread", None) is None:
+            comp._dga_thread = ThreadPoolExecutor(1, thread_name_prefix="hvdc-dga")
+            comp._dga_inflight = deque()
+        grads = list(grads)
+        fn, sent = self._traced_exchange(tuple(names))
+        comp._dga_inflight.append((comp._dga_thread.submit(fn, grads), grads))
+        self.counter().assign_add(1)
+        if len(comp._dga_inflight) <= self.delay:
+            return grads
+        future, old = comp._dga_inflight.popleft()
+        t0 = time.perf_counter()
+        avgs = future.result()
+        waited = (time.perf_counter() - t0) * 1e3
+        for key in ("bytes_sent", "collectives"):
+            stats[key] += sent[key]
+        stats["comm_ms"] += waited  # what this step waited for, not the thread's time
+        return [g - o + a for g, o, a in zip(grads, old, avgs)]
+
+    def _traced_exchange(self, names):
+        """The exchange of gradients ``names`` as a ``tf.function``: eager Horovod ops all
+        carry one name (their op type), so two could not be in flight at once; traced
+        ones carry ours.  Returns the function and the bytes/collectives one call sends."""
+        fns = self.comp.__dict__.setdefault("_dga_fns", {})
+        if names not in fns:
+            sent = new_stats()
+
+            @tf.function
+            def exchange(grads):
+                for key in sent:
+                    sent[key] = 0
+                return [self.exchange.one(g, n, sent, suffix=".dga") for g, n in zip(grads, names)]
+
+            fns[names] = (exchange, sent)
+        return fns[names]
+
+    def drain(self):
+        """Wait for DGA exchanges still running on the exchange thread (their averages
+        are not applied)."""
+        inflight = getattr(self.comp, "_dga_inflight", None)
+        while inflight:
+            inflight.popleft()[0].result()
+
+    # -- after the update ------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
+    def after_update(self, variables, names, stats):
+        """Local SGD: count the step; average the parameters when the schedule says so.
+
+        Returns whether it averaged (a boolean tensor inside ``tf.function``)."""
+        if self.schedule is None:
+            return False
+        counter = self.counter()
+        step = counter.read_value()
+        did = _when(self.schedule.averages_after(step),
+                    lambda: self.average(variables, names, stats))
+        with tf.control_dependencies([did]):
+            counter.assign_add(1)
+        return did
+
+    def average(self, variables, names, stats):
+        """Average ``variables`` (and the float buffers) over the ranks now."""
+        if self.comp.spec.name == "none":  # the exact mean of the parameters
+            for v, n in zip(variables, names):
+                _allreduce_assign(v, f"hvdc.local.{_safe(n)}", stats)
+        else:  # the mean change since the anchors, through the compressor
+            for v, n, a in zip(variables, names, self._anchors(variables, names)):
+                delta = self.exchange.one(tf.convert_to_tensor(v) - a, f"{n}/delta", stats)
+                a.assign_add(delta)
+                v.assign(a.read_value())
+        for b in self.buffers:
+            if tf.as_dtype(b.dtype).is_floating:
+                _allreduce_assign(b, f"hvdc.local.{_safe(_name(b))}", stats)
+        return tf.constant(True)
+
+
+def _when(condition, fn):
+    """Run ``fn`` if ``condition`` holds (eagerly: a Python if; traced: tf.cond).  Returns
+    whether it ran."""
+    if tf.executing_eagerly():
+        if bool(condition):
+            fn()
+            return True
+        return False
+
+    def run():
+        with tf.control_dependencies(tf.nest.flatten(fn())):
+            return tf.constant(True)
+
+    return tf.cond(condition, run, lambda: tf.constant(False))
+
+
+def _name(var) -> str:
+    return getattr(var, "path", None) or var.name
+
+
+def _allreduce_assign(var, name, stats):
+    value = tf.convert_to_tensor(var)
+    var.assign(hvd.allreduce(value, op=hvd.Average, name=name))
+    stats["bytes_sent"] += int(value.shape.num_elements()) * value.dtype.size
+    stats["collectives"] += 1
