@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import os
 import shlex
@@ -356,10 +357,41 @@ def _messages(spec: str) -> float:
     return 2.0 if specmod.parse(spec).name == "powersgd" else 1.0
 
 
+def _rate(r: dict) -> float:
+    return math.inf if r["bandwidth"] == UNCAPPED else netcap.parse_rate(r["bandwidth"])
+
+
 def _sample(r: dict) -> costmodel.Sample:
     return costmodel.Sample(_collective(r["compression"]), int(r["np"]), _f(r, "bytes_per_step") or 0.0,
-                            netcap.parse_rate(r["bandwidth"]), _messages(r["compression"]),
-                            (_f(r, "comm_ms") or 0.0) / 1e3)
+                            _rate(r), _messages(r["compression"]), (_f(r, "comm_ms") or 0.0) / 1e3,
+                            r["compression"], (_f(r, "step_ms") or 0.0) / 1e3)
+
+
+#: per-message-step latency assumed when the runs cannot tell it (one worker count):
+#: a switched Ethernet hop with Gloo's software on top
+DEFAULT_ALPHA_US = 50.0
+
+
+def _fixed_alpha(rows: list[dict], alpha_us: float | None) -> float | None:
+    """The alpha to fix (seconds), or None to fit it: it can be fitted only from runs at
+    two or more worker counts above one."""
+    if alpha_us is not None:
+        return alpha_us * 1e-6
+    counts = {int(r["np"]) for r in rows if int(r["np"]) > 1 and r["bandwidth"] != UNCAPPED}
+    return None if len(counts) >= 2 else DEFAULT_ALPHA_US * 1e-6
+
+
+def _fit(rows: list[dict], alpha_s: float | None = None):
+    """Links and per-compressor offsets (:func:`costmodel.fit_model`) from runs with
+    more than one worker, uncapped ones included (they pin the offsets)."""
+    return costmodel.fit_model([_sample(r) for r in rows if int(r["np"]) > 1], alpha_s)
+
+
+def _predict_step(fitted, base: costmodel.Profile, r: dict) -> float:
+    links, offsets = fitted
+    prof = dataclasses.replace(base, comm_offset_ms=1e3 * offsets.get(r["compression"], 0.0))
+    return costmodel.StepModel(links, {r["compression"]: prof}).step_ms(r["compression"], int(r["np"]),
+                                                                        _rate(r))
 
 
 def _profile(r: dict) -> costmodel.Profile:
@@ -370,8 +402,10 @@ def _profile(r: dict) -> costmodel.Profile:
                              int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3)
 
 
-def predict(rows: list[dict]) -> tuple[str, list[str]]:
-    """(prediction.md text, lines worth printing)."""
+def predict(rows: list[dict], alpha_us: float | None = None) -> tuple[str, list[str]]:
+    """(prediction.md text, lines worth printing).  ``alpha_us``: the per-message-step
+    latency to assume (default: fitted when the runs cover two or more worker counts,
+    else :data:`DEFAULT_ALPHA_US`)."""
     rows = ok_rows(rows)
     capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
     uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
@@ -383,36 +417,44 @@ def predict(rows: list[dict]) -> tuple[str, list[str]]:
     for r in sorted(uncapped, key=lambda r: int(r["np"])):
         profiles[r["compression"]] = _profile(r)
         at_np[(r["compression"], int(r["np"]))] = _profile(r)
-    if len(capped) >= 1:
-        link = costmodel.fit_links([_sample(r) for r in capped])
-        md += [f"Link fitted to {len(capped)} capped run(s): " + "; ".join(
-            f"{coll}: alpha = {lk.alpha_s * 1e6:.1f} us per message step, eta = "
-            f"{lk.efficiency:.3f} x the nominal rate" for coll, lk in link.items()) + ". (eta is "
-            "fitted to the exposed communication time: above 1 when transfers hide behind compute.)", ""]
+    multi = [r for r in rows if int(r["np"]) > 1 and not r.get("latency")]
+    alpha = _fixed_alpha(capped, alpha_us)
+    fitted = _fit(multi, alpha) if multi else ({}, {})
+    links, offsets = fitted
+    if capped:
+        md += [f"Fitted to {len(multi)} run(s) with more than one worker ({len(capped)} capped): "
+               + "; ".join(
+            f"{coll}: alpha = {lk.alpha_s * 1e3:.2f} ms per message step, eta = {lk.efficiency:.3f} x "
+            "the nominal rate" for coll, lk in links.items()) + "." + (
+                "" if alpha is None else f" Alpha is fixed at {alpha * 1e6:.0f} us (the runs cover one "
+                "worker count, where alpha times the hops is a constant the offsets take up; "
+                "`--alpha-us` sets it for your network, runs at several worker counts fit it)."), "",
+            "Per-compressor offsets (ms; what the collective costs besides the link, less what hides "
+            "behind the backward pass): " + ", ".join(f"`{k}` {1e3 * v:+.1f}" for k, v in offsets.items()),
+            ""]
     else:
-        link = costmodel.Link(alpha_s=0.0, efficiency=1.0)
+        links = {coll: costmodel.Link(alpha_s=0.0, efficiency=1.0)
+                 for coll in (costmodel.ALLREDUCE, costmodel.ALLGATHER)}
         md += ["No capped run: the link cannot be fitted; assumed alpha = 0 and the nominal rate "
                "(efficiency 1). Run with `--bandwidth` (as root) for a fitted model.", ""]
-    md += ["Step = compute + encode + decode(p) + comm(p, B); ring allreduce "
-           "2(p-1)/p*S*8/(eta*B) + 2(p-1)*alpha per collective, allgather (p-1)*S*8/(eta*B) + "
-           "(p-1)*alpha; allgather decoding grows with p. Each compressor's compute, encode, "
-           "decode and bytes are its uncapped run at the largest worker count (np "
+    md += ["Step = compute + encode + decode(p) + wait(p, B); wait = max(0, offset + transfer), transfer "
+           "by ring allreduce 2(p-1)/p*S*8/(eta*B) + 2(p-1)*alpha per collective or allgather "
+           "(p-1)*S*8/(eta*B) + (p-1)*alpha; allgather decoding grows with p. Each compressor's compute, "
+           "encode, decode and bytes are its uncapped run at the largest worker count (np "
            f"{max(int(r['np']) for r in uncapped)} here); on this machine workers share the cores, "
            "so compute is that of a worker with a share of them.", ""]
 
-    # validation: each capped run predicted by a link fitted without it
+    # validation: each capped run predicted by a fit made without it
     md += ["## Validation on capped runs (leave one out)", ""]
     errors = []
     if len(capped) >= 2:
         md += ["| compression | np | bandwidth | measured step ms | predicted ms | error |",
                "|---|---|---|---|---|---|"]
-        for i, r in enumerate(capped):
+        for r in capped:
             base = at_np.get((r["compression"], int(r["np"])))
             if base is None:
                 continue
-            held = costmodel.fit_links([_sample(o) for j, o in enumerate(capped) if j != i])
-            pred = costmodel.StepModel(held, {r["compression"]: base}).step_ms(
-                r["compression"], int(r["np"]), netcap.parse_rate(r["bandwidth"]))
+            pred = _predict_step(_fit([o for o in multi if o is not r], alpha), base, r)
             meas = _f(r, "step_ms")
             err = (pred - meas) / meas
             errors.append(abs(err))
@@ -429,8 +471,32 @@ def predict(rows: list[dict]) -> tuple[str, list[str]]:
         md += ["Fewer than two capped runs: nothing to validate on.", ""]
         say.append("cost model: fewer than two capped runs, not validated")
 
+    # validation across bandwidths: fitted without any run at this rate, predict them
+    rates = sorted({r["bandwidth"] for r in capped}, key=netcap.parse_rate)
+    if len(rates) >= 2:
+        md += ["## Validation across bandwidths (fitted without any run at the predicted rate)", "",
+               "| predicted rate | fitted on | runs | median error | worst error | within 25% |",
+               "|---|---|---|---|---|---|"]
+        for rate in rates:
+            test = [r for r in capped if r["bandwidth"] == rate and (r["compression"], int(r["np"])) in at_np]
+            if not test:
+                continue
+            without = _fit([o for o in multi if o["bandwidth"] != rate], alpha)
+            errs = sorted(abs(_predict_step(without, at_np[(r["compression"], int(r["np"]))], r)
+                              - _f(r, "step_ms")) / _f(r, "step_ms") for r in test)
+            within = sum(e <= 0.25 for e in errs)
+            others = ", ".join(["uncapped"] + [o for o in rates if o != rate])
+            md.append(f"| {rate} | {others} | {len(errs)} | {100 * errs[len(errs) // 2]:.1f}% | "
+                      f"{100 * errs[-1]:.1f}% | {within}/{len(errs)} |")
+            say.append(f"cost model: {rate} runs predicted without any {rate} run: median error "
+                       f"{100 * errs[len(errs) // 2]:.1f}%, worst {100 * errs[-1]:.1f}%, "
+                       f"{within}/{len(errs)} within 25%")
+        md.append("")
+
     # predictions
-    model = costmodel.StepModel(link, profiles)
+    profiles = {k: dataclasses.replace(v, comm_offset_ms=1e3 * offsets.get(k, 0.0))
+                for k, v in profiles.items()}
+    model = costmodel.StepModel(links, profiles)
     bws = [1e8, 1e9, 1e10, 1e11]
     ps = [2, 8, 64, 1024]
     md += ["## Predicted images/s (all workers) and speed-up over none", ""]
@@ -477,9 +543,9 @@ def parser() -> argparse.ArgumentParser:
                     metavar="SPEC", help="compressor specs (default: %(default)s)")
     ap.add_argument("--np", nargs="+", type=runtools.positive_int, default=[1, 2],
                     help="worker counts (default: 1 2)")
-    ap.add_argument("--bandwidth", nargs="+", default=[UNCAPPED, "1gbit"], metavar="RATE",
+    ap.add_argument("--bandwidth", nargs="+", default=[UNCAPPED, "1gbit", "200mbit"], metavar="RATE",
                     help="'uncapped' and/or link rates such as 100mbit 1gbit 10gbit "
-                         "(default: uncapped 1gbit; capped rates need root)")
+                         "(default: uncapped 1gbit 200mbit; capped rates need root)")
     ap.add_argument("--latency", default="", metavar="DELAY",
                     help="added one-way delay on capped links, e.g. 1ms (default none)")
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic",
@@ -494,6 +560,9 @@ def parser() -> argparse.ArgumentParser:
                     help="keep the successful runs already in DIR/results.csv; run the rest")
     ap.add_argument("--predict", action="store_true",
                     help="fit the cost model and write DIR/prediction.md")
+    ap.add_argument("--alpha-us", type=float, default=None, metavar="US",
+                    help="with --predict: latency per message step in microseconds (default: "
+                         f"fitted from runs at two or more worker counts, else {DEFAULT_ALPHA_US:g})")
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds before one run is stopped and recorded as timed out (default 900)")
     ap.add_argument("--quiet", action="store_true", help="no progress display")
@@ -509,6 +578,8 @@ def main(argv=None) -> int:
             netcap.parse_latency(args.latency)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.alpha_us is not None and not (math.isfinite(args.alpha_us) and args.alpha_us >= 0):
+        ap.error(f"--alpha-us must be a number >= 0, got {args.alpha_us}")
     if args.example == "cifar10" and (args.example_args is None or "--data-dir" not in args.example_args):
         ap.error("--example cifar10 needs --example-args '--data-dir DIR ...'")
     out = Path(args.out)
@@ -545,7 +616,7 @@ def main(argv=None) -> int:
     files = [str(csv_path), str(out / "results.md")] + plot(out, rows)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
-        text, say = predict(rows)
+        text, say = predict(rows, args.alpha_us)
         (out / "prediction.md").write_text(text)
         files.append(str(out / "prediction.md"))
         for line in say:

@@ -7,15 +7,17 @@ worker, ``p`` workers, link rate ``B`` bits/s and per-message latency ``alpha``:
     ring allreduce   2(p-1)/p * S * 8/B  +  2(p-1) * alpha
     ring allgather   (p-1)   * S * 8/B  +   (p-1) * alpha
 
-and a step is ``compute + encode + decode(p) + comm(p, B)`` where decoding an
-allgather grows with the number of payloads.  :func:`fit_link` recovers
-``alpha`` and the link efficiency ``eta`` (the share of the nominal rate the
-collectives reach, which also absorbs the overlap of communication with the
-backward pass) from measured communication times by least squares;
-:class:`StepModel` combines them with each compressor's measured compute,
-encode/decode time and bytes to predict step times at other bandwidths and
-worker counts, and :func:`crossover` finds the bandwidth below which a
-compressor beats sending gradients uncompressed.
+and a step is ``compute + encode + decode(p) + wait(p, B)`` where decoding an
+allgather grows with the number of payloads and ``wait = max(0, offset +
+comm)`` is the communication a step waits for.  :func:`fit_model` recovers
+``alpha``, the link efficiency ``eta`` (the share of the nominal rate the
+collectives reach) and each compressor's offset (reduction arithmetic and
+coordination, less what hides behind the backward pass) from measured
+communication times by weighted least squares; :class:`StepModel` combines
+them with each compressor's measured compute, encode/decode time and bytes to
+predict step times at other bandwidths and worker counts, and
+:func:`crossover` finds the bandwidth below which a compressor beats sending
+gradients uncompressed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 ALLREDUCE, ALLGATHER = "allreduce", "allgather"
+#: the share of the nominal rate a fitted link may reach (a prior: with one capped
+#: rate, a slow link and a transfer hidden behind compute look alike)
+ETA_RANGE = (0.5, 2.0)
 
 
 def wire_bytes(collective: str, p: int, nbytes: float) -> float:
@@ -70,44 +75,117 @@ class Sample:
     bandwidth_bps: float
     messages: float          # collectives per step
     comm_s: float            # measured
+    group: str = ""          # the compressor: samples of one group share an offset
+    step_s: float = 0.0      # the measured step, to weigh residuals (0: comm_s)
 
 
-def fit_link(samples: list[Sample]) -> Link:
-    """Least-squares ``alpha`` and efficiency from measured communication times.
+def fit_model(samples: list[Sample], alpha_s: float | None = None,
+              ) -> tuple[dict[str, Link], dict[str, float]]:
+    """One :class:`Link` per collective and one offset per group (compressor).
 
-    ``comm = alpha * messages * hops + (1/eta) * bits/B`` is linear in
-    ``(alpha, 1/eta)``.  Residuals are weighted by 1/comm (timing noise is
-    relative: a 1 ms message and a 1 s transfer count alike); both parameters
-    are kept non-negative (a one-parameter fit when the two-parameter one
-    leaves the feasible region)."""
-    rows = [(s.messages * hops(s.collective, s.p),
-             8.0 * wire_bytes(s.collective, s.p, s.nbytes) / s.bandwidth_bps, s.comm_s)
-            for s in samples if s.p > 1]
-    if not rows:
-        raise ValueError("fit_link: no sample with more than one worker")
-    w = np.array([1.0 / max(r[2], 1e-9) for r in rows], dtype=np.float64)
-    a = np.array([[r[0], r[1]] for r in rows], dtype=np.float64) * w[:, None]
-    y = np.array([r[2] for r in rows], dtype=np.float64) * w
-    alpha, inv_eta = -1.0, -1.0
-    if len(rows) >= 2 and np.linalg.matrix_rank(a) == 2:
-        (alpha, inv_eta), *_ = np.linalg.lstsq(a, y, rcond=None)
-    if alpha < 0 or inv_eta <= 0:  # infeasible or underdetermined: alpha = 0, bandwidth only
-        col = a[:, 1]
-        alpha = 0.0
-        inv_eta = max(float(col @ y / (col @ col)) if col @ col > 0 else 1.0, 1e-9)
-    return Link(alpha_s=float(alpha), efficiency=float(1.0 / inv_eta))
-
-
-def fit_links(samples: list[Sample]) -> dict[str, Link]:
-    """One :class:`Link` per collective (allreduce and allgather are different
-    algorithms in Gloo and MPI and reach different shares of a link), each fitted
-    to its own samples when it has two or more, else the joint fit."""
-    joint = fit_link(samples)
-    out = {}
+    The communication a step waits for is ``max(0, offset_c + transfer(p, B))``
+    with ``transfer`` the alpha-beta time above.  ``offset_c`` takes up what a
+    compressor's collective costs besides the link -- the reduction arithmetic
+    (fp16 sums are slow on a CPU) and coordination, less the part of the
+    transfer hidden behind the backward pass (negative offsets: small payloads
+    vanish entirely).  Uncapped runs (``bandwidth_bps = inf``) pin the offsets,
+    capped runs the link.  An offset is never below minus the rest of the step
+    (a transfer can hide behind no more than the step's other work).  Residuals
+    are weighted by the measured step time (what the model predicts is a step).
+    Fitted by a grid over ``alpha`` and ``eta`` (0.5 to 2 times the nominal rate)
+    per collective, the offsets solved per grid point.  With one worker count,
+    ``alpha * hops`` is a constant the offsets absorb: pass ``alpha_s`` to fix it
+    instead of fitting it.  A collective without samples gets the other's link.
+    """
+    links, offsets = {}, {}
     for coll in (ALLREDUCE, ALLGATHER):
         mine = [s for s in samples if s.collective == coll and s.p > 1]
-        out[coll] = fit_link(mine) if len(mine) >= 2 else joint
-    return out
+        if not mine:
+            continue
+        links[coll], off = _fit_collective(mine, alpha_s)
+        offsets.update(off)
+    if not links:
+        raise ValueError("fit_model: no sample with more than one worker")
+    for coll in (ALLREDUCE, ALLGATHER):
+        links.setdefault(coll, next(iter(links.values())))
+    return links, offsets
+
+
+def _fit_collective(samples: list[Sample], alpha_s=None) -> tuple[Link, dict[str, float]]:
+    groups = sorted({s.group for s in samples})
+    gi = np.array([groups.index(s.group) for s in samples])
+    lat = np.array([s.messages * hops(s.collective, s.p) for s in samples], dtype=np.float64)
+    bits = np.array([8.0 * wire_bytes(s.collective, s.p, s.nbytes) / s.bandwidth_bps
+                     for s in samples], dtype=np.float64)
+    y = np.array([s.comm_s for s in samples], dtype=np.float64)
+    steps = np.array([s.step_s or s.comm_s for s in samples], dtype=np.float64)
+    w2 = 1.0 / np.maximum(steps, 1e-6) ** 2
+    floor = np.array([-max(0.0, min(steps[gi == g] - y[gi == g])) for g in range(len(groups))])
+    capped = bool((bits > 0).any())
+
+    def offsets(alpha, eta):
+        """Best offsets for one link: the best of a grid, then least squares over the
+        samples each leaves above zero.  Returns (offsets, weighted squared error)."""
+        t = alpha * lat + bits / eta
+        cands = np.linspace(-float(t.max()) - 1e-3, float(y.max()) + 1e-3, 401)
+        err = (np.maximum(0.0, cands[:, None] + t[None, :]) - y[None, :]) ** 2 * w2[None, :]
+        per_group = np.zeros((len(cands), len(groups)))
+        np.add.at(per_group.T, gi, err.T)
+        per_group[cands[:, None] < floor[None, :]] = np.inf
+        c = cands[per_group.argmin(axis=0)]
+        for g in range(len(groups)):
+            on = (gi == g) & (c[g] + t > 0)
+            if on.any():
+                c[g] = max(float(np.sum(w2[on] * (y[on] - t[on])) / np.sum(w2[on])), floor[g])
+        return c, float(np.sum(w2 * (np.maximum(0.0, c[gi] + t) - y) ** 2))
+
+    # for each alpha of a coarse grid the best eta (a grid, then zooming in), then both
+    # zoomed in together around the best pair (log scales; alpha = 0 kept apart)
+    def zoom(best, grid, rounds=24):
+        step_a, step_e = 2.0, 1.06
+        for _ in range(rounds):
+            grid_a, grid_e = grid(best[1], best[2], step_a, step_e)
+            moved = min([best] + [(offsets(a, e)[1], a, e) for a in grid_a for e in grid_e],
+                        key=lambda r: r[0])
+            if moved[1:] == best[1:]:  # the best is inside: look closer
+                step_a, step_e = step_a ** 0.5, step_e ** 0.5
+            best = moved
+        return best
+
+    def around_eta(a0, e0, step_a, step_e):
+        return [a0], ([e0] if not capped else np.clip(e0 * step_e ** np.linspace(-1, 1, 7), *ETA_RANGE))
+
+    def around_both(a0, e0, step_a, step_e):
+        grid_a = [a0] if alpha_s is not None or a0 == 0.0 else a0 * step_a ** np.linspace(-1, 1, 7)
+        return grid_a, around_eta(a0, e0, step_a, step_e)[1]
+
+    alphas = np.concatenate([[0.0], np.geomspace(1e-6, 0.2, 25)]) if alpha_s is None \
+        else np.array([float(alpha_s)])
+    etas = np.geomspace(ETA_RANGE[0], ETA_RANGE[1], 25) if capped else np.array([1.0])
+    per_alpha = [zoom(min(((offsets(a, e)[1], a, e) for e in etas), key=lambda r: r[0]), around_eta, 8)
+                 for a in alphas]
+    best = zoom(min(per_alpha, key=lambda r: r[0]), around_both)
+    _, alpha, eta = best
+    c, err = offsets(alpha, eta)
+    # polish: where each sample stands (waiting or hidden) fixed, the model is linear in
+    # (alpha, 1/eta, offsets): solve that weighted least squares exactly
+    on = c[gi] + alpha * lat + bits / eta > 0
+    free = [lat] if alpha_s is None else []
+    free += [bits] if capped else []
+    target = y - (0.0 if alpha_s is None else alpha * lat)  # (uncapped only: bits are 0)
+    cols = np.stack(free + [(gi == g).astype(float) for g in range(len(groups))], axis=1)
+    if on.sum() >= cols.shape[1]:
+        sw = np.sqrt(w2[on])
+        sol, *_ = np.linalg.lstsq(cols[on] * sw[:, None], target[on] * sw, rcond=None)
+        a2 = float(sol[0]) if alpha_s is None else alpha
+        inv_eta = float(sol[len(free) - 1]) if capped else 1.0
+        e2 = 1.0 / inv_eta if inv_eta > 0 else math.inf
+        c2 = np.where(np.bincount(gi[on], minlength=len(groups)) > 0, sol[len(free):], c)
+        t2 = a2 * lat + bits / e2
+        err2 = float(np.sum(w2 * (np.maximum(0.0, c2[gi] + t2) - y) ** 2))
+        if a2 >= 0 and ETA_RANGE[0] <= e2 <= ETA_RANGE[1] and (c2 >= floor).all() and err2 < err:
+            alpha, eta, c = a2, e2, c2
+    return Link(float(alpha), float(eta)), {g: float(o) for g, o in zip(groups, c)}
 
 
 @dataclass
@@ -123,6 +201,7 @@ class Profile:
     messages: float = 1.0     # collectives per step
     measured_p: int = 1
     images_per_step: float = 1.0  # per worker
+    comm_offset_ms: float = 0.0   # fitted by :func:`fit_model` (0: the plain alpha-beta time)
 
     def decode_at(self, p: int) -> float:
         """Allgather decodes one payload per worker; an allreduce's one sum."""
@@ -143,6 +222,7 @@ class StepModel:
     def step_ms(self, compression: str, p: int, bandwidth_bps: float) -> float:
         f = self.profiles[compression]
         comm = self.links[f.collective].comm_s(f.collective, p, f.nbytes, bandwidth_bps, f.messages) * 1e3
+        comm = max(0.0, comm + f.comm_offset_ms)
         return f.compute_ms + f.encode_ms + f.decode_at(p) + comm
 
     def images_per_sec(self, compression: str, p: int, bandwidth_bps: float) -> float:
