@@ -108,13 +108,21 @@ class TFCompressor(tf.Module, CompressorFrontend):
             self.accumulators = dict(accs)  # tracked for checkpoints
         return accs[name]
 
+    def counter(self, key: str):
+        """An int64 counter kept with the compressor (made once, outside any trace, and
+        checkpointed with it): ``"passes"`` (backward passes, for
+        ``backward_passes_per_step``), ``"local_steps"`` (local SGD / DGA steps)."""
+        counters = self.__dict__.setdefault("_counters", {})
+        if key not in counters:
+            with tf.init_scope():
+                counters[key] = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                            name=f"hvdc_{key}")
+            self.counters = dict(counters)  # tracked for checkpoints
+        return counters[key]
+
     def pass_counter(self):
         """Backward passes seen (one increment per DistributedGradientTape.gradient call)."""
-        if getattr(self, "_passes", None) is None:
-            with tf.init_scope():
-                self._passes = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                           name="hvdc_passes")
-        return self._passes
+        return self.counter("passes")
 
     # -- the protocol, with state bound --------------------------------------------------
     @tf.autograph.experimental.do_not_convert

@@ -45,12 +45,7 @@ class TFLocalSteps:
 
     def counter(self):
         """Optimizer steps taken (a variable kept with the compressor)."""
-        comp = self.comp
-        if getattr(comp, "_local_steps", None) is None:
-            with tf.init_scope():
-                comp._local_steps = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                                name="hvdc_local_steps")
-        return comp._local_steps
+        return self.comp.counter("local_steps")
 
     # -- gradients ---------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert
