@@ -101,3 +101,36 @@ def test_compressor_state_checkpoints_with_tf_train_checkpoint(tmp_path):
     for x in xs[3:]:
         pa, pb = a.encode(x, "w").payload, b.encode(x, "w").payload
         assert _bytes(pa.numpy()) == _bytes(pb.numpy())
+
+
+def _large_cases():
+    rng = np.random.default_rng(7)
+    plain = rng.standard_normal(200_000).astype(np.float32)
+    ties = np.round(plain * 4) / 4  # many equal magnitudes at the k-th
+    short = plain.copy()  # the strided sample's top is rich, the rest poor: the fallback
+    short[::12][:60] = 100 + np.arange(60, dtype=np.float32)
+    return {"plain": plain, "ties": ties, "sample_falls_short": short}
+
+
+@pytest.mark.parametrize("case", ["plain", "ties", "sample_falls_short"])
+@pytest.mark.parametrize("spec", ["topk:ratio=0.001", "dgc:ratio=0.001"])
+@pytest.mark.parametrize("traced", [False, True])
+def test_large_tensor_selection_same_bits(case, spec, traced):
+    """Large tensors take the sampled k-th largest and tf.where compaction (no GPU here):
+    the same indices as numpy, ties to the lower index, eager and traced."""
+    from hvd_compress.core.sparsifiers import topk_indices
+    from hvd_compress.tensorflow.backend import _host_only
+    x = _large_cases()[case]
+    k = 200
+    mag = np.abs(x)
+
+    def select(m):
+        return topk_indices(TFB, m, k)
+
+    got = (tf.function(select) if traced else select)(tf.constant(mag))
+    np.testing.assert_array_equal(TFB.to_numpy(got), topk_indices(NUMPY, mag, k))
+    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    for step in range(2):
+        er, et = ref.encode(x, "w"), tfc.encode(tf.constant(x), "w")
+        assert _bytes(TFB.to_numpy(et.payload)) == _bytes(er.payload), (case, step)
+    assert _host_only() == (not tf.config.list_physical_devices("GPU"))

@@ -92,6 +92,12 @@ class NumpyBackend:
     def where(self, cond, a, b):
         return np.where(cond, a, b)
 
+    def cond(self, pred, if_true, if_false):
+        """``if_true()`` where the 0-d ``pred`` holds, else ``if_false()``: a branch where
+        reading ``pred`` is free (host memory; only one side is computed), an
+        element-wise select of both sides on a device."""
+        return if_true() if bool(pred) else if_false()
+
     def isfinite(self, x):
         return np.isfinite(x)
 

@@ -40,6 +40,12 @@ from .backend import NUMPY
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
+def zero_nonfinite(B, v, finite):
+    """``v`` with NaN/Inf entries set to 0 (``finite``: whether ``v`` has none, 0-d);
+    where the backend can branch, the finite case costs no pass over ``v``."""
+    return B.cond(finite, lambda: v, lambda: B.where(B.isfinite(v), v, 0.0))
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """What every rank knows about a tensor without communicating."""
@@ -142,14 +148,19 @@ class Compressor:
         B = self.B
         v = g + st["residual"] if self.ef else g
         finite = B.all_finite(v)
-        clean = B.where(B.isfinite(v), v, 0.0)
+        clean = zero_nonfinite(B, v, finite)
         # 1 when finite, NaN when not: multiplies every float field of the payload.
         flag = B.where(finite, B.scalar(1.0, like=v), B.scalar(float("nan"), like=v))
         enc = self._encode(clean, meta, st, noise, flag)
         if self.ef:
-            new_residual = clean - self._decode_own(enc)
-            st["residual"] = B.where(finite, new_residual, st["residual"])
+            old = st["residual"]
+            st["residual"] = B.cond(finite, lambda: self._residual_device(clean, enc), lambda: old)
         return enc
+
+    def _residual_device(self, clean, enc: Encoded):
+        """``clean - decode(own payload)``, a new tensor (sparsifiers override it cheaply;
+        ``clean`` is theirs to reuse)."""
+        return clean - self._decode_own(enc)
 
     def _subtract_sent(self, v, enc: Encoded) -> None:
         """``v -= decode(own payload)`` in place (sparsifiers override it cheaply)."""

@@ -146,8 +146,9 @@ class DGC(Sparsifier):
         hit = B.scatter_add(meta.numel, enc.ctx["indices"],
                             B.cast(enc.ctx["valid"], "float32")) > 0
         finite = B.isfinite(flag) if flag is not None else True
-        st["v"] = B.where(finite, vacc - sent, st["v"])
-        st["u"] = B.where(finite, B.where(hit, 0.0, u), st["u"])
+        old_v, old_u = st["v"], st["u"]
+        st["v"] = B.cond(finite, lambda: vacc - sent, lambda: old_v)
+        st["u"] = B.cond(finite, lambda: B.where(hit, 0.0, u), lambda: old_u)
         return enc
 
     def _encode_in_place(self, g, meta, st, noise, m, nesterov) -> Encoded:

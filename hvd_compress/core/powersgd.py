@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Compressor, Encoded
+from .base import Compressor, Encoded, zero_nonfinite
 from .sampling import hash_stream, stream_keys
 
 PURPOSE_Q = 3
@@ -85,7 +85,7 @@ class PowerSGD(Compressor):
         finite = B.all_finite(v)
         flag = B.where(finite, B.scalar(1.0, like=v), B.scalar(float("nan"), like=v))
         rows, cols = matrix_shape(meta)
-        m = B.reshape(B.where(B.isfinite(v), v, 0.0), (rows, cols))
+        m = B.reshape(zero_nonfinite(B, v, finite), (rows, cols))
         q = st["q"]
         if not self.params.get("warm_start", True):
             q = self._gaussian(meta, st["step"], v)

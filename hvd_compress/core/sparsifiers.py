@@ -35,16 +35,25 @@ def count_for(ratio: float, n: int) -> int:
 
 def topk_indices(B, mag, k: int):
     """Indices (increasing) of exactly the k largest entries of ``mag``; ties go to the
-    lower index.  This canonical choice makes every framework pick the same set."""
+    lower index.  This canonical choice makes every framework pick the same set.  A
+    backend may select it faster itself (``B.top_indices``, None where it cannot)."""
+    fast = getattr(B, "top_indices", None)
+    idx = fast(mag, k) if fast is not None else None
+    if idx is not None:
+        return idx
     t = B.kth_largest(mag, k)
     if B.is_host(mag):  # few candidates: collect them directly
         above = B.nonzero(mag > t)
         equal = B.nonzero(mag == t)[:k - B.shape(above)[0]]
         return B.sort(B.concat([above, equal]))
+    # static shapes: the entries above t, then the first `room` entries equal to t
+    # (compact pads with n, which sorts last)
     above = mag > t
-    equal = mag == t
-    room = k - B.sum(B.cast(above, "int64"))
-    return B.compact(above | (equal & (B.cumsum(B.cast(equal, "int64")) <= room)), k)
+    room = k - B.count_nonzero(above)
+    n = B.shape(mag)[0]
+    first_equal = B.compact(mag == t, k)
+    ties = B.where(B.arange(k, like=mag) < room, first_equal, B.full((k,), n, "int64", like=mag))
+    return B.sort(B.concat([B.compact(above, k), ties]))[:k]
 
 
 class Sparsifier(Compressor):
@@ -122,6 +131,10 @@ class Sparsifier(Compressor):
     def _subtract_sent(self, v, enc) -> None:
         # Only k entries change: v[idx] -= sent (index 0 / value 0 in unused slots).
         self.B.index_add(v, enc.ctx["indices"], -enc.ctx["sent"])
+
+    def _residual_device(self, clean, enc):
+        # The same k-entry update, not a dense decode and subtraction (x - y == x + -y).
+        return self.B.index_add(clean, enc.ctx["indices"], -enc.ctx["sent"])
 
     def _fields(self, payload, meta, ctx):
         if self.summable:

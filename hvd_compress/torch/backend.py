@@ -93,6 +93,11 @@ class TorchBackend:
     def where(self, cond, a, b):
         return torch.where(cond, a, b)
 
+    def cond(self, pred, if_true, if_false):
+        if isinstance(pred, bool) or self.is_host(pred):
+            return if_true() if bool(pred) else if_false()
+        return torch.where(pred, if_true(), if_false())
+
     def isfinite(self, x):
         return torch.isfinite(x)
 
