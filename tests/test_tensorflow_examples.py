@@ -59,12 +59,14 @@ def test_synthetic_tape_with_local_sgd(tmp_path):
     assert doc["local_sgd"] and doc["steps"] == 4 and doc["bytes_per_step"] > 0
 
 
-@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "onebit", "powersgd:rank=2"])
-def test_keras_optimizer_checkpoint_resumes_identically(spec, tmp_path):
+@pytest.mark.parametrize("spec, controller", [("topk:ratio=0.1", "gloo"), ("onebit", "gloo"),
+                                              ("powersgd:rank=2", "gloo"), ("topk:ratio=0.1", "mpi"),
+                                              ("dgc:ratio=0.1", "mpi")])
+def test_keras_optimizer_checkpoint_resumes_identically(spec, controller, tmp_path):
     path = str(tmp_path / "ckpt")
-    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phase", np=2,
+    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phase", np=2, controller=controller,
                        kwargs={"spec": spec, "path": path, "phase": "run"}, timeout=600)
-    resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phase", np=2,
+    resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phase", np=2, controller=controller,
                           kwargs={"spec": spec, "path": path, "phase": "resume"}, timeout=600)
     for a, b in zip(full, resumed):
         assert a["params"] == b["params"] and a["iterations"] == b["iterations"] == 6

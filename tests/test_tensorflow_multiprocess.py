@@ -21,8 +21,10 @@ def test_tape_matches_the_numpy_reference(controller, traced):
             assert err is not None and err < limit, (spec, err)
 
 
-def test_summable_compressors_in_horovods_own_tape():
-    results = run_horovod("tests.workers.tf_tape:horovod_own_tape", np=2, timeout=600)
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_summable_compressors_in_horovods_own_tape(controller):
+    results = run_horovod("tests.workers.tf_tape:horovod_own_tape", np=2, controller=controller,
+                          timeout=600)
     for res in results:
         rep = res["report"]
         assert all(info["ranks_agree"] for info in rep.values())
@@ -35,11 +37,12 @@ def test_summable_compressors_in_horovods_own_tape():
         assert "hvd_compress.tensorflow.DistributedGradientTape" in res["topk_error"]
 
 
-@pytest.mark.parametrize("traced", [False, True])
-def test_backward_passes_per_step_matches_accumulating_by_hand(traced):
+@pytest.mark.parametrize("controller, traced", [("gloo", False), ("gloo", True), ("mpi", True)])
+def test_backward_passes_per_step_matches_accumulating_by_hand(controller, traced):
     specs = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "powersgd:rank=2"]
     results = run_horovod("tests.workers.tf_tape:aggregate_matches_reference", np=2,
-                          kwargs={"specs": specs, "bpps": 2, "traced": traced}, timeout=600)
+                          controller=controller, kwargs={"specs": specs, "bpps": 2, "traced": traced},
+                          timeout=600)
     for res in results:
         for spec, err in res["report"].items():
             assert err < (1e-4 if "powersgd" in spec else 1e-5), (spec, err)
