@@ -105,12 +105,15 @@ def test_large_topk_uses_the_exact_k_largest():
 
 
 def test_kth_largest_fast_path_is_exact():
+    from hvd_compress.core.backend import selection_sample
     from hvd_compress.torch.backend import _kth_largest_sampled
     g = torch.Generator().manual_seed(1)
     for n, k in [(100_000, 1), (100_000, 1000), (2_000_000, 20_000), (300_000, 4000)]:
         x = torch.rand(n, generator=g)
         x[:50] = 0.5  # ties
-        assert _kth_largest_sampled(x, k) == torch.kthvalue(x, n - k + 1).values
+        plan = selection_sample(n, k)
+        assert plan is not None  # these sizes take the sampled path
+        assert _kth_largest_sampled(x, k, *plan) == torch.kthvalue(x, n - k + 1).values
 
 
 def test_noise_generator_state_round_trips():

@@ -183,6 +183,12 @@ class NumpyBackend:
         n = x.shape[0]
         return np.partition(x, n - k)[n - k]
 
+    def top_indices(self, mag, k: int):
+        """The core's top-k selection (:func:`~hvd_compress.core.sparsifiers.topk_indices`)
+        done faster by the backend itself, or None: then the core's generic selection
+        runs (here always; the TF backend has a host-only shortcut)."""
+        return None
+
     # -- indexing -----------------------------------------------------------------
     def gather(self, x, idx):
         return x[idx]
@@ -362,3 +368,17 @@ class NumpyBackend:
 
 
 NUMPY = NumpyBackend()
+
+
+def selection_sample(n: int, k: int):
+    """How a host backend may find the k-th largest of ``n`` values faster than a full
+    selection: ``(stride, want)`` -- take every ``stride``-th value, and the
+    ``want``-th largest of that sample (a rank a bit beyond k's, for a margin) as a
+    threshold below which few candidates remain -- or None where sampling does not
+    pay (small ``n``, or ``k`` not far below ``n``).  The torch and TF backends share it;
+    they check the candidates and widen or fall back when the margin falls short."""
+    if n <= 65536 or k * 64 >= n:
+        return None
+    stride = max(1, n // 16384)
+    m = -(-n // stride)  # len(x[::stride])
+    return stride, min(m, int(k * m / n * 1.5) + 32)

@@ -37,8 +37,7 @@ def topk_indices(B, mag, k: int):
     """Indices (increasing) of exactly the k largest entries of ``mag``; ties go to the
     lower index.  This canonical choice makes every framework pick the same set.  A
     backend may select it faster itself (``B.top_indices``, None where it cannot)."""
-    fast = getattr(B, "top_indices", None)
-    idx = fast(mag, k) if fast is not None else None
+    idx = B.top_indices(mag, k)
     if idx is not None:
         return idx
     t = B.kth_largest(mag, k)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from ..core.backend import selection_sample
+
 _DTYPES = {
     "float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32,
     "float64": tf.float64, "uint8": tf.uint8, "int16": tf.int16, "int32": tf.int32,
@@ -182,9 +184,9 @@ class TensorFlowBackend:
         return tf.cumsum(x)
 
     def kth_largest(self, x, k):
-        n = int(x.shape[0])
-        if _host_only() and n > 65536 and k * 64 < n:
-            return _kth_largest_sampled(x, k)
+        plan = _sampling_plan(x, k)
+        if plan is not None:
+            return _kth_largest_sampled(x, k, *plan)
         return tf.math.top_k(x, k=k, sorted=True).values[k - 1]
 
     def sort(self, x):
@@ -195,10 +197,10 @@ class TensorFlowBackend:
         order) from the candidates above a sampled threshold: ``top_k`` keeps the lower
         index among equals, and the candidates are in index order.  Host only; None
         elsewhere (the core's generic selection runs)."""
-        n = int(mag.shape[0])
-        if not (_host_only() and n > 65536 and k * 64 < n):
+        plan = _sampling_plan(mag, k)
+        if plan is None:
             return None
-        cand_idx = tf.reshape(tf.where(mag >= _sampled_threshold(mag, k)), [-1])
+        cand_idx = tf.reshape(tf.where(mag >= _sampled_threshold(mag, *plan)), [-1])
         cand = tf.gather(mag, cand_idx)
         picked = tf.cond(tf.shape(cand)[0] >= k,
                          lambda: tf.gather(cand_idx, tf.math.top_k(cand, k=k).indices),
@@ -356,22 +358,22 @@ class TensorFlowBackend:
         return value
 
 
-def _sampled_threshold(x, k):
-    """A value most likely a little below the k-th largest of ``x``: from a strided
-    sample, at a rank a bit beyond k's (callers check and fall back)."""
-    n = int(x.shape[0])
-    stride = max(1, n // 16384)
-    sample = x[::stride]
-    m = int(sample.shape[0])
-    want = min(m, int(k * m / n * 1.5) + 32)
-    return tf.math.top_k(sample, k=want, sorted=True).values[want - 1]
+def _sampling_plan(x, k):
+    """:func:`~hvd_compress.core.backend.selection_sample` where no GPU is visible."""
+    return selection_sample(int(x.shape[0]), k) if _host_only() else None
 
 
-def _kth_largest_sampled(x, k):
+def _sampled_threshold(x, stride, want):
+    """A value most likely a little below the k-th largest of ``x``: the ``want``-th
+    largest of every ``stride``-th value (callers check and fall back)."""
+    return tf.math.top_k(x[::stride], k=want, sorted=True).values[want - 1]
+
+
+def _kth_largest_sampled(x, k, stride, want):
     """Exact k-th largest of a large host vector: one pass gathers the candidates above
     a sampled threshold, the exact answer comes from those (the full ``top_k`` if the
     sample's margin fell short)."""
-    cand = tf.gather(x, tf.reshape(tf.where(x >= _sampled_threshold(x, k)), [-1]))
+    cand = tf.gather(x, tf.reshape(tf.where(x >= _sampled_threshold(x, stride, want)), [-1]))
     return tf.cond(tf.shape(cand)[0] >= k,
                    lambda: tf.math.top_k(cand, k=k, sorted=True).values[k - 1],
                    lambda: tf.math.top_k(x, k=k, sorted=True).values[k - 1])

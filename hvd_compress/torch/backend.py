@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.backend import selection_sample
+
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
     "float64": torch.float64, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
@@ -179,10 +181,14 @@ class TorchBackend:
     def cumsum(self, x):
         return torch.cumsum(x, 0)
 
+    def top_indices(self, mag, k):
+        return None  # the core's selection (host: nonzero; device: compact) is the fast one
+
     def kth_largest(self, x, k):
         n = x.shape[0]
-        if x.device.type == "cpu" and n > 65536 and k * 64 < n:
-            return _kth_largest_sampled(x, k)
+        plan = selection_sample(n, k) if x.device.type == "cpu" else None
+        if plan is not None:
+            return _kth_largest_sampled(x, k, *plan)
         return torch.kthvalue(x, n - k + 1).values
 
     # -- indexing -----------------------------------------------------------------
@@ -371,14 +377,13 @@ class TorchBackend:
             torch.cuda.synchronize()
 
 
-def _kth_largest_sampled(x, k):
-    """Exact k-th largest of a large CPU vector: a threshold from a sample, one pass to
-    keep the candidates above it, the exact answer among those; widen if too few."""
+def _kth_largest_sampled(x, k, stride, want):
+    """Exact k-th largest of a large CPU vector: a threshold from a sample
+    (:func:`~hvd_compress.core.backend.selection_sample`), one pass to keep the
+    candidates above it, the exact answer among those; widen if too few."""
     n = x.shape[0]
-    stride = max(1, n // 16384)
     sample = x[::stride]
     m = sample.shape[0]
-    want = min(m, int(k * m / n * 1.5) + 32)  # sample rank a bit beyond k: a margin
     while True:
         t = torch.kthvalue(sample, m - want + 1).values
         cand = x[x >= t]
