@@ -391,9 +391,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- local SGD -----------------------------------------------------------------------------
     def _local_step(self, closure):
         """A worker's own step; after every ``period``-th one, the workers average."""
-        params = [p for g in self._groups for p in g]
-        if self._anchors is None and not self._plain:
-            self._anchors = {p: p.detach().clone() for p in params}
+        if not self._plain:
+            self._ensure_anchors()  # before the first local step: where every rank stands
         loss = super(self.__class__, self).step(closure)
         step = self._optimizer_steps
         self._optimizer_steps += 1
@@ -411,12 +410,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         compressor (with its error feedback), and all ranks add the decoded mean
         change to the same starting point.  Called by ``step()`` every
         ``backward_passes_per_step`` local steps."""
-        params = [p for g in self._groups for p in g]
+        params = self._requires_update
         if self._plain:
             self._allreduce_in_place([(self._parameter_names[p], p.data) for p in params])
         else:
-            if self._anchors is None:
-                self._anchors = {p: p.detach().clone() for p in params}
+            self._ensure_anchors()
             deltas = {p: p.detach() - self._anchors[p] for p in params}
             for group in self._groups:
                 self._launch(group, src=deltas)
@@ -427,6 +425,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._anchors[p].add_(deltas[p])
                     p.copy_(self._anchors[p])
         self._allreduce_in_place(self._buffers)
+
+    def _ensure_anchors(self):
+        """The parameters after the last average (compressed local SGD), made once."""
+        if self._anchors is None:
+            self._anchors = {p: p.detach().clone() for p in self._requires_update}
 
     def _allreduce_in_place(self, named):
         t0 = time.perf_counter()
