@@ -19,6 +19,12 @@ import tensorflow as tf
 from .compressors import _safe, wire
 
 
+def variable_name(var, default: str = "") -> str:
+    """The name a variable's compressor state and collectives are keyed by: Keras 3's
+    unique ``.path`` (its ``.name`` is short, "kernel"), else the ``tf.Variable`` name."""
+    return getattr(var, "path", None) or getattr(var, "name", None) or default
+
+
 class GradientExchange:
     def __init__(self, compression, op=hvd.Average, gradient_predivide_factor=1.0,
                  process_set=hvd.global_process_set):

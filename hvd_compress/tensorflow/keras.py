@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 from ..frontend import new_stats
 from ..localsteps import check_local_args
 from .compressors import as_compressor
-from .exchange import GradientExchange
+from .exchange import GradientExchange, variable_name
 from .localsteps import TFLocalSteps
 
 __all__ = ["DistributedOptimizer"]
@@ -34,7 +34,7 @@ __all__ = ["DistributedOptimizer"]
 class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         stats = new_stats()
-        names = [getattr(v, "path", None) or v.name for v in trainable_variables]
+        names = [variable_name(v) for v in trainable_variables]
         local = self._hvdc_local
         if local.active:
             have = [i for i, g in enumerate(grads) if g is not None]
@@ -57,7 +57,7 @@ class _DistributedOptimizer:
         buffers over the ranks now, e.g. before evaluating after the last local step."""
         stats = new_stats()
         self._hvdc_local.average(list(variables),
-                                 [getattr(v, "path", None) or v.name for v in variables], stats)
+                                 [variable_name(v) for v in variables], stats)
         self.last_stats = stats
 
     def drain(self):

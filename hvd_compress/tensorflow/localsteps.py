@@ -27,6 +27,7 @@ import tensorflow as tf
 from ..frontend import new_stats
 from ..localsteps import LocalSGDSchedule
 from .compressors import _safe
+from .exchange import variable_name
 
 
 class TFLocalSteps:
@@ -64,8 +65,7 @@ class TFLocalSteps:
         def sync():
             return [self.exchange.one(g, n, stats) for g, n in zip(grads, names)]
 
-        if tf.executing_eagerly():
-            return sync() if bool(self.schedule.synchronous(step)) else list(grads)
+        # (eagerly, tf.cond is a Python branch)
         return tf.cond(self.schedule.synchronous(step), sync, lambda: [tf.identity(g) for g in grads])
 
     def _anchors(self, variables, names):
@@ -147,7 +147,7 @@ class TFLocalSteps:
     def after_update(self, variables, names, stats):
         """Local SGD: count the step; average the parameters when the schedule says so.
 
-        Returns whether it averaged (a boolean tensor inside ``tf.function``)."""
+        Returns whether it averaged (a boolean tensor)."""
         if self.schedule is None:
             return False
         counter = self.counter()
@@ -170,28 +170,18 @@ class TFLocalSteps:
                 v.assign(a.read_value())
         for b in self.buffers:
             if tf.as_dtype(b.dtype).is_floating:
-                _allreduce_assign(b, f"hvdc.local.{_safe(_name(b))}", stats)
+                _allreduce_assign(b, f"hvdc.local.{_safe(variable_name(b))}", stats)
         return tf.constant(True)
 
 
 def _when(condition, fn):
-    """Run ``fn`` if ``condition`` holds (eagerly: a Python if; traced: tf.cond).  Returns
-    whether it ran."""
-    if tf.executing_eagerly():
-        if bool(condition):
-            fn()
-            return True
-        return False
-
+    """Run ``fn`` if ``condition`` holds (eagerly tf.cond is a Python branch).  Returns
+    whether it ran, as a boolean tensor."""
     def run():
         with tf.control_dependencies(tf.nest.flatten(fn())):
             return tf.constant(True)
 
     return tf.cond(condition, run, lambda: tf.constant(False))
-
-
-def _name(var) -> str:
-    return getattr(var, "path", None) or var.name
 
 
 def _allreduce_assign(var, name, stats):

@@ -18,7 +18,7 @@ import tensorflow as tf
 from ..frontend import new_stats
 from ..localsteps import check_local_args
 from .compressors import as_compressor
-from .exchange import GradientExchange
+from .exchange import GradientExchange, variable_name
 from .localsteps import TFLocalSteps
 
 __all__ = ["DistributedGradientTape"]
@@ -39,7 +39,7 @@ class _DistributedGradientTape(tf.GradientTape):
         self._bpps = backward_passes_per_step
         self._local = TFLocalSteps(self._exchange, local_sgd, backward_passes_per_step,
                                    local_sgd_warmup_steps, delay, buffers)
-        self._names = None
+        self._seen = None
         self.last_stats = {}
         #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
         self.exchanged = True
@@ -59,8 +59,8 @@ class _DistributedGradientTape(tf.GradientTape):
             return grads
         stats = new_stats()
         pairs = []  # (position, dense gradient, variable name)
-        flat = tf.nest.flatten(grads)
-        for i, (grad, var) in enumerate(zip(flat, tf.nest.flatten(sources))):
+        flat, flat_vars = tf.nest.flatten(grads), tf.nest.flatten(sources)
+        for i, (grad, var) in enumerate(zip(flat, flat_vars)):
             if grad is None:
                 continue
             if isinstance(grad, tf.IndexedSlices):
@@ -68,14 +68,12 @@ class _DistributedGradientTape(tf.GradientTape):
                     raise ValueError(f"variable {var.name!r} has a sparse gradient; compressed "
                                      "exchange needs sparse_as_dense=True")
                 grad = tf.convert_to_tensor(grad)
-            # Keras 3 variables: .name is short ("kernel"), .path is unique
-            name = getattr(var, "path", None) or getattr(var, "name", None) or f"grad_{i}"
+            name = variable_name(var, f"grad_{i}")
             pairs.append((i, grad, name))
         if self._local.active:
-            variables = [tf.nest.flatten(sources)[i] for i, _, _ in pairs]
-            self._names = (variables, [name for _, _, name in pairs])
-            results = self._local.gradients([g for _, g, _ in pairs], variables,
-                                            [name for _, _, name in pairs], stats)
+            # the variables and names finish_step() averages
+            self._seen = ([flat_vars[i] for i, _, _ in pairs], [name for _, _, name in pairs])
+            results = self._local.gradients([g for _, g, _ in pairs], *self._seen, stats)
         elif self._bpps == 1:
             results = [self._exchange.one(g, name, stats) for _, g, name in pairs]
         else:
@@ -94,13 +92,13 @@ class _DistributedGradientTape(tf.GradientTape):
         """With ``local_sgd``: call after applying this step's gradients.  Every
         ``backward_passes_per_step``-th local step it averages the variables that
         ``gradient()`` saw (and ``buffers``) over the ranks.  Returns whether it
-        averaged (a boolean tensor inside ``tf.function``); without local SGD, False."""
+        averaged (a boolean tensor); without local SGD, False."""
         if self._local.schedule is None or not self._process_set.included():
             return False
-        if self._names is None:
+        if self._seen is None:
             raise RuntimeError("finish_step() comes after gradient()")
         stats = dict(self.last_stats) or new_stats()
-        did = self._local.after_update(*self._names, stats)
+        did = self._local.after_update(*self._seen, stats)
         self.last_stats = stats
         return did
 
