@@ -90,12 +90,19 @@ def passes_per_step(args) -> int:
     return 1 if args.local_sgd else args.backward_passes_per_step
 
 
+def local_schedule(args) -> LocalSGDSchedule | None:
+    """The examples' local SGD schedule (None without --local-sgd)."""
+    if not args.local_sgd:
+        return None
+    return LocalSGDSchedule(args.backward_passes_per_step, args.local_sgd_warmup_steps)
+
+
 def needs_final_average(args, steps: int) -> bool:
     """Whether, under --local-sgd, the workers still differ after ``steps`` optimizer steps
     (the examples then average once more, to evaluate the mean model)."""
-    if not args.local_sgd or steps == 0:
+    schedule = local_schedule(args)
+    if schedule is None or steps == 0:
         return False
-    schedule = LocalSGDSchedule(args.backward_passes_per_step, args.local_sgd_warmup_steps)
     return not (schedule.synchronous(steps - 1) or schedule.averages_after(steps - 1))
 
 

@@ -23,6 +23,8 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hvd_compress import compare, runtools  # noqa: E402
+from hvd_compress import spec as specmod  # noqa: E402
+from hvd_compress.localsteps import check_local_args  # noqa: E402
 
 COLUMNS = ["framework", "compression", "mode", "np", "epochs", "test_accuracy", "bytes_per_epoch",
            "bytes_vs_sync", "images_per_sec", "wall_s", "status"]
@@ -91,8 +93,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.periods and not args.delays:
         ap.error("give at least one --periods or --delays value")
-    if any("powersgd" in s for s in args.compression) and any(args.delays):
-        ap.error("DGA needs a one-round compressor; PowerSGD sends two dependent rounds")
+    for spec in args.compression:  # the optimizers' own rule for DGA, before any launch
+        for delay in args.delays:
+            try:
+                check_local_args(False, 1, 0, delay, True, specmod.parse(spec))
+            except ValueError as exc:
+                ap.error(f"{spec}: {exc}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = [(fw, spec, mode, flags) for fw in args.framework for spec in args.compression

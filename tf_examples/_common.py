@@ -71,12 +71,14 @@ def bytes_sent(args, comp, variables, buffers, updates, final=True) -> int:
     """Bytes one worker sent in ``updates`` optimizer updates (the payload sizes are
     fixed per variable; traced steps cannot count them as they go), with ``final``
     the last average before evaluation (see fit_and_report)."""
+    import tensorflow as tf
+
     per_update = bytes_per_update(comp, variables)
-    if not args.local_sgd:
+    schedule = runtools.local_schedule(args)
+    if schedule is None:
         return per_update * updates
-    from hvd_compress.localsteps import LocalSGDSchedule
-    schedule = LocalSGDSchedule(args.backward_passes_per_step, args.local_sgd_warmup_steps)
-    dense = sum(int(np.prod(b.shape)) * 4 for b in buffers if "float" in str(b.dtype))
+    dense = sum(int(np.prod(b.shape)) * tf.as_dtype(b.dtype).size for b in buffers
+                if tf.as_dtype(b.dtype).is_floating)
     warm = sum(1 for i in range(updates) if schedule.synchronous(i))
     averages = sum(1 for i in range(updates) if schedule.averages_after(i))
     averages += final and runtools.needs_final_average(args, updates)
