@@ -16,6 +16,12 @@ from tests.test_torch_same_bits import SHAPES, SPECS, _bytes, _noise_len  # noqa
 TFB = TensorFlowBackend()
 
 
+@pytest.fixture(autouse=True, params=["fused", "chain"])
+def _quantizer_path(request, monkeypatch):
+    """Every test twice: with the quantizers' fused CPU ops, and as chains of TF ops."""
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if request.param == "fused" else "0")
+
+
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_same_payload_bytes_and_decode_as_numpy(spec, shape):
@@ -65,7 +71,7 @@ def test_non_finite_input_keeps_state(spec):
                                   "topk:ratio=0.1+qsgd:levels=16", "fp16", "bf16"])
 def test_same_bits_inside_tf_function_with_variable_state(spec):
     """The TF compressor, traced once, keeps its state in variables across calls and gives
-    the numpy reference's bytes at every step."""
+    the numpy reference's bytes and decoded sum at every step."""
     from hvd_compress.tensorflow import compressor
     comp = compressor(spec)
     ref = build(spec, NUMPY)
@@ -74,7 +80,7 @@ def test_same_bits_inside_tf_function_with_variable_state(spec):
     @tf.function
     def encode(x, noise):
         enc = comp.encode(x, "w", noise=noise if needs_noise else None)
-        return enc.payload
+        return enc.payload, comp.aggregate(enc.payload if comp.core.summable else [enc.payload], enc)
 
     rng = np.random.default_rng(5)
     for step in range(4):
@@ -82,8 +88,10 @@ def test_same_bits_inside_tf_function_with_variable_state(spec):
         meta = ref.meta_for(x, "w")
         noise = rng.random(_noise_len(ref, meta), dtype=np.float32)
         er = ref.encode(x, "w", noise=noise if needs_noise else None)
-        got = encode(tf.constant(x), tf.constant(noise))
+        got, dense = encode(tf.constant(x), tf.constant(noise))
         assert _bytes(TFB.to_numpy(got)) == _bytes(er.payload), (spec, step)
+        want = ref.aggregate(er.payload if ref.summable else [er.payload], er)
+        np.testing.assert_array_equal(dense.numpy(), want)
     assert encode.experimental_get_tracing_count() <= 2  # 2: the first trace made the variables
     if spec not in ("fp16", "bf16"):  # casts keep no state
         assert int(comp.tensor_state["w"]["step"].numpy()) == 4

@@ -189,6 +189,17 @@ class NumpyBackend:
         runs (here always; the TF backend has a host-only shortcut)."""
         return None
 
+    def fused_encoder(self, codec, cols: int):
+        """A quantizer codec's whole encoding step as one backend op -- ``(g, residual,
+        noise, generator) -> (fields, new residual, finite)`` -- or None: then the core's
+        chain runs (here always: host memory has :mod:`hvd_compress.kernels`; the TF
+        backend has compiled CPU ops)."""
+        return None
+
+    def fused_unpack(self, data, bits: int, n: int, values, factors=None, d=None):
+        """:func:`~hvd_compress.core.bitpack.unpack_values` as one backend op, or None."""
+        return None
+
     # -- indexing -----------------------------------------------------------------
     def gather(self, x, idx):
         return x[idx]

@@ -66,25 +66,32 @@ def code_table(bits: int):
     return [[(byte >> (j * bits)) & mask for j in range(per)] for byte in range(256)]
 
 
-def unpack_values(B, data, bits: int, n: int, values, like=None):
-    """Decode packed ``data`` straight to ``values[code]`` (float32) for ``n`` codes.
+def unpack_values(B, data, bits: int, n: int, values, factors=None, d=None):
+    """Decode packed ``data`` straight to ``values[code]`` (float32) for ``n`` codes, times
+    ``factors[i // d]`` for code ``i`` when ``factors`` are given (one per bucket of ``d``).
 
     ``values`` is a list of 2**bits floats, or a 1-d float32 array of that
-    length; one table look-up per byte replaces unpacking and mapping.
+    length; one table look-up per byte replaces unpacking and mapping.  A backend
+    with a fused op for it (TensorFlow on CPU) does it all in one pass.
     """
+    fused = B.fused_unpack(data, bits, n, values, factors, d)
+    if fused is not None:
+        return fused
     if bits not in (1, 2, 4, 8):
         codes = unpack_codes(B, data, bits, n)
         table = values if not isinstance(values, list) else B.asarray(values, "float32", like=data)
-        return B.lookup(table, codes)
-    per = 8 // bits
-    if isinstance(values, list):
-        table = B.asarray([[values[c] for c in row] for row in code_table(bits)], "float32",
-                          like=data)
+        out = B.lookup(table, codes)
     else:
-        idx = B.asarray(code_table(bits), "int64", like=data)
-        table = B.lookup(values, B.reshape(idx, (-1,)))
-        table = B.reshape(table, (256, per))
-    return B.reshape(B.lookup(table, data), (-1,))[:n]
+        per = 8 // bits
+        if isinstance(values, list):
+            table = B.asarray([[values[c] for c in row] for row in code_table(bits)], "float32",
+                              like=data)
+        else:
+            idx = B.asarray(code_table(bits), "int64", like=data)
+            table = B.lookup(values, B.reshape(idx, (-1,)))
+            table = B.reshape(table, (256, per))
+        out = B.reshape(B.lookup(table, data), (-1,))[:n]
+    return out if factors is None else B.bucket_scale(out, factors, d)
 
 
 def unpack_codes(B, data, bits: int, n: int):

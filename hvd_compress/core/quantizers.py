@@ -140,9 +140,8 @@ class QSGDCodec(Codec):
 
     def decode_values(self, B, fields, n, cols=1):
         s = self.s
-        level = unpack_values(B, fields["codes"], self.bits, n,
-                              [float(c - s) for c in range(1 << self.bits)])
-        return B.bucket_scale(level, B.div(fields["norms"], float(s)), self.d)
+        return unpack_values(B, fields["codes"], self.bits, n, [float(c - s) for c in range(1 << self.bits)],
+                             factors=B.div(fields["norms"], float(s)), d=self.d)
 
 
 class TernGradCodec(Codec):
@@ -157,12 +156,16 @@ class TernGradCodec(Codec):
     name = "terngrad"
     needs_noise = True
 
+    @property
+    def clip(self) -> float:
+        return float(self.params.get("clip", 2.5))
+
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
 
     def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
         n = B.shape(v)[0]
-        c = float(self.params.get("clip", 2.5))
+        c = self.clip
         if c > 0:
             # sigma from the sums of v and v*v, computed in float64
             if kernels.usable(B, v, flag):  # both sums in one pass
@@ -254,11 +257,15 @@ class ThresholdCodec(Codec):
 
     name = "threshold"
 
+    @property
+    def tau(self) -> float:
+        return float(self.params.get("tau", 0.01))
+
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
 
     def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
-        tau = float(self.params.get("tau", 0.01))
+        tau = self.tau
         if kernels.usable(B, v, flag):
             out = np.empty(packed_nbytes(B.shape(v)[0], 2), np.uint8)
             kernels.threshold_pack(B.host_view(v), np.float32(tau), out, subtract)
@@ -343,6 +350,28 @@ class QuantizerCompressor(Compressor):
         payload = join_segments(B, self.codec.layout(n, cols), fields)
         return Encoded(payload, meta, self.payload_nbytes(meta),
                        ctx={"subtracted": bool(fields.get("_subtracted", False))})
+
+    def _encode_device(self, g, meta, st, noise) -> Encoded:
+        """Where the backend has a fused op for this codec (TensorFlow on CPU), the step --
+        error feedback, statistics, codes, new residual, finiteness -- is that one op;
+        otherwise the chain of array operations of the base class."""
+        cols = self._cols(meta)
+        fused = self.B.fused_encoder(self.codec, cols)
+        if fused is None:
+            return super()._encode_device(g, meta, st, noise)
+        B = self.B
+        if noise is not None:
+            noise = B.reshape(B.cast(noise, "float32"), (-1,))
+        gen = self.noise.gen if self.noise is not None else None
+        fields, residual, finite = fused(g, st["residual"] if self.ef else None, noise, gen)
+        flag = B.where(finite, B.scalar(1.0, like=g), B.scalar(float("nan"), like=g))
+        layout = self.codec.layout(meta.numel, cols)
+        fields = {seg.name: _flagged(fields[seg.name], flag) if seg.dtype == "float32" else fields[seg.name]
+                  for seg in layout}
+        if self.ef:
+            old = st["residual"]
+            st["residual"] = B.cond(finite, lambda: residual, lambda: old)
+        return Encoded(join_segments(B, layout, fields), meta, self.payload_nbytes(meta))
 
     def _subtract_sent(self, v, enc) -> None:
         if not enc.ctx.get("subtracted"):  # a fused kernel may have done it already

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..core.backend import selection_sample
+from . import fused_ops
 
 _DTYPES = {
     "float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32,
@@ -207,6 +208,14 @@ class TensorFlowBackend:
                          lambda: tf.cast(tf.math.top_k(mag, k=k).indices, tf.int64))
         return tf.ensure_shape(tf.sort(picked), [k])
 
+    def fused_encoder(self, codec, cols):
+        """The compiled CPU op for a quantizer codec (:mod:`.fused_ops`) where no GPU is
+        visible, else None (the chain of TF ops)."""
+        return fused_ops.encoder(codec, cols) if _host_only() else None
+
+    def fused_unpack(self, data, bits, n, values, factors=None, d=None):
+        return fused_ops.unpack(data, bits, n, values, factors, d) if _host_only() else None
+
     # -- indexing -----------------------------------------------------------------
     def gather(self, x, idx):
         return tf.gather(x, idx)
@@ -261,10 +270,10 @@ class TensorFlowBackend:
     def div(self, a, b):
         if not isinstance(a, (tf.Tensor, tf.Variable)):
             a = _like(a, b)
-        return tf.math.divide(a, _like(b, a))
+        return _divide(a, b)
 
     def idiv(self, x, y):
-        return x / _like(y, x)
+        return _divide(x, y)
 
     def ifloor(self, x):
         return tf.floor(x)
@@ -356,6 +365,16 @@ class TensorFlowBackend:
 
     def align(self, value, like):
         return value
+
+
+def _divide(a, b):
+    """``a / b``, correctly rounded also inside ``tf.function``: there Grappler rewrites a
+    division by a constant into a multiplication by its reciprocal (off by an ulp for
+    about half the values), but leaves ``divide_no_nan`` alone -- the same quotient for
+    the nonzero constant divisors it is used for here."""
+    if isinstance(b, (int, float)) and b != 0:
+        return tf.math.divide_no_nan(a, tf.constant(b, dtype=a.dtype))
+    return tf.math.divide(a, _like(b, a))
 
 
 def _sampling_plan(x, k):

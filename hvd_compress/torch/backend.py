@@ -184,6 +184,12 @@ class TorchBackend:
     def top_indices(self, mag, k):
         return None  # the core's selection (host: nonzero; device: compact) is the fast one
 
+    def fused_encoder(self, codec, cols):
+        return None  # CPU tensors take hvd_compress.kernels (numba)
+
+    def fused_unpack(self, data, bits, n, values, factors=None, d=None):
+        return None
+
     def kth_largest(self, x, k):
         n = x.shape[0]
         plan = selection_sample(n, k) if x.device.type == "cpu" else None

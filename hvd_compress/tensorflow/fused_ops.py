@@ -1,0 +1,227 @@
+"""Fused TensorFlow CPU ops for the quantizers: built from ``fused/quantize_ops.cc``.
+
+Run as the core's chain of TensorFlow ops, a quantizer makes a pass over
+memory, and a fresh tensor, per element-wise step: 15-40 times the cost of
+copying the gradient.  The custom ops in ``fused/quantize_ops.cc`` do one
+codec's whole per-element work (error-feedback sum, statistics, codes, bit
+packing, new residual, finiteness) in one or two passes, and decoding in one,
+with the core's float32 arithmetic, so payloads keep the same bits (tested
+against the numpy reference).  They run in eager mode and inside
+``tf.function``, on CPU only: where a GPU is visible the chain runs.
+
+The library is compiled on first use -- ``scripts/setup.sh`` does it ahead, by
+``python -m hvd_compress.tensorflow.fused_ops`` -- with the compiler and flags
+TensorFlow names (``tf.sysconfig``) into
+``~/.cache/hvd-compress/tfops/<key>/``, the key a hash of the source,
+TensorFlow's version, the flags and the compiler.  ``HVD_COMPRESS_FUSED=0``
+turns the ops off; if they cannot be built, a warning says why and the chain
+runs.
+
+Noise: with ``noise=None`` the TernGrad and QSGD ops draw one 64-bit key per
+tensor and step from the compressor's generator and hash it with each
+element's index (uniform on [0, 1) with 24 random bits), instead of
+materialising a noise tensor, which alone costs about 7 copies; the noise
+stream therefore differs from the chain's (both are uniform).  Explicit
+noise gives the reference's bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
+_FLAGS = ["-shared", "-fPIC", "-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
+          "-Wno-deprecated-declarations"]
+
+_LIB = None  # the loaded op module, False after a failure
+_ERROR = ""
+
+
+def enabled() -> bool:
+    return os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hvd-compress" / "tfops"
+
+
+def _cpu_flags() -> list:
+    """-mavx2 where the CPU has it (the element-wise loops vectorise 8 wide)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return ["-mavx2"] if " avx2" in line else []
+    except OSError:
+        pass
+    return []
+
+
+def _command(out: Path) -> list:
+    import tensorflow as tf
+    cxx = shlex.split(os.environ.get("CXX", "g++"))
+    return (cxx + _FLAGS + _cpu_flags() + list(tf.sysconfig.get_compile_flags())
+            + [str(SOURCE), "-o", str(out)] + list(tf.sysconfig.get_link_flags()))
+
+
+def library_path() -> Path:
+    """Where the library for this source, TensorFlow, compiler and flags lives."""
+    import tensorflow as tf
+    probe = _command(Path("OUT"))
+    try:
+        version = subprocess.run(probe[:1] + ["--version"], capture_output=True, text=True,
+                                 timeout=60).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        version = ["no compiler"]
+    h = hashlib.sha256()
+    parts = [SOURCE.read_bytes(), tf.__version__.encode(), " ".join(probe).encode()]
+    for part in parts + [v.encode() for v in version]:
+        h.update(part)
+        h.update(b"\0")
+    return _cache_root() / h.hexdigest()[:16] / "hvdc_quantize_ops.so"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (ranks started together build once)."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library unless the cache has it; returns its path (raises on failure)."""
+    out = library_path()
+    if out.exists():
+        return out
+    with _locked(out.parent / "build.lock"):
+        if out.exists():  # another process built it meanwhile
+            return out
+        tmp = out.with_suffix(f".tmp{os.getpid()}.so")
+        cmd = _command(tmp)
+        if verbose:
+            print(" ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"compiling {SOURCE.name} failed ({cmd[0]} exit {proc.returncode}):\n"
+                               + "\n".join(proc.stderr.splitlines()[-20:]))
+        os.replace(tmp, out)
+    return out
+
+
+def library():
+    """The loaded op module, or None (turned off, or not buildable: warned once)."""
+    global _LIB, _ERROR
+    if not enabled():
+        return None
+    if _LIB is None:
+        try:
+            import tensorflow as tf
+            _LIB = tf.load_op_library(str(build()))
+        except Exception as exc:  # noqa: BLE001 - any failure means: run the chain
+            _LIB, _ERROR = False, f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"hvd_compress: fused TensorFlow ops unavailable, the quantizers run as "
+                          f"chains of TF ops ({_ERROR})", RuntimeWarning, stacklevel=2)
+    return _LIB or None
+
+
+def error() -> str:
+    """Why the library could not be loaded ("" if it was, or was not tried)."""
+    return _ERROR
+
+
+# -- the ops, one per codec ----------------------------------------------------------------
+def encoder(codec, cols: int):
+    """A fused encoder for ``codec`` -- ``(g, residual, noise, gen) -> (fields, new residual,
+    finite)`` -- or None where there is none (other codecs, 1-bit SGD by columns)."""
+    lib = library()
+    if lib is None or codec.name not in _ENCODERS or (codec.name == "onebit" and cols != 1):
+        return None
+    import tensorflow as tf
+
+    def encode(g, residual, noise, gen):
+        residual = _empty(tf) if residual is None else residual
+        return _ENCODERS[codec.name](lib, tf, codec, g, residual, noise, gen)
+    return encode
+
+
+def _empty(tf):
+    return tf.zeros([0], tf.float32)
+
+
+def _noise_inputs(tf, noise, gen):
+    """(noise, key): explicit noise, or none and one key drawn from the generator."""
+    if noise is not None:
+        return noise, tf.zeros([1], tf.int64)
+    return _empty(tf), gen.uniform_full_int([1], tf.int64)
+
+
+def _threshold(lib, tf, codec, g, residual, noise, gen):
+    codes, rout, finite = lib.hvdc_threshold_encode(g, residual, tau=codec.tau)
+    return {"scale": tf.constant([codec.tau], tf.float32), "codes": codes}, rout, finite
+
+
+def _onebit(lib, tf, codec, g, residual, noise, gen):
+    pos, neg, signs, rout, finite = lib.hvdc_onebit_encode(g, residual)
+    return {"pos": pos, "neg": neg, "signs": signs}, rout, finite
+
+
+def _terngrad(lib, tf, codec, g, residual, noise, gen):
+    scale, codes, rout, finite = lib.hvdc_tern_grad_encode(g, residual, *_noise_inputs(tf, noise, gen),
+                                                           clip=codec.clip)
+    return {"scale": scale, "codes": codes}, rout, finite
+
+
+def _qsgd(lib, tf, codec, g, residual, noise, gen):
+    norms, codes, rout, finite = lib.hvdc_qsgd_encode(g, residual, *_noise_inputs(tf, noise, gen),
+                                                      levels=codec.s, bucket=codec.d)
+    return {"norms": norms, "codes": codes}, rout, finite
+
+
+_ENCODERS = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
+
+
+def unpack(data, bits: int, n: int, values, factors=None, d=None):
+    """``values[code i] * factors[i // d]`` for the ``n`` packed codes, or None without the ops."""
+    lib = library()
+    if lib is None:
+        return None
+    import tensorflow as tf
+    table = tf.constant(values, tf.float32) if isinstance(values, list) else tf.cast(values, tf.float32)
+    factors = _empty(tf) if factors is None else tf.reshape(factors, [-1])
+    return lib.hvdc_unpack(data, table, factors, n=n, bits=bits, bucket=d or max(n, 1))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Build (or find in the cache) the fused TensorFlow CPU ops "
+                                             "of the quantizers, load them and print the library's path.")
+    ap.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        path = build(verbose=True)
+        import tensorflow as tf
+        tf.load_op_library(str(path))
+    except Exception as exc:  # noqa: BLE001
+        print(f"fused ops: {exc}", file=sys.stderr)
+        return 1
+    print(f"fused ops: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

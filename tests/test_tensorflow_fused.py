@@ -1,0 +1,225 @@
+"""The fused TensorFlow CPU ops of the quantizers (hvd_compress/tensorflow/fused/quantize_ops.cc).
+
+They must build here (scripts/setup.sh installs the compiler), give the numpy
+reference's payload bytes, residuals and decoded values, keep the rules for
+non-finite input, and their hashed noise must be uniform, reproducible and
+independent of the number of threads.
+"""
+
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+
+from hvd_compress.core import NUMPY, build  # noqa: E402
+from hvd_compress.core.quantizers import make_codec  # noqa: E402
+from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
+from tests.test_torch_same_bits import _bytes  # noqa: E402
+
+TFB = TensorFlowBackend()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# qsgd levels 1, 2, 7, 10, 127: codes of 2, 3, 4, 5 and 8 bits
+SPECS = ["threshold:tau=0.005", "threshold:tau=0.005,ef=0", "onebit", "onebit:ef=0", "terngrad",
+         "terngrad:clip=0", "terngrad:ef=1", "qsgd:levels=1", "qsgd:levels=2,bucket=100", "qsgd",
+         "qsgd:levels=10,bucket=333", "qsgd:levels=127,bucket=65536", "qsgd:levels=7,ef=1"]
+# across 8-element bytes, 1024-element chunks and 65536-element blocks
+SIZES = [1, 7, 9, 1000, 65536 * 2 + 13]
+
+
+@pytest.fixture(autouse=True)
+def _fused_on(monkeypatch):
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
+
+
+def test_the_library_builds_and_loads():
+    assert fused_ops.library() is not None, fused_ops.error()
+    assert fused_ops.library_path().exists()
+
+
+@pytest.mark.parametrize("name", ["threshold", "onebit", "terngrad", "qsgd"])
+def test_the_fused_path_is_taken_where_it_applies(name, monkeypatch):
+    codec = make_codec(name, {})
+    assert TFB.fused_encoder(codec, 1) is not None
+    assert NUMPY.fused_encoder(codec, 1) is None
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
+    assert TFB.fused_encoder(codec, 1) is None
+
+
+def test_onebit_by_columns_and_other_codecs_take_the_chain():
+    assert TFB.fused_encoder(make_codec("onebit", {}), 5) is None
+    assert TFB.fused_encoder(make_codec("fp16", {}), 1) is None
+
+
+def _step(ref, tfc, x, noise):
+    er = ref.encode(x, "w", noise=noise)
+    et = tfc.encode(tf.constant(x), "w", noise=None if noise is None else tf.constant(noise))
+    return er, et
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("spec", SPECS)
+def test_same_bits_as_numpy(spec, size):
+    """Payload bytes, the residual left behind and the decoded tensor, step after step."""
+    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    rng = np.random.default_rng(zlib.crc32(f"{spec}{size}".encode()))
+    for step in range(3):
+        x = (rng.standard_normal(size) * 1e-2).astype(np.float32)
+        noise = rng.random(size, dtype=np.float32) if ref.codec.needs_noise else None
+        er, et = _step(ref, tfc, x, noise)
+        assert _bytes(et.payload.numpy()) == _bytes(er.payload), (spec, size, step)
+        if ref.ef:
+            np.testing.assert_array_equal(tfc.states["w"]["residual"].numpy(), ref.states["w"]["residual"])
+        np.testing.assert_array_equal(tfc.aggregate([et.payload], et).numpy(),
+                                      ref.aggregate([er.payload], er))
+
+
+@pytest.mark.parametrize("spec", ["threshold:tau=0.005", "onebit", "terngrad:ef=1", "qsgd:ef=1"])
+def test_same_bits_traced_with_variable_state(spec):
+    from hvd_compress.tensorflow import compressor
+    comp, ref = compressor(spec), build(spec, NUMPY)
+    needs_noise = ref.codec.needs_noise
+
+    @tf.function
+    def step(x, noise):
+        enc = comp.encode(x, "w", noise=noise if needs_noise else None)
+        return enc.payload, comp.aggregate([enc.payload], enc)
+
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x = (rng.standard_normal(70_001) * 1e-2).astype(np.float32)
+        noise = rng.random(70_001, dtype=np.float32)
+        er = ref.encode(x, "w", noise=noise if needs_noise else None)
+        payload, dense = step(tf.constant(x), tf.constant(noise))
+        assert _bytes(payload.numpy()) == _bytes(er.payload)
+        np.testing.assert_array_equal(dense.numpy(), ref.aggregate([er.payload], er))
+        np.testing.assert_array_equal(comp.tensor_state["w"]["residual"].numpy(), ref.states["w"]["residual"])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("spec", ["threshold:tau=0.005", "onebit", "terngrad:ef=1", "qsgd:ef=1"])
+def test_non_finite_input(spec, bad):
+    """The payload is the reference's (codes of the cleaned values, NaN scales), the
+    aggregate is NaN throughout and the residual stays as it was."""
+    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    rng = np.random.default_rng(1)
+    n = 65536 + 100
+    x = (rng.standard_normal(n) * 1e-2).astype(np.float32)
+    noise = rng.random(n, dtype=np.float32) if ref.codec.needs_noise else None
+    _step(ref, tfc, x, noise)  # a residual to keep
+    before = tfc.states["w"]["residual"].numpy()
+    y = x.copy()
+    y[65536 + 7] = bad  # in the second block
+    er, et = _step(ref, tfc, y, noise)
+    assert _bytes(et.payload.numpy()) == _bytes(er.payload)
+    assert np.isnan(tfc.aggregate([et.payload], et).numpy()).all()
+    np.testing.assert_array_equal(tfc.states["w"]["residual"].numpy(), before)
+
+
+def test_overflow_of_the_error_feedback_sum_is_non_finite():
+    """A finite gradient whose sum with the residual overflows float32 is a non-finite step."""
+    ref, tfc = build("onebit", NUMPY), build("onebit", TFB)
+    x = np.array([3e38, 1e38], np.float32)  # pos = 2e38: the residual keeps +-1e38
+    _step(ref, tfc, x, None)
+    before = tfc.states["w"]["residual"].numpy()
+    np.testing.assert_array_equal(before, ref.states["w"]["residual"])
+    assert np.abs(before).max() > 5e37
+    er, et = _step(ref, tfc, x, None)  # 3e38 + 1e38 overflows
+    assert _bytes(et.payload.numpy()) == _bytes(er.payload)
+    assert np.isnan(tfc.aggregate([et.payload], et).numpy()).all()
+    np.testing.assert_array_equal(tfc.states["w"]["residual"].numpy(), before)
+
+
+def test_decode_op_same_bits_for_every_width():
+    from hvd_compress.core.bitpack import pack_codes, unpack_values
+    rng = np.random.default_rng(2)
+    for bits in range(1, 9):
+        for n in (1, 9, 1000, 70_001):
+            codes = rng.integers(0, 1 << bits, n).astype(np.uint8)
+            data = pack_codes(NUMPY, codes, bits)
+            table = (rng.standard_normal(1 << bits)).astype(np.float32).tolist()
+            factors = rng.random(-(-n // 100)).astype(np.float32)
+            want = unpack_values(NUMPY, data, bits, n, table, factors=factors, d=100)
+            got = unpack_values(TFB, tf.constant(data), bits, n, table, factors=tf.constant(factors), d=100)
+            np.testing.assert_array_equal(got.numpy(), want)
+            np.testing.assert_array_equal(unpack_values(TFB, tf.constant(data), bits, n, table).numpy(),
+                                          unpack_values(NUMPY, data, bits, n, table))
+
+
+# -- hashed noise (noise=None) -----------------------------------------------------------
+def test_hashed_noise_is_reproducible_and_fresh_each_step():
+    x = tf.constant(np.linspace(-1, 1, 5000, dtype=np.float32))
+    a, b = build("terngrad:clip=0,seed=3", TFB), build("terngrad:clip=0,seed=3", TFB)
+    pa = [a.encode(x, "w").payload.numpy() for _ in range(3)]
+    pb = [b.encode(x, "w").payload.numpy() for _ in range(3)]
+    for u, v in zip(pa, pb):
+        np.testing.assert_array_equal(u, v)
+    assert not np.array_equal(pa[0], pa[1])
+    other = build("terngrad:clip=0,seed=4", TFB).encode(x, "w").payload.numpy()
+    assert not np.array_equal(other, pa[0])
+
+
+def test_hashed_noise_is_calibrated():
+    """TernGrad keeps value v (clip off, scale 1) with probability |v|: across 200k values
+    at ten levels, each level's kept fraction is within 4 standard errors of it."""
+    levels = np.arange(10, dtype=np.float32) / 10 + 0.05
+    x = np.repeat(levels, 20_000)
+    x[0] = 1.0  # scale = max|x| = 1
+    comp = build("terngrad:clip=0", TFB)
+    enc = comp.encode(tf.constant(x), "w")
+    kept = comp.aggregate([enc.payload], enc).numpy() != 0
+    for i, p in enumerate(levels):
+        frac = kept[i * 20_000 + 1:(i + 1) * 20_000].mean()
+        assert abs(frac - p) < 4 * np.sqrt(p * (1 - p) / 20_000), (p, frac)
+
+
+@pytest.mark.parametrize("spec", ["qsgd:levels=3", "terngrad"])
+def test_hashed_noise_keeps_quantizers_unbiased(spec):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(4000) * 1e-2).astype(np.float32)
+    comp = build(spec, TFB)
+    steps = 400
+    total = np.zeros_like(x, dtype=np.float64)
+    for _ in range(steps):
+        enc = comp.encode(tf.constant(x), "w")
+        total += comp.aggregate([enc.payload], enc).numpy()
+    target = np.clip(x, -2.5 * x.std(), 2.5 * x.std()) if spec == "terngrad" else x  # TernGrad clips
+    err = total / steps - target
+    # the mean error over 4000 values of a zero-mean estimate: far below one value's spread
+    assert abs(err.mean()) < 3 * err.std() / np.sqrt(x.size)
+    assert np.abs(err).max() < 0.5 * np.abs(x).max()
+
+
+def test_results_do_not_depend_on_the_number_of_threads():
+    """The same payload with one intra-op thread (a fresh process) as with the default."""
+    code = ("import os, sys, numpy as np, tensorflow as tf\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n"
+            "from hvd_compress.core import build\n"
+            "from hvd_compress.tensorflow import TensorFlowBackend\n"
+            "x = tf.constant((np.random.default_rng(0).standard_normal(300_001) * 1e-2).astype(np.float32))\n"
+            "out = []\n"
+            "for spec in ['onebit', 'terngrad', 'qsgd']:\n"
+            "    c = build(spec, TensorFlowBackend())\n"
+            "    out.append(c.encode(x, 'w').payload.numpy().tobytes())\n"
+            "import hashlib; print(hashlib.sha256(b''.join(out)).hexdigest())\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
+    digests = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=300, check=True).stdout.strip() for t in (1, 2)]
+    assert len(digests[0]) == 64 and digests[0] == digests[1]
+
+
+def test_cli_builds_and_reports_the_path():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-m", "hvd_compress.tensorflow.fused_ops"], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert str(fused_ops.library_path()) in out.stdout
+    helped = subprocess.run([sys.executable, "-m", "hvd_compress.tensorflow.fused_ops", "--help"],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert helped.returncode == 0 and "usage" in helped.stdout
