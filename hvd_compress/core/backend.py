@@ -196,8 +196,9 @@ class NumpyBackend:
         backend has compiled CPU ops)."""
         return None
 
-    def fused_unpack(self, data, bits: int, n: int, values, factors=None, d=None):
-        """:func:`~hvd_compress.core.bitpack.unpack_values` as one backend op, or None."""
+    def fused_unpack(self, data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
+        """:func:`~hvd_compress.core.bitpack.unpack_values` as one backend op, or None; with
+        ``cols`` > 1, ``values`` has a value per code and column (code-major)."""
         return None
 
     # -- indexing -----------------------------------------------------------------

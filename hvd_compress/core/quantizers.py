@@ -242,6 +242,9 @@ class OneBitCodec(Codec):
         if cols == 1:  # one look-up: bit 1 -> pos, bit 0 -> neg
             table = B.concat([B.reshape(fields["neg"], (1,)), B.reshape(fields["pos"], (1,))])
             return unpack_values(B, fields["signs"], 1, n, table)
+        fused = B.fused_unpack(fields["signs"], 1, n, B.concat([fields["neg"], fields["pos"]]), cols=cols)
+        if fused is not None:
+            return fused
         bits = B.reshape(unpack_values(B, fields["signs"], 1, n, [0.0, 1.0]), (-1, cols))
         pos = B.reshape(fields["pos"], (1, cols))
         neg = B.reshape(fields["neg"], (1, cols))

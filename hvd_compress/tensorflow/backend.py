@@ -213,8 +213,8 @@ class TensorFlowBackend:
         visible, else None (the chain of TF ops)."""
         return fused_ops.encoder(codec, cols) if _host_only() else None
 
-    def fused_unpack(self, data, bits, n, values, factors=None, d=None):
-        return fused_ops.unpack(data, bits, n, values, factors, d) if _host_only() else None
+    def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):
+        return fused_ops.unpack(data, bits, n, values, factors, d, cols) if _host_only() else None
 
     # -- indexing -----------------------------------------------------------------
     def gather(self, x, idx):

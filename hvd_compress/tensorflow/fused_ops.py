@@ -148,15 +148,15 @@ def error() -> str:
 # -- the ops, one per codec ----------------------------------------------------------------
 def encoder(codec, cols: int):
     """A fused encoder for ``codec`` -- ``(g, residual, noise, gen) -> (fields, new residual,
-    finite)`` -- or None where there is none (other codecs, 1-bit SGD by columns)."""
+    finite)`` -- or None where there is none (other codecs).  ``cols``: 1-bit SGD's columns."""
     lib = library()
-    if lib is None or codec.name not in _ENCODERS or (codec.name == "onebit" and cols != 1):
+    if lib is None or codec.name not in _ENCODERS:
         return None
     import tensorflow as tf
 
     def encode(g, residual, noise, gen):
         residual = _empty(tf) if residual is None else residual
-        return _ENCODERS[codec.name](lib, tf, codec, g, residual, noise, gen)
+        return _ENCODERS[codec.name](lib, tf, codec, cols, g, residual, noise, gen)
     return encode
 
 
@@ -171,23 +171,23 @@ def _noise_inputs(tf, noise, gen):
     return _empty(tf), gen.uniform_full_int([1], tf.int64)
 
 
-def _threshold(lib, tf, codec, g, residual, noise, gen):
+def _threshold(lib, tf, codec, cols, g, residual, noise, gen):
     codes, rout, finite = lib.hvdc_threshold_encode(g, residual, tau=codec.tau)
     return {"scale": tf.constant([codec.tau], tf.float32), "codes": codes}, rout, finite
 
 
-def _onebit(lib, tf, codec, g, residual, noise, gen):
-    pos, neg, signs, rout, finite = lib.hvdc_onebit_encode(g, residual)
+def _onebit(lib, tf, codec, cols, g, residual, noise, gen):
+    pos, neg, signs, rout, finite = lib.hvdc_onebit_encode(g, residual, cols=cols)
     return {"pos": pos, "neg": neg, "signs": signs}, rout, finite
 
 
-def _terngrad(lib, tf, codec, g, residual, noise, gen):
+def _terngrad(lib, tf, codec, cols, g, residual, noise, gen):
     scale, codes, rout, finite = lib.hvdc_tern_grad_encode(g, residual, *_noise_inputs(tf, noise, gen),
                                                            clip=codec.clip)
     return {"scale": scale, "codes": codes}, rout, finite
 
 
-def _qsgd(lib, tf, codec, g, residual, noise, gen):
+def _qsgd(lib, tf, codec, cols, g, residual, noise, gen):
     norms, codes, rout, finite = lib.hvdc_qsgd_encode(g, residual, *_noise_inputs(tf, noise, gen),
                                                       levels=codec.s, bucket=codec.d)
     return {"norms": norms, "codes": codes}, rout, finite
@@ -196,15 +196,17 @@ def _qsgd(lib, tf, codec, g, residual, noise, gen):
 _ENCODERS = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
 
 
-def unpack(data, bits: int, n: int, values, factors=None, d=None):
-    """``values[code i] * factors[i // d]`` for the ``n`` packed codes, or None without the ops."""
+def unpack(data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
+    """``values[code i] * factors[i // d]`` for the ``n`` packed codes, or None without the ops;
+    with ``cols`` > 1, ``values`` holds a value per code and column (code-major) of the
+    ``n / cols`` x ``cols`` matrix."""
     lib = library()
     if lib is None:
         return None
     import tensorflow as tf
     table = tf.constant(values, tf.float32) if isinstance(values, list) else tf.cast(values, tf.float32)
     factors = _empty(tf) if factors is None else tf.reshape(factors, [-1])
-    return lib.hvdc_unpack(data, table, factors, n=n, bits=bits, bucket=d or max(n, 1))
+    return lib.hvdc_unpack(data, table, factors, n=n, bits=bits, bucket=d or max(n, 1), cols=cols)
 
 
 def main(argv=None) -> int:

@@ -187,7 +187,7 @@ class TorchBackend:
     def fused_encoder(self, codec, cols):
         return None  # CPU tensors take hvd_compress.kernels (numba)
 
-    def fused_unpack(self, data, bits, n, values, factors=None, d=None):
+    def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):
         return None
 
     def kth_largest(self, x, k):

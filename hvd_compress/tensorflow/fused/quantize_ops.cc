@@ -357,6 +357,75 @@ inline void OnebitChunk(const float* __restrict v, int m, float pos, float neg, 
   ClearTail(code, m);
 }
 
+// One row's run of columns: pos/neg per column.
+inline void OnebitRun(const float* __restrict v, int m, const float* __restrict pos, const float* __restrict neg,
+                      uint8_t* __restrict code, float* __restrict rout) {
+  for (int j = 0; j < m; ++j) code[j] = static_cast<uint8_t>(v[j] >= 0);
+  if (rout) {
+    for (int j = 0; j < m; ++j) {
+      const float dec = v[j] >= 0 ? pos[j] : neg[j];
+      rout[j] = v[j] - dec;
+    }
+  }
+}
+
+// Per column (one value each): count of v >= 0, sum of those, sum of the rest.
+inline void ColumnSignSums(const float* __restrict v, int m, double* __restrict cnt, double* __restrict sp,
+                           double* __restrict sn) {
+  const D4 zero = {0, 0, 0, 0}, one = {1, 1, 1, 1};
+  int j = 0;
+  for (; j + 4 <= m; j += 4) {
+    const D4 x = Widen(v + j);
+    D4 c, p, q;
+    std::memcpy(&c, cnt + j, sizeof(c));
+    std::memcpy(&p, sp + j, sizeof(p));
+    std::memcpy(&q, sn + j, sizeof(q));
+    c += x >= zero ? one : zero;
+    p += x >= zero ? x : zero;
+    q += x >= zero ? zero : x;
+    std::memcpy(cnt + j, &c, sizeof(c));
+    std::memcpy(sp + j, &p, sizeof(p));
+    std::memcpy(sn + j, &q, sizeof(q));
+  }
+  for (; j < m; ++j) {
+    const double x = v[j];
+    cnt[j] += x >= 0 ? 1.0 : 0.0;
+    sp[j] += x >= 0 ? x : 0.0;
+    sn[j] += x >= 0 ? 0.0 : x;
+  }
+}
+
+// The same sums from `rows` rows v[r][0..m), added in row order.
+inline void ColumnSignSumsOfRows(const float* const* v, int rows, int m, double* __restrict cnt,
+                                 double* __restrict sp, double* __restrict sn) {
+  const D4 zero = {0, 0, 0, 0}, one = {1, 1, 1, 1};
+  int j = 0;
+  for (; j + 4 <= m; j += 4) {
+    D4 c = zero, p = zero, q = zero;
+    for (int r = 0; r < rows; ++r) {
+      const D4 x = Widen(v[r] + j);
+      c += x >= zero ? one : zero;
+      p += x >= zero ? x : zero;
+      q += x >= zero ? zero : x;
+    }
+    std::memcpy(cnt + j, &c, sizeof(c));
+    std::memcpy(sp + j, &p, sizeof(p));
+    std::memcpy(sn + j, &q, sizeof(q));
+  }
+  for (; j < m; ++j) {
+    double c = 0.0, p = 0.0, q = 0.0;
+    for (int r = 0; r < rows; ++r) {
+      const double x = v[r][j];
+      c += x >= 0 ? 1.0 : 0.0;
+      p += x >= 0 ? x : 0.0;
+      q += x >= 0 ? 0.0 : x;
+    }
+    cnt[j] = c;
+    sp[j] = p;
+    sn[j] = q;
+  }
+}
+
 // Sum, sum of squares (float64) and largest magnitude.
 inline void Moments(const float* __restrict v, int m, double* __restrict a, double* __restrict q,
                     float* __restrict mx) {
@@ -529,47 +598,46 @@ class ThresholdEncodeOp : public OpKernel {
 // are the means (float64 sums) of the non-negative and the negative values.
 class OnebitEncodeOp : public OpKernel {
  public:
-  explicit OnebitEncodeOp(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit OnebitEncodeOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("cols", &cols_));
+    OP_REQUIRES(c, cols_ >= 1, InvalidArgument("cols must be >= 1"));
+  }
   void Compute(OpKernelContext* ctx) override {
     Source s;
     OP_REQUIRES_OK(ctx, ReadSource(ctx, &s));
-    const int64_t nb = (s.n + kBlock - 1) / kBlock;
-    std::vector<double> npos(nb, 0.0), spos(nb, 0.0), sneg(nb, 0.0);
-    std::vector<char> fin(nb, 1);
-    ForBlocks(ctx, s.n, kBlock, [&](int64_t b, int64_t begin, int64_t end) {
-      alignas(64) float buf[kChunk];
-      double sp[kLanes] = {0}, sn[kLanes] = {0}, cnt[kLanes] = {0};
-      bool f = true;
-      ForChunks(begin, end, [&](int64_t c, int m) {
-        SignSums(s.Values(c, m, buf, &f), m, cnt, sp, sn);
-      });
-      for (int l = 0; l < kLanes; ++l) {
-        npos[b] += cnt[l];
-        spos[b] += sp[l];
-        sneg[b] += sn[l];
-      }
-      fin[b] = f;
-    });
-    double npd = 0.0, sp = 0.0, sn = 0.0;  // the count is exact in float64 below 2**53
-    for (int64_t b = 0; b < nb; ++b) {
-      npd += npos[b];
-      sp += spos[b];
-      sn += sneg[b];
-    }
-    const int64_t np = static_cast<int64_t>(npd), nn = s.n - np;
-    const float pos = np > 0 ? static_cast<float>(sp / static_cast<double>(np)) : 0.0f;
-    const float neg = nn > 0 ? static_cast<float>(sn / static_cast<double>(nn)) : 0.0f;
-    OP_REQUIRES_OK(ctx, Scalar(ctx, "pos", pos));
-    OP_REQUIRES_OK(ctx, Scalar(ctx, "neg", neg));
-    Tensor* signs_t;
+    const int64_t cols = cols_;
+    OP_REQUIRES(ctx, s.n % cols == 0, InvalidArgument(s.n, " values do not make rows of ", cols));
+    Tensor *pos_t, *neg_t, *signs_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("pos", TensorShape({cols}), &pos_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("neg", TensorShape({cols}), &neg_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output("signs", TensorShape({PackedBytes(s.n, 1)}), &signs_t));
+    float* pos = pos_t->flat<float>().data();
+    float* neg = neg_t->flat<float>().data();
+    std::vector<char> fin;
+    if (cols == 1) {
+      WholeMeans(ctx, s, pos, neg, &fin);
+    } else {
+      ColumnMeans(ctx, s, cols, pos, neg, &fin);
+    }
     uint8_t* signs = signs_t->flat<uint8_t>().data();
     ForBlocks(ctx, s.n, kBlock, [&](int64_t, int64_t begin, int64_t end) {
       alignas(64) float buf[kChunk], res[kChunk];
       alignas(64) uint8_t code[kChunk];
       bool f = true;
       ForChunks(begin, end, [&](int64_t c, int m) {
-        OnebitChunk(s.Values(c, m, buf, &f), m, pos, neg, code, s.Residual(res));
+        const float* v = s.Values(c, m, buf, &f);
+        float* r = s.Residual(res);
+        if (cols == 1) {
+          OnebitChunk(v, m, pos[0], neg[0], code, r);
+        } else {
+          for (int j = 0; j < m;) {  // one row's run of columns at a time
+            const int64_t k = (c + j) % cols;
+            const int stop = static_cast<int>(std::min<int64_t>(m, j + (cols - k)));
+            OnebitRun(v + j, stop - j, pos + k, neg + k, code + j, r ? r + j : nullptr);
+            j = stop;
+          }
+          ClearTail(code, m);
+        }
         s.Keep(c, m, res);
         Pack(code, m, 1, signs + c / 8);
       });
@@ -577,6 +645,71 @@ class OnebitEncodeOp : public OpKernel {
     });
     OP_REQUIRES_OK(ctx, SetFinite(ctx, fin));
   }
+
+ private:
+  // The means of the non-negative and of the negative values, from float64
+  // sums and counts (exact in float64 below 2**53 values).
+  static void Means(double cnt, double sp, double sn, int64_t rows, float* pos, float* neg) {
+    const int64_t np = static_cast<int64_t>(cnt), nn = rows - np;
+    *pos = np > 0 ? static_cast<float>(sp / static_cast<double>(np)) : 0.0f;
+    *neg = nn > 0 ? static_cast<float>(sn / static_cast<double>(nn)) : 0.0f;
+  }
+
+  // One column: eight float64 lanes per block, blocks added in order.
+  static void WholeMeans(OpKernelContext* ctx, const Source& s, float* pos, float* neg, std::vector<char>* fin) {
+    const int64_t nb = (s.n + kBlock - 1) / kBlock;
+    std::vector<double> bc(nb * kLanes, 0.0), bp(nb * kLanes, 0.0), bn(nb * kLanes, 0.0);
+    fin->assign(nb, 1);
+    ForBlocks(ctx, s.n, kBlock, [&](int64_t b, int64_t begin, int64_t end) {
+      alignas(64) float buf[kChunk];
+      bool f = true;
+      ForChunks(begin, end, [&](int64_t c, int m) {
+        SignSums(s.Values(c, m, buf, &f), m, &bc[b * kLanes], &bp[b * kLanes], &bn[b * kLanes]);
+      });
+      (*fin)[b] = f;
+    });
+    double cnt = 0.0, sp = 0.0, sn = 0.0;
+    for (int64_t b = 0; b < nb; ++b) {
+      double c = 0.0, p = 0.0, q = 0.0;
+      for (int l = 0; l < kLanes; ++l) {
+        c += bc[b * kLanes + l];
+        p += bp[b * kLanes + l];
+        q += bn[b * kLanes + l];
+      }
+      cnt += c;
+      sp += p;
+      sn += q;
+    }
+    Means(cnt, sp, sn, s.n, pos, neg);
+  }
+
+  // Columns of a rows x cols matrix (row-major): each task takes a range of
+  // columns and adds its rows in order, so every column's sums have one order.
+  static void ColumnMeans(OpKernelContext* ctx, const Source& s, int64_t cols, float* pos, float* neg,
+                          std::vector<char>* fin) {
+    constexpr int64_t kFewRows = 16;  // up to this many rows are held at once
+    const int64_t rows = s.n / cols;
+    const int64_t width = std::min<int64_t>(cols, kChunk);  // rows are read in runs of 4 KB
+    fin->assign((cols + width - 1) / width, 1);
+    ForBlocks(ctx, cols, width, [&](int64_t t, int64_t k0, int64_t k1) {
+      const int w = static_cast<int>(k1 - k0);
+      double c[kChunk] = {0}, p[kChunk] = {0}, q[kChunk] = {0};  // this range's sums
+      bool f = true;
+      if (rows <= kFewRows) {  // each column's sums in registers, over the rows held
+        std::vector<float> held(rows * kChunk);
+        const float* v[kFewRows];
+        for (int64_t r = 0; r < rows; ++r) v[r] = s.Values(r * cols + k0, w, held.data() + r * kChunk, &f);
+        ColumnSignSumsOfRows(v, static_cast<int>(rows), w, c, p, q);
+      } else {  // row after row into the range's sums (in L1)
+        alignas(64) float buf[kChunk];
+        for (int64_t r = 0; r < rows; ++r) ColumnSignSums(s.Values(r * cols + k0, w, buf, &f), w, c, p, q);
+      }
+      for (int j = 0; j < w; ++j) Means(c[j], p[j], q[j], rows, pos + k0 + j, neg + k0 + j);
+      (*fin)[t] = f;
+    });
+  }
+
+  int cols_;
 };
 
 // ---------------------------------------------------------------------------
@@ -725,15 +858,17 @@ class QSGDEncodeOp : public OpKernel {
 
 // ---------------------------------------------------------------------------
 // Decode: out[i] = table[code i] * factors[i / bucket]; `factors` of 0
-// elements: no scaling.
+// elements: no scaling.  With `cols` > 1 the table holds one value per code
+// and column (code-major) for the rows x cols matrix the n values make.
 class UnpackOp : public OpKernel {
  public:
   explicit UnpackOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
     OP_REQUIRES_OK(c, c->GetAttr("bits", &bits_));
     OP_REQUIRES_OK(c, c->GetAttr("bucket", &bucket_));
+    OP_REQUIRES_OK(c, c->GetAttr("cols", &cols_));
     OP_REQUIRES(c, bits_ >= 1 && bits_ <= 8, InvalidArgument("bits must be in [1, 8]"));
-    OP_REQUIRES(c, bucket_ >= 1 && n_ >= 0, InvalidArgument("bucket must be >= 1 and n >= 0"));
+    OP_REQUIRES(c, bucket_ >= 1 && n_ >= 0 && cols_ >= 1, InvalidArgument("bucket, cols must be >= 1, n >= 0"));
   }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& data_t = ctx->input(0);
@@ -743,7 +878,10 @@ class UnpackOp : public OpKernel {
     const int bits = bits_;
     OP_REQUIRES(ctx, data_t.NumElements() == PackedBytes(n, bits),
                 InvalidArgument("data has ", data_t.NumElements(), " bytes, expected ", PackedBytes(n, bits)));
-    OP_REQUIRES(ctx, table_t.NumElements() == (1 << bits), InvalidArgument("table needs 2**bits values"));
+    const int64_t cols = cols_;
+    OP_REQUIRES(ctx, table_t.NumElements() == (int64_t{1} << bits) * cols,
+                InvalidArgument("table needs 2**bits x cols values"));
+    OP_REQUIRES(ctx, n % cols == 0, InvalidArgument(n, " values do not make rows of ", cols));
     OP_REQUIRES(ctx, factors_t.NumElements() == 0 || factors_t.NumElements() == (n + d - 1) / d,
                 InvalidArgument("factors: one per bucket, or none"));
     Tensor* out_t;
@@ -752,12 +890,29 @@ class UnpackOp : public OpKernel {
     const float* table = table_t.flat<float>().data();
     const float* factors = factors_t.NumElements() ? factors_t.flat<float>().data() : nullptr;
     float* out = out_t->flat<float>().data();
-    const std::vector<float> byte_table = 8 % bits == 0 ? ByteTable(table, bits) : std::vector<float>();
+    const bool by_byte = cols == 1 && 8 % bits == 0;
+    const std::vector<float> byte_table = by_byte ? ByteTable(table, bits) : std::vector<float>();
     ForBlocks(ctx, n, kBlock, [&](int64_t, int64_t begin, int64_t end) {
       alignas(64) uint8_t code[kChunk];
       alignas(64) float val[kChunk + 8], res[kChunk];
       ForChunks(begin, end, [&](int64_t c, int m) {
-        Decode(data + c * bits / 8, m, bits, table, byte_table.data(), code, val);
+        if (by_byte) {
+          Decode(data + c * bits / 8, m, bits, table, byte_table.data(), code, val);
+        } else {  // a table per column: code-major, table[code * cols + column]
+          UnpackCodes(data + c * bits / 8, m, bits, code);
+          for (int j = 0; j < m;) {  // one row's run of columns at a time
+            const int64_t k = (c + j) % cols;
+            const int stop = static_cast<int>(std::min<int64_t>(m, j + (cols - k)));
+            if (bits == 1) {  // a select between the two rows of the table
+              const float* t0 = table + k;
+              const float* t1 = table + cols + k;
+              for (int i = j; i < stop; ++i) val[i] = code[i] ? t1[i - j] : t0[i - j];
+            } else {
+              for (int i = j; i < stop; ++i) val[i] = table[code[i] * cols + k + (i - j)];
+            }
+            j = stop;
+          }
+        }
         for (int j = 0; j < m;) {  // one bucket's run of the chunk at a time
           const int64_t k = (c + j) / d;
           const int stop = static_cast<int>(std::min<int64_t>(m, (k + 1) * d - c));
@@ -772,7 +927,7 @@ class UnpackOp : public OpKernel {
 
  private:
   int64_t n_;
-  int bits_, bucket_;
+  int bits_, bucket_, cols_;
 };
 
 }  // namespace hvdc
@@ -815,12 +970,20 @@ REGISTER_OP("HvdcThresholdEncode")
 REGISTER_OP("HvdcOnebitEncode")
     .Input("grad: float")
     .Input("residual: float")
+    .Attr("cols: int = 1")
     .Output("pos: float")
     .Output("neg: float")
     .Output("signs: uint8")
     .Output("residual_out: float")
     .Output("finite: bool")
-    .SetShapeFn([](InferenceContext* c) { return EncodeShapes(c, 1); });
+    .SetShapeFn([](InferenceContext* c) {
+      int cols;
+      TF_RETURN_IF_ERROR(c->GetAttr("cols", &cols));
+      TF_RETURN_IF_ERROR(EncodeShapes(c, 1));
+      c->set_output(0, c->Vector(cols));
+      c->set_output(1, c->Vector(cols));
+      return tensorflow::OkStatus();
+    });
 
 REGISTER_OP("HvdcTernGradEncode")
     .Input("grad: float")
@@ -861,6 +1024,7 @@ REGISTER_OP("HvdcUnpack")
     .Attr("n: int")
     .Attr("bits: int")
     .Attr("bucket: int")
+    .Attr("cols: int = 1")
     .Output("out: float")
     .SetShapeFn([](InferenceContext* c) {
       int64_t n;
