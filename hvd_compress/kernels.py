@@ -13,8 +13,9 @@ values derived from them agree unless a float64 result lies within about
 1e-16 of a float32 rounding boundary, as between numpy, torch and TensorFlow.
 
 They are used for numpy arrays and CPU torch tensors when numba is installed,
-unless ``HVD_COMPRESS_FUSED=0``; device tensors and TensorFlow always take the
-reference chain.
+unless ``HVD_COMPRESS_FUSED=0``; device tensors take the reference chain, and
+TensorFlow's CPU tensors the compiled ops of :mod:`hvd_compress.tensorflow.fused_ops`
+(the same per-element work, written in C++ against TensorFlow's kernel API).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ the same bits (``tests/test_tensorflow_same_bits.py``).  TensorFlow tensors are
 immutable and may be symbolic, so this backend always takes the core's device
 path: no value is read on the host, data-dependent choices go through
 ``tf.where``, and the "in place" operations return new tensors (the core always
-uses what they return).
+uses what they return).  Where no GPU is visible, the quantizers' encoding and
+decoding run as the compiled CPU ops of :mod:`.fused_ops` (``fused_encoder``,
+``fused_unpack``), with the same bits.
 """
 
 from __future__ import annotations

@@ -77,6 +77,18 @@ inline void ForChunks(int64_t begin, int64_t end, const F& fn) {
   for (int64_t c = begin; c < end; c += kChunk) fn(c, static_cast<int>(std::min<int64_t>(kChunk, end - c)));
 }
 
+// fn(j, stop, q, r) for the runs [j, stop) of a chunk [c, c + m) that lie in
+// one period of p elements (a bucket, a row): element c + j = q * p + r.
+template <typename F>
+inline void ForRuns(int64_t c, int m, int64_t p, const F& fn) {
+  for (int j = 0; j < m;) {
+    const int64_t q = (c + j) / p, r = (c + j) % p;
+    const int stop = static_cast<int>(std::min<int64_t>(m, j + (p - r)));
+    fn(j, stop, q, r);
+    j = stop;
+  }
+}
+
 // dst[0..m) = src (a chunk's buffer on the stack, 64-byte aligned), with
 // streaming stores where dst is 32-byte aligned: the destination's lines are
 // not read first, which saves a quarter of a big output's memory traffic.
@@ -169,6 +181,35 @@ Status ReadSource(OpKernelContext* ctx, Source* src) {
   return tensorflow::OkStatus();
 }
 
+// Clears the codes past m up to the next multiple of 8.
+inline void ClearTail(uint8_t* code, int m) {
+  for (int j = m; j < (m + 7) / 8 * 8; ++j) code[j] = 0;
+}
+
+void Pack(const uint8_t* __restrict code, int m, int bits, uint8_t* __restrict out);
+
+// The pass that writes the codes (`bits` wide, packed into `codes`) and the
+// new residual: fn(c, m, v, code, res) fills code[0..m) for the values v of
+// [c, c + m) and, with error feedback, res[0..m).  `fin` (or nullptr): per
+// block, whether its values were finite.
+template <typename F>
+void CodesPass(OpKernelContext* ctx, const Source& s, int bits, uint8_t* codes, std::vector<char>* fin,
+               const F& fn) {
+  ForBlocks(ctx, s.n, kBlock, [&](int64_t b, int64_t begin, int64_t end) {
+    alignas(64) float buf[kChunk], res[kChunk];
+    alignas(64) uint8_t code[kChunk];
+    bool f = true;
+    ForChunks(begin, end, [&](int64_t c, int m) {
+      fn(c, m, s.Values(c, m, buf, &f), code, s.Residual(res));
+      ClearTail(code, m);
+      s.Keep(c, m, res);
+      Pack(code, m, bits, codes + c * bits / 8);
+    });
+    Fence();
+    if (fin) (*fin)[b] = f;
+  });
+}
+
 // Uniform [0, 1) float32 noise with 24 random bits per value: a two-round
 // 32-bit hash (murmur3's finaliser) of the element index under a 64-bit key.
 // Stateless, so any split of the work gives the same noise.
@@ -215,7 +256,7 @@ Status ReadNoise(OpKernelContext* ctx, int index, int64_t n, Noise* out) {
 
 // Packs m codes (each < 2**bits) into the PackedBytes(m, bits) stream bytes
 // at `out`; code[m..) up to the next multiple of 8 must be 0.
-inline void Pack(const uint8_t* __restrict code, int m, int bits, uint8_t* __restrict out) {
+void Pack(const uint8_t* __restrict code, int m, int bits, uint8_t* __restrict out) {
   const int nbytes = static_cast<int>(PackedBytes(m, bits));
   switch (bits) {
     case 1:
@@ -254,11 +295,6 @@ inline void Pack(const uint8_t* __restrict code, int m, int bits, uint8_t* __res
   }
 }
 
-// Clears the codes past m up to the next multiple of 8.
-inline void ClearTail(uint8_t* code, int m) {
-  for (int j = m; j < (m + 7) / 8 * 8; ++j) code[j] = 0;
-}
-
 Status SetFinite(OpKernelContext* ctx, const std::vector<char>& fin) {
   Tensor* t;
   TF_RETURN_IF_ERROR(ctx->allocate_output("finite", TensorShape({}), &t));
@@ -295,7 +331,6 @@ inline void ThresholdChunk(const float* __restrict v, int m, float tau, uint8_t*
       rout[j] = x - dec;
     }
   }
-  ClearTail(code, m);
 }
 
 // float64 sums in kLanes = 8 lanes: lane l takes elements 8q + l, the lanes
@@ -354,7 +389,6 @@ inline void OnebitChunk(const float* __restrict v, int m, float pos, float neg, 
       rout[j] = v[j] - dec;
     }
   }
-  ClearTail(code, m);
 }
 
 // One row's run of columns: pos/neg per column.
@@ -473,7 +507,6 @@ inline void TernGradChunk(const float* __restrict v, const float* __restrict u, 
       rout[j] = v[j] - dec;
     }
   }
-  ClearTail(code, m);
 }
 
 inline void SumSquares(const float* __restrict v, int m, double* __restrict q) {
@@ -574,17 +607,8 @@ class ThresholdEncodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, st);
     const float tau = tau_;
     std::vector<char> fin((s.n + kBlock - 1) / kBlock, 1);
-    ForBlocks(ctx, s.n, kBlock, [&](int64_t b, int64_t begin, int64_t end) {
-      alignas(64) float buf[kChunk], res[kChunk];
-      alignas(64) uint8_t code[kChunk];
-      bool f = true;
-      ForChunks(begin, end, [&](int64_t c, int m) {
-        ThresholdChunk(s.Values(c, m, buf, &f), m, tau, code, s.Residual(res));
-        s.Keep(c, m, res);
-        Pack(code, m, 2, codes + c / 4);
-      });
-      Fence();
-      fin[b] = f;
+    CodesPass(ctx, s, 2, codes, &fin, [&](int64_t, int m, const float* v, uint8_t* code, float* res) {
+      ThresholdChunk(v, m, tau, code, res);
     });
     OP_REQUIRES_OK(ctx, SetFinite(ctx, fin));
   }
@@ -620,28 +644,14 @@ class OnebitEncodeOp : public OpKernel {
       ColumnMeans(ctx, s, cols, pos, neg, &fin);
     }
     uint8_t* signs = signs_t->flat<uint8_t>().data();
-    ForBlocks(ctx, s.n, kBlock, [&](int64_t, int64_t begin, int64_t end) {
-      alignas(64) float buf[kChunk], res[kChunk];
-      alignas(64) uint8_t code[kChunk];
-      bool f = true;
-      ForChunks(begin, end, [&](int64_t c, int m) {
-        const float* v = s.Values(c, m, buf, &f);
-        float* r = s.Residual(res);
-        if (cols == 1) {
-          OnebitChunk(v, m, pos[0], neg[0], code, r);
-        } else {
-          for (int j = 0; j < m;) {  // one row's run of columns at a time
-            const int64_t k = (c + j) % cols;
-            const int stop = static_cast<int>(std::min<int64_t>(m, j + (cols - k)));
-            OnebitRun(v + j, stop - j, pos + k, neg + k, code + j, r ? r + j : nullptr);
-            j = stop;
-          }
-          ClearTail(code, m);
-        }
-        s.Keep(c, m, res);
-        Pack(code, m, 1, signs + c / 8);
+    CodesPass(ctx, s, 1, signs, nullptr, [&](int64_t c, int m, const float* v, uint8_t* code, float* res) {
+      if (cols == 1) {
+        OnebitChunk(v, m, pos[0], neg[0], code, res);
+        return;
+      }
+      ForRuns(c, m, cols, [&](int j, int stop, int64_t, int64_t k) {  // one row's run of columns
+        OnebitRun(v + j, stop - j, pos + k, neg + k, code + j, res ? res + j : nullptr);
       });
-      Fence();
     });
     OP_REQUIRES_OK(ctx, SetFinite(ctx, fin));
   }
@@ -763,18 +773,10 @@ class TernGradEncodeOp : public OpKernel {
     Status st;
     uint8_t* codes = Codes(ctx, s.n, 2, &st);
     OP_REQUIRES_OK(ctx, st);
-    ForBlocks(ctx, s.n, kBlock, [&](int64_t, int64_t begin, int64_t end) {
-      alignas(64) float buf[kChunk], res[kChunk], u[kChunk];
-      alignas(64) uint8_t code[kChunk];
-      bool f = true;
-      ForChunks(begin, end, [&](int64_t c, int m) {
-        const float* v = s.Values(c, m, buf, &f);
-        noise.Fill(c, m, u);
-        TernGradChunk(v, u, m, cap, safe, scale, code, s.Residual(res));
-        s.Keep(c, m, res);
-        Pack(code, m, 2, codes + c / 4);
-      });
-      Fence();
+    CodesPass(ctx, s, 2, codes, nullptr, [&](int64_t c, int m, const float* v, uint8_t* code, float* res) {
+      alignas(64) float u[kChunk];
+      noise.Fill(c, m, u);
+      TernGradChunk(v, u, m, cap, safe, scale, code, res);
     });
     OP_REQUIRES_OK(ctx, SetFinite(ctx, fin));
   }
@@ -830,24 +832,12 @@ class QSGDEncodeOp : public OpKernel {
       fin[b] = f;
     });
     const int s_ = levels_, bits = bits_;
-    ForBlocks(ctx, s.n, kBlock, [&](int64_t, int64_t begin, int64_t end) {
-      alignas(64) float buf[kChunk], res[kChunk], u[kChunk];
-      alignas(64) uint8_t code[kChunk];
-      bool f = true;
-      ForChunks(begin, end, [&](int64_t c, int m) {
-        const float* v = s.Values(c, m, buf, &f);
-        noise.Fill(c, m, u);
-        for (int j = 0; j < m;) {  // one bucket's run of the chunk at a time
-          const int64_t k = (c + j) / d;
-          const int stop = static_cast<int>(std::min<int64_t>(m, (k + 1) * d - c));
-          QSGDRun(v + j, u + j, stop - j, inv[k], factor[k], s_, code + j, s.rout ? res + j : nullptr);
-          j = stop;
-        }
-        s.Keep(c, m, res);
-        ClearTail(code, m);
-        Pack(code, m, bits, codes + c * bits / 8);
+    CodesPass(ctx, s, bits, codes, nullptr, [&](int64_t c, int m, const float* v, uint8_t* code, float* res) {
+      alignas(64) float u[kChunk];
+      noise.Fill(c, m, u);
+      ForRuns(c, m, d, [&](int j, int stop, int64_t k, int64_t) {  // one bucket's run
+        QSGDRun(v + j, u + j, stop - j, inv[k], factor[k], s_, code + j, res ? res + j : nullptr);
       });
-      Fence();
     });
     OP_REQUIRES_OK(ctx, SetFinite(ctx, fin));
   }
@@ -900,9 +890,7 @@ class UnpackOp : public OpKernel {
           Decode(data + c * bits / 8, m, bits, table, byte_table.data(), code, val);
         } else {  // a table per column: code-major, table[code * cols + column]
           UnpackCodes(data + c * bits / 8, m, bits, code);
-          for (int j = 0; j < m;) {  // one row's run of columns at a time
-            const int64_t k = (c + j) % cols;
-            const int stop = static_cast<int>(std::min<int64_t>(m, j + (cols - k)));
+          ForRuns(c, m, cols, [&](int j, int stop, int64_t, int64_t k) {  // one row's run of columns
             if (bits == 1) {  // a select between the two rows of the table
               const float* t0 = table + k;
               const float* t1 = table + cols + k;
@@ -910,15 +898,11 @@ class UnpackOp : public OpKernel {
             } else {
               for (int i = j; i < stop; ++i) val[i] = table[code[i] * cols + k + (i - j)];
             }
-            j = stop;
-          }
+          });
         }
-        for (int j = 0; j < m;) {  // one bucket's run of the chunk at a time
-          const int64_t k = (c + j) / d;
-          const int stop = static_cast<int>(std::min<int64_t>(m, (k + 1) * d - c));
+        ForRuns(c, m, d, [&](int j, int stop, int64_t k, int64_t) {  // one bucket's run
           Finish(val + j, stop - j, factors ? factors[k] : 1.0f, factors != nullptr, res + j);
-          j = stop;
-        }
+        });
         Store(out + c, res, m);
       });
       Fence();
