@@ -132,7 +132,8 @@ def test_large_tensor_selection_same_bits(case, spec, traced):
     k = 200
     mag = np.abs(x)
 
-    def select(m):
+    @tf.autograph.experimental.do_not_convert  # as the library's entry points: the core needs no
+    def select(m):                              # AutoGraph (no Python control flow on values)
         return topk_indices(TFB, m, k)
 
     got = (tf.function(select) if traced else select)(tf.constant(mag))
