@@ -83,7 +83,8 @@ def library_path() -> Path:
     except (OSError, subprocess.SubprocessError):
         version = ["no compiler"]
     h = hashlib.sha256()
-    parts = [SOURCE.read_bytes(), tf.__version__.encode(), " ".join(probe).encode()]
+    flags = [a for a in probe if a != str(SOURCE)]  # the source by content, not by where it lies
+    parts = [SOURCE.read_bytes(), tf.__version__.encode(), " ".join(flags).encode()]
     for part in parts + [v.encode() for v in version]:
         h.update(part)
         h.update(b"\0")

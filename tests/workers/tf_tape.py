@@ -44,8 +44,10 @@ def _batch(tf, rank, step):
 
 def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     """Our tape's averaged gradient equals the numpy core's aggregation of every
-    rank's gradient (deterministic compressors; stochastic ones get noise=None,
-    compared through each rank's payloads)."""
+    rank's gradient (deterministic compressors).  Stochastic ones draw their own
+    noise: eagerly, each rank's payloads are captured and the numpy core's
+    aggregation of those must give the tape's gradient (traced, ranks must agree)."""
+    from hvd_compress.core.base import TensorMeta
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -71,7 +73,16 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
 
         fn = tf.function(step_fn) if traced else step_fn
         stochastic = comp.core.spec.parts[-1].name in ("qsgd", "terngrad")
-        worst = None if stochastic else 0.0
+        worst = None if stochastic and traced else 0.0
+        sent = {}  # name -> this rank's payload (stochastic compressors, eagerly)
+        if stochastic and not traced:
+            encode = comp.encode
+
+            def capture(tensor, name, noise=None, encode=encode, sent=sent):
+                enc = encode(tensor, name, noise=noise)
+                sent[name] = (enc.payload.numpy(), enc.meta.shape)
+                return enc
+            comp.encode = capture
         for step in range(steps):
             local = None
             for micro in range(bpps):  # the tape returns zeros until the bpps-th pass
@@ -83,11 +94,18 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
             everyone = hvd.allgather_object([g.numpy() for g in local])
             results = hvd.allgather_object([g.numpy() for g in got])
             assert all(np.array_equal(a, b) for a, b in zip(*results)), f"{spec}: ranks disagree"
-            if stochastic:
-                continue  # the noise is TensorFlow's own; same-bits tests cover the encoding
             names = [getattr(v, "path", None) or v.name for v in model.trainable_variables]
-            expected = ref.step([dict(zip(names, grads)) for grads in everyone],
-                                [{} for _ in everyone])
+            if stochastic and traced:
+                continue  # the noise is TensorFlow's own; the eager run checks the aggregation
+            if stochastic:  # the numpy core aggregates the payloads every rank sent
+                payloads = hvd.allgather_object(sent)
+                expected = {}
+                for name in names:  # decoded rank by rank and added in rank order
+                    meta = TensorMeta(name, tuple(sent[name][1]), "float32")
+                    expected[name] = sum(ref.comps[0].decode(p[name][0], meta) for p in payloads) / size
+            else:
+                expected = ref.step([dict(zip(names, grads)) for grads in everyone],
+                                    [{} for _ in everyone])
             for i, name in enumerate(names):
                 expect = expected[name]
                 diff = float(np.max(np.abs(got[i].numpy() - expect)))
