@@ -47,11 +47,11 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     rank's gradient (deterministic compressors).  Stochastic ones draw their own
     noise: eagerly, each rank's payloads are captured and the numpy core's
     aggregation of those must give the tape's gradient (traced, ranks must agree)."""
-    from hvd_compress.core.base import TensorMeta
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     import hvd_compress.tensorflow as hct
+    from hvd_compress.core.base import TensorMeta
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
