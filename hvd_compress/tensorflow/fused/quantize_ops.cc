@@ -562,24 +562,41 @@ inline void ExpandBytes(const uint8_t* __restrict src, int nbytes, const float* 
   for (int q = 0; q < nbytes; ++q) std::memcpy(out + q * kPer, t + src[q] * kPer, sizeof(float) * kPer);
 }
 
-// The values of m codes from the stream bytes at src into val (room for
-// kChunk + 8 values).
-inline void Decode(const uint8_t* __restrict src, int m, int bits, const float* __restrict table,
-                   const float* __restrict byte_table, uint8_t* __restrict code, float* __restrict val) {
-  const int nbytes = static_cast<int>(PackedBytes(m, bits));
-  switch (bits) {
-    case 1:
-      return ExpandBytes<8>(src, nbytes, byte_table, val);
-    case 2:
-      return ExpandBytes<4>(src, nbytes, byte_table, val);
-    case 4:
-      return ExpandBytes<2>(src, nbytes, byte_table, val);
-    case 8:
-      return ExpandBytes<1>(src, nbytes, byte_table, val);
-    default:
-      UnpackCodes(src, m, bits, code);
-      for (int j = 0; j < m; ++j) val[j] = table[code[j]];
+// The values of the m codes of [c, c + m) from the stream bytes at src into
+// val (room for kChunk + 8 values): by byte where there is a byte table
+// (widths that divide 8, one column), else code by code; with cols > 1 the
+// table is code-major, table[code * cols + column].
+inline void Decode(const uint8_t* __restrict src, int64_t c, int m, int bits, int64_t cols,
+                   const float* __restrict table, const std::vector<float>& byte_table, uint8_t* __restrict code,
+                   float* __restrict val) {
+  if (!byte_table.empty()) {
+    const int nbytes = static_cast<int>(PackedBytes(m, bits));
+    const float* t = byte_table.data();
+    switch (bits) {
+      case 1:
+        return ExpandBytes<8>(src, nbytes, t, val);
+      case 2:
+        return ExpandBytes<4>(src, nbytes, t, val);
+      case 4:
+        return ExpandBytes<2>(src, nbytes, t, val);
+      default:
+        return ExpandBytes<1>(src, nbytes, t, val);
+    }
   }
+  UnpackCodes(src, m, bits, code);
+  if (cols == 1) {
+    for (int j = 0; j < m; ++j) val[j] = table[code[j]];
+    return;
+  }
+  ForRuns(c, m, cols, [&](int j, int stop, int64_t, int64_t k) {  // one row's run of columns
+    if (bits == 1) {  // a select between the two rows of the table
+      const float* t0 = table + k;
+      const float* t1 = table + cols + k;
+      for (int i = j; i < stop; ++i) val[i] = code[i] ? t1[i - j] : t0[i - j];
+    } else {
+      for (int i = j; i < stop; ++i) val[i] = table[code[i] * cols + k + (i - j)];
+    }
+  });
 }
 
 // out = val * factor (scaled) or val.
@@ -880,26 +897,12 @@ class UnpackOp : public OpKernel {
     const float* table = table_t.flat<float>().data();
     const float* factors = factors_t.NumElements() ? factors_t.flat<float>().data() : nullptr;
     float* out = out_t->flat<float>().data();
-    const bool by_byte = cols == 1 && 8 % bits == 0;
-    const std::vector<float> byte_table = by_byte ? ByteTable(table, bits) : std::vector<float>();
+    const std::vector<float> byte_table = cols == 1 && 8 % bits == 0 ? ByteTable(table, bits) : std::vector<float>();
     ForBlocks(ctx, n, kBlock, [&](int64_t, int64_t begin, int64_t end) {
       alignas(64) uint8_t code[kChunk];
       alignas(64) float val[kChunk + 8], res[kChunk];
       ForChunks(begin, end, [&](int64_t c, int m) {
-        if (by_byte) {
-          Decode(data + c * bits / 8, m, bits, table, byte_table.data(), code, val);
-        } else {  // a table per column: code-major, table[code * cols + column]
-          UnpackCodes(data + c * bits / 8, m, bits, code);
-          ForRuns(c, m, cols, [&](int j, int stop, int64_t, int64_t k) {  // one row's run of columns
-            if (bits == 1) {  // a select between the two rows of the table
-              const float* t0 = table + k;
-              const float* t1 = table + cols + k;
-              for (int i = j; i < stop; ++i) val[i] = code[i] ? t1[i - j] : t0[i - j];
-            } else {
-              for (int i = j; i < stop; ++i) val[i] = table[code[i] * cols + k + (i - j)];
-            }
-          });
-        }
+        Decode(data + c * bits / 8, c, m, bits, cols, table, byte_table, code, val);
         ForRuns(c, m, d, [&](int j, int stop, int64_t k, int64_t) {  // one bucket's run
           Finish(val + j, stop - j, factors ? factors[k] : 1.0f, factors != nullptr, res + j);
         });
