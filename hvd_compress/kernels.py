@@ -30,12 +30,18 @@ try:  # numba is an optional speed-up; everything works without it
 except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "enabled", "usable", "threshold_pack", "onebit_pack", "terngrad_pack",
+__all__ = ["AVAILABLE", "requested", "enabled", "usable", "threshold_pack", "onebit_pack", "terngrad_pack",
            "qsgd_codes"]
 
 
+def requested() -> bool:
+    """Whether fused code may run at all (``HVD_COMPRESS_FUSED=0`` turns off these kernels
+    and the TensorFlow ops of :mod:`hvd_compress.tensorflow.fused_ops`)."""
+    return os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
+
+
 def enabled() -> bool:
-    return AVAILABLE and os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
+    return AVAILABLE and requested()
 
 
 def usable(B, x, flag) -> bool:

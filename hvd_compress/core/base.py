@@ -46,6 +46,12 @@ def zero_nonfinite(B, v, finite):
     return B.cond(finite, lambda: v, lambda: B.where(B.isfinite(v), v, 0.0))
 
 
+def nan_flag(B, finite, like):
+    """1 where ``finite`` (0-d) holds, else NaN: what every float field of a payload is
+    multiplied by on a device, so that a non-finite step decodes to NaN."""
+    return B.where(finite, B.scalar(1.0, like=like), B.scalar(float("nan"), like=like))
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """What every rank knows about a tensor without communicating."""
@@ -149,8 +155,7 @@ class Compressor:
         v = g + st["residual"] if self.ef else g
         finite = B.all_finite(v)
         clean = zero_nonfinite(B, v, finite)
-        # 1 when finite, NaN when not: multiplies every float field of the payload.
-        flag = B.where(finite, B.scalar(1.0, like=v), B.scalar(float("nan"), like=v))
+        flag = nan_flag(B, finite, v)
         enc = self._encode(clean, meta, st, noise, flag)
         if self.ef:
             old = st["residual"]

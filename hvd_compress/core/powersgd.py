@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Compressor, Encoded, zero_nonfinite
+from .base import Compressor, Encoded, nan_flag, zero_nonfinite
 from .sampling import hash_stream, stream_keys
 
 PURPOSE_Q = 3
@@ -83,7 +83,7 @@ class PowerSGD(Compressor):
         if self.ef:
             v = v + st["residual"]
         finite = B.all_finite(v)
-        flag = B.where(finite, B.scalar(1.0, like=v), B.scalar(float("nan"), like=v))
+        flag = nan_flag(B, finite, v)
         rows, cols = matrix_shape(meta)
         m = B.reshape(zero_nonfinite(B, v, finite), (rows, cols))
         q = st["q"]

@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from .. import kernels
-from .base import Compressor, Encoded
+from .base import Compressor, Encoded, nan_flag
 from .bitpack import Segment, join_segments, pack_codes, packed_nbytes, split_segments, unpack_values
 
 
@@ -367,7 +367,7 @@ class QuantizerCompressor(Compressor):
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
         gen = self.noise.gen if self.noise is not None else None
         fields, residual, finite = fused(g, st["residual"] if self.ef else None, noise, gen)
-        flag = B.where(finite, B.scalar(1.0, like=g), B.scalar(float("nan"), like=g))
+        flag = nan_flag(B, finite, g)
         layout = self.codec.layout(meta.numel, cols)
         fields = {seg.name: _flagged(fields[seg.name], flag) if seg.dtype == "float32" else fields[seg.name]
                   for seg in layout}

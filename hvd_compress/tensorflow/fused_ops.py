@@ -37,16 +37,14 @@ import sys
 import warnings
 from pathlib import Path
 
+from .. import kernels
+
 SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
 _FLAGS = ["-shared", "-fPIC", "-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
           "-Wno-deprecated-declarations"]
 
 _LIB = None  # the loaded op module, False after a failure
 _ERROR = ""
-
-
-def enabled() -> bool:
-    return os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
 
 
 def _cache_root() -> Path:
@@ -128,7 +126,7 @@ def build(verbose: bool = False) -> Path:
 def library():
     """The loaded op module, or None (turned off, or not buildable: warned once)."""
     global _LIB, _ERROR
-    if not enabled():
+    if not kernels.requested():
         return None
     if _LIB is None:
         try:
