@@ -2,19 +2,20 @@
 
 A front end holds a validated spec, builds the core compressor on its
 framework's backend lazily (once Horovod tells the rank and size), and keeps
-Horovod's contract rules: only summable payloads may go through Horovod's own
-allreduce-only wrappers.
+Horovod's contract -- ``compress(tensor) -> (tensor, ctx)``,
+``decompress(tensor, ctx) -> tensor`` -- through the exchange engine: only
+summable payloads may go through Horovod's own allreduce-only wrappers, whose
+allreduce is the final round.
 """
 
 from __future__ import annotations
 
 from . import spec as specmod
 from .core import build
+from .core.base import Encoded
+from .core.exchange import Exchange, new_stats
 
-
-def new_stats() -> dict:
-    """One step's account of bytes sent and milliseconds spent (optimizers and tapes)."""
-    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0}
+__all__ = ["CompressorFrontend", "horovod_builtin_spec", "new_stats"]
 
 
 def horovod_builtin_spec(compression) -> str:
@@ -50,6 +51,37 @@ class CompressorFrontend:
 
     def _horovod_rank_size(self):
         return 0, 1
+
+    def _protocol(self):
+        """What the exchange engine drives: the core (torch), or a wrapper that binds the
+        core's state to variables (TensorFlow)."""
+        return self.core
+
+    def _horovod_collectives(self):
+        """The framework's Horovod collectives over the global process set."""
+        raise NotImplementedError
+
+    def _contract_name(self, tensor) -> str:
+        """The name keying ``tensor``'s state inside Horovod's own optimizer or tape."""
+        raise NotImplementedError
+
+    # -- Horovod's contract ----------------------------------------------------------------
+    def compress(self, tensor):
+        """Encode ``tensor`` (and run PowerSGD's first round); Horovod's allreduce of the
+        returned tensor is the final round."""
+        self._refuse_unsummable()
+        engine = self.__dict__.get("_contract_engine")
+        if engine is None or engine.comp is not self._protocol():
+            engine = Exchange(self._protocol(), self._horovod_collectives(), average=False)
+            self.__dict__["_contract_engine"] = engine
+        enc = engine.prepare(tensor, self._contract_name(tensor))
+        return engine.wired(enc.payload), enc
+
+    def decompress(self, tensor, ctx):
+        """The dense tensor from what Horovod's allreduce returned."""
+        if not isinstance(ctx, Encoded):
+            return tensor
+        return self._protocol().aggregate(tensor, ctx)
 
     @property
     def summable(self) -> bool:

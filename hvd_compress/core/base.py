@@ -1,7 +1,7 @@
 """What every compressor shares: input checks, per-tensor state, error feedback,
-the exchange protocol and the treatment of non-finite gradients.
+the protocol's steps and the treatment of non-finite gradients.
 
-Protocol (one tensor, one step)::
+Protocol (one tensor, one step; :mod:`.exchange` runs it for lists of tensors)::
 
     enc = comp.encode(x, name)                       # local: update state, make payload
     for _ in range(comp.rounds(enc.meta) - 1):       # PowerSGD only: extra rounds
@@ -13,8 +13,7 @@ Protocol (one tensor, one step)::
 
 ``total`` is the dense *sum* over ranks, with ``x``'s shape and dtype; divide
 by the number of ranks for the mean.  ``enc.nbytes`` is exactly what this rank
-sends (per round, summed).  :func:`exchange` runs the protocol given the two
-collectives.
+sends (per round, summed).
 
 Non-finite input (NaN or Inf anywhere in ``x``): the step's aggregate for that
 tensor is non-finite (NaN throughout for the sparsified and quantized formats;
@@ -30,6 +29,7 @@ passes over memory.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,16 @@ import numpy as np
 from .backend import NUMPY
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+_WARNED: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """``message`` as a warning, the first time ``key`` is seen in this process."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
 
 
 def zero_nonfinite(B, v, finite):
@@ -85,6 +95,9 @@ class Compressor:
 
     name = "base"
     summable = False
+    #: whether the payload is the tensor itself, averaged by the collective as Horovod
+    #: does (``none``): the engine then hands Horovod the user's op and decodes nothing
+    passthrough = False
     #: whether this compressor keeps an error-feedback residual (set from ``ef``)
     ef = False
 
@@ -198,6 +211,10 @@ class Compressor:
             total = d if total is None else total + d
         return self._finish(total, meta, out)
 
+    def wire(self, payload):
+        """A summable payload as an allreduce that cannot add bfloat16 carries it."""
+        return payload
+
     def reduce_pair(self, a, b):
         """How the allreduce combines two payloads (summable compressors)."""
         return a + b
@@ -274,19 +291,3 @@ class Compressor:
         if out is None or meta.dtype != "float32" or not B.is_host(out):
             return None
         return B.flat_view(out)
-
-
-def exchange(comp: Compressor, x, name: str, allreduce_sum, allgather, noise=None):
-    """Run one step of the protocol for ``x``; returns ``(dense_sum, encoded)``.
-
-    ``allreduce_sum(payload)`` returns the sum over ranks; ``allgather(payload)``
-    returns the list of every rank's payload in rank order.
-    """
-    enc = comp.encode(x, name, noise=noise)
-    sent = enc.nbytes
-    for _ in range(comp.rounds(enc.meta) - 1):
-        enc = comp.next_round(enc, allreduce_sum(enc.payload))
-        sent += enc.nbytes
-    received = allreduce_sum(enc.payload) if comp.summable else allgather(enc.payload)
-    enc.ctx["total_nbytes"] = sent
-    return comp.aggregate(received, enc), enc

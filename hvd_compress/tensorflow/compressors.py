@@ -127,6 +127,8 @@ class TFCompressor(tf.Module, CompressorFrontend):
     # -- the protocol, with state bound --------------------------------------------------
     @tf.autograph.experimental.do_not_convert
     def encode(self, tensor, name: str, noise=None) -> Encoded:
+        if self.core.passthrough:  # no state to bind
+            return self.core.encode(tensor, name, noise=noise)
         meta = self.core.meta_for(tensor, name)
         with self._bound(meta):
             return self.core.encode(tensor, name, noise=noise)
@@ -161,35 +163,31 @@ class TFCompressor(tf.Module, CompressorFrontend):
         if "extra" in sd:
             self.core._load_extra_state(sd["extra"])
 
+    # -- what the exchange engine reads -----------------------------------------------
+    @property
+    def B(self):
+        return self.BACKEND
+
+    @property
+    def passthrough(self) -> bool:
+        return self.core.passthrough
+
+    def wire(self, payload):
+        return self.core.wire(payload)
+
     # -- Horovod's contract ---------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
-    def compress(self, tensor):
-        self._refuse_unsummable()
-        name = _tensor_name(tensor)
-        enc = self.encode(tensor, name)
-        for _ in range(self.rounds(enc.meta) - 1):
-            import horovod.tensorflow as hvd
-            reduced = hvd.allreduce(enc.payload, op=hvd.Sum,
-                                    name=f"hvdc_{_safe(name)}_round{enc.round}")
-            enc = self.next_round(enc, reduced)
-        return wire(enc.payload), enc
+    compress = tf.autograph.experimental.do_not_convert(CompressorFrontend.compress)
+    decompress = tf.autograph.experimental.do_not_convert(CompressorFrontend.decompress)
 
-    @tf.autograph.experimental.do_not_convert
-    def decompress(self, tensor, ctx):
-        if not isinstance(ctx, Encoded):
-            return tensor
-        return self.aggregate(tensor, ctx)
+    def _protocol(self):
+        return self
 
+    def _horovod_collectives(self):
+        from .exchange import HorovodTF
+        return HorovodTF()
 
-def wire(payload):
-    """Horovod cannot reduce bfloat16: bf16 payloads travel as float16 (see the torch layer)."""
-    if payload.dtype == tf.int16:  # bfloat16 bit patterns
-        return tf.cast(tf.bitcast(payload, tf.bfloat16), tf.float16)
-    return payload
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    def _contract_name(self, tensor) -> str:
+        return _tensor_name(tensor)
 
 
 def _tensor_name(tensor) -> str:

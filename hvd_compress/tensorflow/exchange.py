@@ -1,22 +1,18 @@
-"""One gradient through compression and Horovod's collectives, for the TF tape and Keras.
+"""Horovod's TensorFlow collectives as the exchange engine takes them, and the names
+that key a variable's compressor state and collectives.
 
-``GradientExchange.one(grad, name, stats)`` encodes ``grad`` with the
-compressor's per-tensor state, runs PowerSGD's extra rounds, sends the payload
-with ``allreduce`` (summable) or ``allgather`` (packed bytes, fixed size per
-rank), aggregates, and averages over the ranks (``op=Average``, with
-``gradient_predivide_factor`` split before and after as Horovod does).  Works
-eagerly and inside ``tf.function``; ``stats`` collects bytes sent and, eagerly,
-milliseconds.
+A Horovod TF collective completes inside the op that runs it, eagerly or in a
+``tf.function``: :meth:`HorovodTF.allreduce` returns the result itself and
+:meth:`~hvd_compress.core.exchange.Collectives.wait` hands it back.  Op names
+must be valid TF op names, so collective names are sanitised here.
 """
 
 from __future__ import annotations
 
-import time
-
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .compressors import _safe, wire
+from ..core.exchange import Collectives, Exchange
 
 
 def variable_name(var, default: str = "") -> str:
@@ -25,51 +21,46 @@ def variable_name(var, default: str = "") -> str:
     return getattr(var, "path", None) or getattr(var, "name", None) or default
 
 
-class GradientExchange:
-    def __init__(self, compression, op=hvd.Average, gradient_predivide_factor=1.0,
-                 process_set=hvd.global_process_set):
-        self.compression = compression
-        self.op = op
-        self.predivide = gradient_predivide_factor
+def safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+class HorovodTF(Collectives):
+    """``hvd.allreduce`` / ``hvd.allgather`` over ``process_set`` (results at once)."""
+
+    def __init__(self, process_set=hvd.global_process_set):
         self.process_set = process_set
 
-    @tf.autograph.experimental.do_not_convert
-    def one(self, grad, name, stats, suffix=""):
-        """``suffix`` sets the collectives' names apart from other exchanges of ``name``
-        that may run at the same time (DGA's exchange thread)."""
-        comp = self.compression
-        size = self.process_set.size()
-        tag = _safe(name) + suffix
-        if self.op == hvd.Average and self.predivide != 1.0:
-            grad = grad * (1.0 / self.predivide)
-        t0 = time.perf_counter()
-        enc = comp.encode(grad, name)
-        stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
-        for _ in range(comp.rounds(enc.meta) - 1):
-            t0 = time.perf_counter()
-            reduced = hvd.allreduce(enc.payload, op=hvd.Sum, name=f"hvdc.{tag}.{enc.round}",
-                                    process_set=self.process_set)
-            stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
-            stats["bytes_sent"] += enc.nbytes
-            stats["collectives"] += 1
-            enc = comp.next_round(enc, reduced)
-        t0 = time.perf_counter()
-        if comp.summable:
-            received = hvd.allreduce(wire(enc.payload), op=hvd.Sum, name=f"hvdc.{tag}.{enc.round}",
-                                     process_set=self.process_set)
-            if received.dtype != enc.payload.dtype and enc.payload.dtype != tf.int16:
-                received = tf.cast(received, enc.payload.dtype)
-        else:
-            gathered = hvd.allgather(enc.payload, name=f"hvdc.{tag}.{enc.round}",
-                                     process_set=self.process_set)
-            rows = tf.reshape(gathered, [size, enc.nbytes])  # static: payload sizes are
-            received = [rows[r] for r in range(size)]
-        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
-        stats["bytes_sent"] += enc.nbytes
-        stats["collectives"] += 1
-        t0 = time.perf_counter()
-        total = comp.aggregate(received, enc)
-        if self.op == hvd.Average:
-            total = total * tf.cast(self.predivide / size, total.dtype)
-        stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
-        return total
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
+        return hvd.allreduce(flat, op=hvd.Sum if op is None else op, name=safe_name(name),
+                             prescale_factor=prescale, postscale_factor=postscale,
+                             process_set=self.process_set)
+
+    def allgather(self, flat, name):
+        return hvd.allgather(flat, name=safe_name(name), process_set=self.process_set)
+
+
+_plain = tf.autograph.experimental.do_not_convert
+
+
+class TFExchange(Exchange):
+    """The engine, run as plain Python inside ``tf.function`` (AutoGraph leaves it be:
+    its loops are over Python lists, its branches on Python values)."""
+
+    send = _plain(Exchange.send)
+    receive = _plain(Exchange.receive)
+    run = _plain(Exchange.run)
+    run_each = _plain(Exchange.run_each)
+    prepare = _plain(Exchange.prepare)
+
+
+def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
+           process_set=hvd.global_process_set) -> Exchange:
+    """The exchange engine of a tape or Keras optimizer (``compression``: a TFCompressor,
+    whose methods bind its variables as the core's state)."""
+    return TFExchange(compression, HorovodTF(process_set), average=op == hvd.Average,
+                    predivide=gradient_predivide_factor, op=op)

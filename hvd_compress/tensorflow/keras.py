@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 from ..frontend import new_stats
 from ..localsteps import check_local_args
 from .compressors import as_compressor
-from .exchange import GradientExchange, variable_name
+from .exchange import engine, variable_name
 from .localsteps import TFLocalSteps
 
 __all__ = ["DistributedOptimizer"]
@@ -36,16 +36,15 @@ class _DistributedOptimizer:
         stats = new_stats()
         names = [variable_name(v) for v in trainable_variables]
         local = self._hvdc_local
+        have = [i for i, g in enumerate(grads) if g is not None]
+        sent, sent_names = [grads[i] for i in have], [names[i] for i in have]
         if local.active:
-            have = [i for i, g in enumerate(grads) if g is not None]
-            new = local.gradients([grads[i] for i in have], [trainable_variables[i] for i in have],
-                                  [names[i] for i in have], stats)
-            grads = list(grads)
-            for i, g in zip(have, new):
-                grads[i] = g
+            new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names, stats)
         else:
-            grads = [g if g is None else self._hvdc_exchange.one(g, name, stats)
-                     for g, name in zip(grads, names)]
+            new = self._hvdc_engine.run_each(sent, sent_names, stats)
+        grads = list(grads)
+        for i, g in zip(have, new):
+            grads[i] = g
         out = super(self.__class__, self)._backend_update_step(grads, trainable_variables,
                                                                learning_rate)
         local.after_update(list(trainable_variables), names, stats)
@@ -66,7 +65,7 @@ class _DistributedOptimizer:
 
     @property
     def compression(self):
-        return self._hvdc_exchange.compression
+        return self._hvdc_engine.comp
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -103,9 +102,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
-    opt._hvdc_exchange = GradientExchange(comp, op, gradient_predivide_factor, process_set)
-    opt._hvdc_local = TFLocalSteps(opt._hvdc_exchange, local_sgd, backward_passes_per_step,
+    opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set)
+    opt._hvdc_local = TFLocalSteps(opt._hvdc_engine, local_sgd, backward_passes_per_step,
                                    local_sgd_warmup_steps, delay, buffers)
-    opt.hvd_compressor = opt._hvdc_exchange.compression  # tracked for checkpoints
+    opt.hvd_compressor = comp  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt

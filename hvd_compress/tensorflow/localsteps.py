@@ -26,16 +26,15 @@ import tensorflow as tf
 
 from ..frontend import new_stats
 from ..localsteps import LocalSGDSchedule
-from .compressors import _safe
-from .exchange import variable_name
+from .exchange import HorovodTF, TFExchange, variable_name
 
 
 class TFLocalSteps:
     """One wrapper's local SGD (``period``/``warmup``) or DGA (``delay``) state and steps."""
 
-    def __init__(self, exchange, local_sgd=False, period=1, warmup=0, delay=0, buffers=()):
-        self.exchange = exchange
-        self.comp = exchange.compression
+    def __init__(self, engine, local_sgd=False, period=1, warmup=0, delay=0, buffers=()):
+        self.engine = engine
+        self.comp = engine.comp
         self.schedule = LocalSGDSchedule(period, warmup) if local_sgd else None
         self.delay = delay
         self.buffers = list(buffers)
@@ -55,7 +54,7 @@ class TFLocalSteps:
         if self.delay:
             return self._delayed(grads, names, stats)
         step = self.counter().read_value()
-        if self.comp.spec.name != "none":  # compressed: anchors = where the local phase starts
+        if not self.comp.passthrough:  # compressed: anchors = where the local phase starts
             anchors = self._anchors(variables, names)
             _when(tf.equal(step, self.schedule.warmup),
                   lambda: [a.assign(tf.convert_to_tensor(v)) for a, v in zip(anchors, variables)])
@@ -63,7 +62,7 @@ class TFLocalSteps:
             return list(grads)
 
         def sync():
-            return [self.exchange.one(g, n, stats) for g, n in zip(grads, names)]
+            return self.engine.run_each(grads, names, stats)
 
         # (eagerly, tf.cond is a Python branch)
         return tf.cond(self.schedule.synchronous(step), sync, lambda: [tf.identity(g) for g in grads])
@@ -87,7 +86,7 @@ class TFLocalSteps:
             old_local = tf.gather(local_ring, slot)
             old_avg = tf.gather(avg_ring, slot)
             corrected = tf.where(late, g - old_local + old_avg, g)
-            avg = self.exchange.one(g, name, stats)
+            (avg,) = self.engine.run_each([g], [name], stats)
             with tf.control_dependencies([corrected]):
                 local_ring.scatter_nd_update([[slot]], g[None])
                 avg_ring.scatter_nd_update([[slot]], avg[None])
@@ -130,7 +129,7 @@ class TFLocalSteps:
             def exchange(grads):
                 for key in sent:
                     sent[key] = 0
-                return [self.exchange.one(g, n, sent, suffix=".dga") for g, n in zip(grads, names)]
+                return self.engine.run_each(grads, names, sent, tag=".dga")
 
             fns[names] = (exchange, sent)
         return fns[names]
@@ -160,18 +159,29 @@ class TFLocalSteps:
 
     def average(self, variables, names, stats):
         """Average ``variables`` (and the float buffers) over the ranks now."""
-        if self.comp.spec.name == "none":  # the exact mean of the parameters
-            for v, n in zip(variables, names):
-                _allreduce_assign(v, f"hvdc.local.{_safe(n)}", stats)
+        if self.comp.passthrough:  # the exact mean of the parameters
+            self._average_in_place(variables, names, stats)
         else:  # the mean change since the anchors, through the compressor
-            for v, n, a in zip(variables, names, self._anchors(variables, names)):
-                delta = self.exchange.one(tf.convert_to_tensor(v) - a, f"{n}/delta", stats)
+            anchors = self._anchors(variables, names)
+            deltas = self.engine.run_each([tf.convert_to_tensor(v) - a for v, a in zip(variables, anchors)],
+                                          [f"{n}/delta" for n in names], stats)
+            for v, a, delta in zip(variables, anchors, deltas):
                 a.assign_add(delta)
                 v.assign(a.read_value())
-        for b in self.buffers:
-            if tf.as_dtype(b.dtype).is_floating:
-                _allreduce_assign(b, f"hvdc.local.{_safe(variable_name(b))}", stats)
+        floats = [b for b in self.buffers if tf.as_dtype(b.dtype).is_floating]
+        self._average_in_place(floats, [variable_name(b) for b in floats], stats)
         return tf.constant(True)
+
+    def _average_in_place(self, variables, names, stats):
+        """``variables`` replaced by their mean over the ranks, uncompressed."""
+        if getattr(self, "_dense", None) is None:
+            from .compressors import TFCompressor
+            self._dense = TFExchange(TFCompressor("none"), HorovodTF(self.engine.coll.process_set),
+                                     op=hvd.Average)
+        means = self._dense.run_each([tf.convert_to_tensor(v) for v in variables],
+                                     [f"local.{n}" for n in names], stats)
+        for v, mean in zip(variables, means):
+            v.assign(mean)
 
 
 def _when(condition, fn):
@@ -183,9 +193,3 @@ def _when(condition, fn):
 
     return tf.cond(condition, run, lambda: tf.constant(False))
 
-
-def _allreduce_assign(var, name, stats):
-    value = tf.convert_to_tensor(var)
-    var.assign(hvd.allreduce(value, op=hvd.Average, name=name))
-    stats["bytes_sent"] += int(value.shape.num_elements()) * value.dtype.size
-    stats["collectives"] += 1

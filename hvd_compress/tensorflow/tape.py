@@ -18,7 +18,7 @@ import tensorflow as tf
 from ..frontend import new_stats
 from ..localsteps import check_local_args
 from .compressors import as_compressor
-from .exchange import GradientExchange, variable_name
+from .exchange import engine, variable_name
 from .localsteps import TFLocalSteps
 
 __all__ = ["DistributedGradientTape"]
@@ -35,9 +35,9 @@ class _DistributedGradientTape(tf.GradientTape):
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
-        self._exchange = GradientExchange(compression, op, gradient_predivide_factor, process_set)
+        self._engine = engine(compression, op, gradient_predivide_factor, process_set)
         self._bpps = backward_passes_per_step
-        self._local = TFLocalSteps(self._exchange, local_sgd, backward_passes_per_step,
+        self._local = TFLocalSteps(self._engine, local_sgd, backward_passes_per_step,
                                    local_sgd_warmup_steps, delay, buffers)
         self._seen = None
         self.last_stats = {}
@@ -75,7 +75,8 @@ class _DistributedGradientTape(tf.GradientTape):
             self._seen = ([flat_vars[i] for i, _, _ in pairs], [name for _, _, name in pairs])
             results = self._local.gradients([g for _, g, _ in pairs], *self._seen, stats)
         elif self._bpps == 1:
-            results = [self._exchange.one(g, name, stats) for _, g, name in pairs]
+            results = self._engine.run_each([g for _, g, _ in pairs], [n for _, _, n in pairs],
+                                            stats)
         else:
             results = self._accumulate(pairs, stats)
         out = list(flat)
@@ -113,8 +114,8 @@ class _DistributedGradientTape(tf.GradientTape):
         do = tf.equal(passes % self._bpps, 0)
 
         def sync():
-            outs = [self._exchange.one(acc.read_value(), name, stats)
-                    for acc, (_, _, name) in zip(accs, pairs)]
+            outs = self._engine.run_each([acc.read_value() for acc in accs],
+                                         [name for _, _, name in pairs], stats)
             with tf.control_dependencies(outs):
                 resets = [acc.assign(tf.zeros_like(acc)) for acc in accs]
             with tf.control_dependencies(resets):

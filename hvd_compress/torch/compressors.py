@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from .. import spec as specmod
-from ..core.base import Encoded
+from ..core.base import warn_once
 from ..frontend import CompressorFrontend, horovod_builtin_spec
 from .backend import TorchBackend
 
@@ -30,15 +30,6 @@ __all__ = ["TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK
            "TernGrad", "OneBit", "Threshold", "PowerSGD", "Compose", "compressor", "as_compressor"]
 
 BACKEND = TorchBackend()
-_WARNED = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(message, stacklevel=3)
-
-
 class TorchCompressor(CompressorFrontend):
     """A compressor spec bound to the torch backend; one instance per optimizer."""
 
@@ -90,33 +81,12 @@ class TorchCompressor(CompressorFrontend):
     def load_state_dict(self, state: dict) -> None:
         self.core.load_state_dict(state)
 
-    # -- Horovod's contract ----------------------------------------------------------------
-    def compress(self, tensor):
-        comp = self.core
-        self._refuse_unsummable()
-        name = _horovod_param_name() or _shape_name(tensor)
-        enc = comp.encode(tensor, name)
-        for _ in range(comp.rounds(enc.meta) - 1):
-            import horovod.torch as hvd
-            reduced = hvd.allreduce(enc.payload, op=hvd.Sum,
-                                    name=f"hvd_compress.{name}.round{enc.round}")
-            enc = comp.next_round(enc, reduced)
-        return wire(enc.payload), enc
+    def _horovod_collectives(self):
+        from .collectives import HorovodTorch
+        return HorovodTorch()
 
-    def decompress(self, tensor, ctx):
-        if not isinstance(ctx, Encoded):
-            return tensor
-        return self.core.aggregate(tensor, ctx)
-
-
-def wire(payload):
-    """What the allreduce carries: Horovod 0.28.1 cannot reduce bfloat16, so bf16
-    payloads (values already rounded to bfloat16) travel as float16."""
-    if payload.dtype == torch.int16:  # bfloat16 bit patterns
-        _warn_once("bf16", "Horovod cannot allreduce bfloat16: bf16 payloads are rounded to "
-                   "bfloat16 and sent as float16 (exact within float16's range)")
-        return payload.view(torch.bfloat16).to(torch.float16)
-    return payload
+    def _contract_name(self, tensor) -> str:
+        return _horovod_param_name() or _shape_name(tensor)
 
 
 def _horovod_rank_size():
@@ -149,7 +119,7 @@ def _horovod_param_name():
 
 
 def _shape_name(tensor) -> str:
-    _warn_once("noname", "hvd_compress: compress() was called without a tensor name; per-tensor "
+    warn_once("noname", "hvd_compress: compress() was called without a tensor name; per-tensor "
                "state and shared indices are keyed by shape (use "
                "hvd_compress.torch.DistributedOptimizer for names)")
     return "shape" + "x".join(str(d) for d in tensor.shape)
@@ -274,3 +244,29 @@ def as_compressor(compression) -> TorchCompressor:
     if isinstance(compression, str):
         return compressor(compression)
     return compressor(horovod_builtin_spec(compression))
+
+
+def pair_dgc_with_momentum(optimizer, comp):
+    """DGC applies momentum itself (momentum correction): move the wrapped optimizer's
+    momentum into it, so that it is not applied twice."""
+    if comp.spec.parts[0].name != "dgc":
+        return
+    moms = {g.get("momentum", 0.0) for g in optimizer.param_groups}
+    moms.discard(0.0)
+    moms.discard(0)
+    if not moms:
+        return
+    if len(moms) > 1:
+        raise ValueError(f"DGC applies momentum in the compressor, for all parameters alike; the "
+                         f"wrapped optimizer has several momentum values {sorted(moms)}")
+    m = moms.pop()
+    comp.with_param(0, "momentum", float(m))
+    nesterov = any(g.get("nesterov", False) for g in optimizer.param_groups)
+    if nesterov:
+        comp.with_param(0, "nesterov", True)
+    for g in optimizer.param_groups:
+        g["momentum"] = 0.0
+        if "nesterov" in g:
+            g["nesterov"] = False
+    warnings.warn(f"DGC applies momentum {m} itself (momentum correction); the wrapped "
+                  "optimizer's momentum was set to 0 so that it is not applied twice")

@@ -1,0 +1,289 @@
+"""The exchange engine: the protocol that moves a list of gradients, written once.
+
+Every path that sends tensors -- the PyTorch optimizer, the Horovod-contract
+``compress()``/``decompress()`` of both frameworks, the TensorFlow tape and
+Keras optimizer, local SGD and DGA, and :mod:`.mpi_check` -- runs this code.
+A framework supplies only its array backend (``comp.B``) and its collectives
+(a :class:`Collectives`: Horovod's ``allreduce``/``allgather`` on its tensors
+for one process set, or mpi4py's).
+
+One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
+
+    x_i <- x_i / f                          (op=Average, gradient_predivide_factor f)
+    enc_i = comp.encode(x_i, n_i)           (state: residuals, DGC memory, PowerSGD Q)
+    # tensors that need the same number of rounds share one collective per round
+    for each extra round (PowerSGD):        payloads laid end to end, allreduce-sum,
+        enc_i = comp.next_round(enc_i, sum_i)
+    final round: summable payloads          -> one allreduce-sum
+                 packed bytes               -> one allgather (each rank's row)
+    y_i = comp.aggregate(received_i, enc_i) (dense sum over ranks, decoded into
+                                             ``out_i`` where given)
+    y_i <- y_i * f / p                      (op=Average)
+
+``none`` is Horovod's own: the collective averages (``op``, prescale ``1/f``,
+postscale ``f``) and nothing is decoded, so the result is bit for bit what
+Horovod's ``DistributedOptimizer`` computes.  The account adds to a ``stats``
+dict (:func:`new_stats`): the bytes this rank sends (every round), the
+collectives started, and encode / communicate / decode milliseconds.
+
+:meth:`Exchange.send` starts the collectives and returns a :class:`Batch`;
+:meth:`Exchange.receive` finishes one or several batches (their extra rounds
+interleaved, so the collectives of many groups stay in flight together).
+Horovod's TensorFlow collectives complete inside the call that starts them; the
+engine does not care.
+"""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["Collectives", "Loopback", "Exchange", "Batch", "new_stats"]
+
+
+def new_stats() -> dict:
+    """One step's account of bytes sent and milliseconds spent."""
+    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0}
+
+
+class Collectives:
+    """What a framework lends the engine: collectives over one process set.
+
+    ``allreduce(flat, name, op=None, prescale=1.0, postscale=1.0)`` starts a sum
+    over ranks (``op`` None) or, for uncompressed tensors, the reduction the
+    user asked for (an opaque Horovod op); ``allgather(flat, name)`` starts the
+    concatenation of every rank's ``flat`` in rank order.  Both return a handle
+    that :meth:`wait` turns into the result (for an allgather, the flat
+    concatenation or the list of the ranks' rows).  ``sums_bfloat16``: whether the
+    allreduce can add bfloat16 (Horovod 0.28.1 cannot: bf16 payloads then travel
+    as float16, exact within float16's range)."""
+
+    size = 1
+    sums_bfloat16 = False
+
+    def allreduce(self, flat, name: str, op=None, prescale: float = 1.0, postscale: float = 1.0):
+        raise NotImplementedError
+
+    def allgather(self, flat, name: str):
+        raise NotImplementedError
+
+    def wait(self, handle):
+        return handle
+
+
+class Loopback(Collectives):
+    """One rank talking to itself: what a single process (or a test) exchanges."""
+
+    sums_bfloat16 = True  # nothing is added
+
+    def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
+        return flat if prescale * postscale == 1.0 else flat * (prescale * postscale)
+
+    def allgather(self, flat, name):
+        return flat
+
+
+class _Part:
+    """Tensors of a batch that travel in one collective per round."""
+
+    __slots__ = ("positions", "encs", "rounds", "tag", "final", "handle", "shapes")
+
+    def __init__(self, positions, encs, rounds, tag, final):
+        self.positions, self.encs, self.rounds = positions, encs, rounds
+        self.tag, self.final = tag, final
+        self.handle = self.shapes = None
+
+    @property
+    def round(self) -> int:
+        return self.encs[0].round
+
+    @property
+    def more(self) -> bool:
+        """Whether a round other than the last is in flight."""
+        return self.round < self.rounds - 1
+
+
+class Batch:
+    """Collectives in flight for one :meth:`Exchange.send`; :attr:`encoded` holds
+    each tensor's latest :class:`~.base.Encoded` (its final round once received)."""
+
+    def __init__(self, parts, count: int):
+        self.parts, self.count = parts, count
+
+    @property
+    def encoded(self) -> list:
+        out = [None] * self.count
+        for part in self.parts:
+            for i, enc in zip(part.positions, part.encs):
+                out[i] = enc
+        return out
+
+
+class Exchange:
+    """The protocol for lists of tensors; see the module docstring.
+
+    ``comp`` is a compressor (core, or a framework wrapper that binds its state)
+    with ``B``, ``summable``, ``passthrough``, ``rounds``, ``encode``,
+    ``next_round``, ``aggregate`` and ``wire``.  ``average``: op=Average (the
+    result is the mean over ranks); ``predivide``: Horovod's
+    ``gradient_predivide_factor``; ``op``: the user's op, handed to the
+    collective for uncompressed tensors."""
+
+    def __init__(self, comp, collectives: Collectives, average: bool = True,
+                 predivide: float = 1.0, op=None):
+        self.comp = comp
+        self.coll = collectives
+        self.average = average
+        self.predivide = float(predivide)
+        self.op = op
+
+    @property
+    def size(self) -> int:
+        return self.coll.size
+
+    # -- one step --------------------------------------------------------------------------
+    def send(self, tensors, names, stats: dict, tag: str = "", final: bool = True,
+             noises=None) -> Batch:
+        """Encode ``tensors`` and start their collectives.  ``tag`` sets the collective
+        names apart from other exchanges of the same tensors in flight; ``final=False``
+        leaves the last round to the caller (Horovod's own optimizer); ``noises``
+        (optional, one per tensor) is the stochastic rounding's noise."""
+        comp = self.comp
+        t0 = time.perf_counter()
+        by_rounds: dict[int, tuple[list, list]] = {}
+        for i, (x, name) in enumerate(zip(tensors, names)):
+            if self.average and self.predivide != 1.0 and not comp.passthrough:
+                x = x * (1.0 / self.predivide)
+            enc = comp.encode(x, name, noise=None if noises is None else noises[i])
+            positions, encs = by_rounds.setdefault(comp.rounds(enc.meta), ([], []))
+            positions.append(i)
+            encs.append(enc)
+        stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
+        parts = [_Part(pos, encs, rounds, tag, final)
+                 for rounds, (pos, encs) in by_rounds.items()]
+        for part in parts:
+            if part.more or final:
+                self._start(part, stats)
+        return Batch(parts, len(names))
+
+    def receive(self, batches, stats: dict, outs=None) -> list:
+        """Finish ``batches`` (a :class:`Batch` or a list of them); returns, per batch,
+        the list of results in the order they were sent (a single batch: its list).
+        ``outs`` (same nesting, entries may be None) receive the results in place."""
+        single = isinstance(batches, Batch)
+        batches = [batches] if single else list(batches)
+        if outs is None:
+            outs = [None] * len(batches)
+        elif single:
+            outs = [outs]
+        self._rounds([part for batch in batches for part in batch.parts], stats)
+        results = []
+        for batch, out in zip(batches, outs):
+            result = [None] * batch.count
+            for part in batch.parts:
+                received = self._wait(part, stats)
+                t0 = time.perf_counter()
+                for i, enc, got in zip(part.positions, part.encs, received):
+                    result[i] = self._finish(got, enc, None if out is None else out[i])
+                stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
+            results.append(result)
+        return results[0] if single else results
+
+    def run(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
+        """:meth:`send` then :meth:`receive`: the averaged (or summed) tensors."""
+        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
+
+    def run_each(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
+        """Like :meth:`run`, each tensor in a collective of its own (all in flight at
+        once): for tensors whose dtypes differ, or to keep collectives per variable."""
+        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
+        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
+        return [r for (r,) in results]
+
+    # -- Horovod's contract (its optimizer runs the final collective) ---------------------
+    def prepare(self, tensor, name: str):
+        """Encode ``tensor`` and run its extra rounds; the returned
+        :class:`~.base.Encoded`'s payload, :meth:`wired`, is what Horovod's own
+        allreduce carries, and ``comp.aggregate`` of the result decodes it."""
+        stats = new_stats()
+        batch = self.send([tensor], [name], stats, final=False)
+        self._rounds(batch.parts, stats)
+        return batch.encoded[0]
+
+    def wired(self, payload):
+        """A summable payload as the allreduce can carry it."""
+        return payload if self.coll.sums_bfloat16 else self.comp.wire(payload)
+
+    # -- internals -------------------------------------------------------------------------
+    def _rounds(self, parts, stats: dict) -> None:
+        """Extra rounds (PowerSGD): finish round r of every part, then start its r + 1."""
+        while True:
+            more = [part for part in parts if part.more]
+            if not more:
+                return
+            for part in more:
+                reduced = self._wait(part, stats)
+                t0 = time.perf_counter()
+                part.encs = [self.comp.next_round(e, r) for e, r in zip(part.encs, reduced)]
+                stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
+                if part.more or part.final:
+                    self._start(part, stats)
+
+    def _start(self, part: _Part, stats: dict) -> None:
+        comp = self.comp
+        B = comp.B
+        summable = comp.summable
+        payloads = [self.wired(e.payload) if summable else e.payload for e in part.encs]
+        part.shapes = [B.shape(p) for p in payloads]
+        flat = B.reshape(payloads[0], (-1,)) if len(payloads) == 1 else \
+            B.concat([B.reshape(p, (-1,)) for p in payloads])
+        name = f"hvd_compress.{part.encs[0].meta.name}.{part.round}{part.tag}"
+        stats["bytes_sent"] += sum(e.nbytes for e in part.encs)
+        stats["collectives"] += 1
+        t0 = time.perf_counter()
+        if comp.passthrough:  # exactly what Horovod's own optimizer does
+            pre, post = (1.0 / self.predivide, self.predivide) if self.average else (1.0, 1.0)
+            part.handle = self.coll.allreduce(flat, name, op=self.op, prescale=pre, postscale=post)
+        elif summable or part.more:
+            part.handle = self.coll.allreduce(flat, name)
+        else:
+            part.handle = self.coll.allgather(flat, name)
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+
+    def _wait(self, part: _Part, stats: dict) -> list:
+        """The received payload of each tensor of ``part`` (allgather: a list per tensor,
+        one payload per rank in rank order)."""
+        B = self.comp.B
+        t0 = time.perf_counter()
+        out = self.coll.wait(part.handle)
+        part.handle = None
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+        offsets = [0]
+        for shape in part.shapes:
+            offsets.append(offsets[-1] + _numel(shape))
+        spans = list(zip(offsets, offsets[1:]))
+        if self.comp.summable or part.more:
+            return [B.reshape(out[a:b], shape) for (a, b), shape in zip(spans, part.shapes)]
+        if isinstance(out, (list, tuple)):  # the collectives split the ranks' rows already
+            rows = out
+        else:
+            table = B.reshape(out, (self.size, offsets[-1]))
+            rows = [table[r] for r in range(self.size)]
+        return [[row[a:b] for row in rows] for a, b in spans]
+
+    def _finish(self, got, enc, out):
+        comp = self.comp
+        B = comp.B
+        if comp.passthrough:  # the collective averaged already
+            result = B.reshape(got, enc.meta.shape)
+            return result if out is None else B.icopy(out, result)
+        result = comp.aggregate(got, enc, out=out)
+        if self.average:  # the aggregate is a fresh tensor (or ``out``): scaled in place
+            result = B.imul(result, self.predivide / self.size)
+        return result
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

@@ -1,0 +1,30 @@
+"""Horovod's PyTorch collectives as the exchange engine takes them (async handles)."""
+
+from __future__ import annotations
+
+import horovod.torch as hvd
+
+from ..core.exchange import Collectives
+
+
+class HorovodTorch(Collectives):
+    """``allreduce_async`` / ``allgather_async`` over ``process_set``; :meth:`wait` is
+    ``hvd.synchronize``.  Tensors stay where they are (CPU or CUDA)."""
+
+    def __init__(self, process_set=hvd.global_process_set):
+        self.process_set = process_set
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
+        return hvd.allreduce_async(flat, name=name, op=hvd.Sum if op is None else op,
+                                   prescale_factor=prescale, postscale_factor=postscale,
+                                   process_set=self.process_set)
+
+    def allgather(self, flat, name):
+        return hvd.allgather_async(flat, name=name, process_set=self.process_set)
+
+    def wait(self, handle):
+        return hvd.synchronize(handle)

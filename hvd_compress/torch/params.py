@@ -1,0 +1,56 @@
+"""Horovod's rules for naming and grouping an optimizer's parameters (0.28.1)."""
+
+from __future__ import annotations
+
+import torch
+from horovod.common.util import split_list
+
+
+def checked_names(param_groups, named_parameters):
+    """``named_parameters`` as a list, checked as Horovod checks it (or made up)."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                            for i, group in enumerate(param_groups)
+                            for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [k for k, _ in named_parameters]
+    dups = {k for k in names if names.count(k) > 1}
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. "
+                         f"Found duplicates: {', '.join(sorted(dups))}")
+    all_ids = {id(v) for g in param_groups for v in g["params"]}
+    unnamed = all_ids - {id(v) for _, v in named_parameters}
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters "
+                         f"were not named. Python object ids: {', '.join(map(str, unnamed))}")
+    return named_parameters
+
+
+def make_groups(params, names, groups):
+    """The collectives' groups, as Horovod forms them: one per parameter (``None``), the
+    user's lists (the rest alone), or ``groups`` equal parts, in name order."""
+    ordered = sorted(params, key=lambda p: names[p])
+    if groups is None:
+        return [(p,) for p in ordered]
+    if isinstance(groups, list):
+        seen, out = set(), []
+        for lst in groups:
+            for p in lst:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+            members = tuple(p for p in ordered if any(p is q for q in lst))
+            if members:
+                out.append(members)
+        out += [(p,) for p in ordered if id(p) not in seen]
+        return out
+    if not groups > 0:
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "torch.Tensor.")
+    return [tuple(g) for g in split_list(ordered, groups) if g]
