@@ -10,12 +10,15 @@ allreduce is the final round.
 
 from __future__ import annotations
 
+import inspect
+
 from . import spec as specmod
-from .core import build
+from .core import build, registry
 from .core.base import Encoded
 from .core.exchange import Exchange, new_stats
 
-__all__ = ["CompressorFrontend", "horovod_builtin_spec", "new_stats"]
+__all__ = ["CompressorFrontend", "horovod_builtin_spec", "new_stats", "named_class", "compressor",
+           "class_names"]
 
 
 def horovod_builtin_spec(compression) -> str:
@@ -100,3 +103,76 @@ class CompressorFrontend:
                 f"allreduce, so it cannot run inside {self.HOROVOD_WRAPPER}; use "
                 f"{self.OUR_WRAPPER} (a drop-in replacement taking the same arguments), which "
                 "sends it with allgather")
+
+
+# -- the named classes (hc.TopK, hct.QSGD, ...), made from the registry ------------------------
+def _spec_text(name: str, params: dict) -> str:
+    given = [f"{k}={v}" for k, v in params.items() if v is not None]
+    return name + (":" + ",".join(given) if given else "")
+
+
+def class_names() -> list:
+    """The named classes every framework offers: one per registered algorithm, and Compose."""
+    return [a.class_name for a in registry.algorithms()] + ["Compose"]
+
+
+def named_class(base: type, class_name: str) -> type:
+    """The subclass of ``base`` (a framework's compressor class) called ``class_name``:
+    ``__init__`` takes the algorithm's parameters (positionally in schema order, or by
+    keyword; None: the default) and builds the spec.  Made once per base and name, so
+    ``isinstance`` and pickling work; raises AttributeError for unknown names."""
+    cache = base.__dict__.get("_named_classes")
+    if cache is None:
+        cache = {}
+        setattr(base, "_named_classes", cache)
+    if class_name in cache:
+        return cache[class_name]
+    if class_name == "Compose":
+        def __init__(self, sparsifier, quantizer):
+            base.__init__(self, f"{sparsifier.spec}+{quantizer.spec}")
+        doc = "A sparsifier then a quantizer of the kept values, e.g. Compose(TopK(0.01), QSGD(16))."
+        sig_params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                      for n in ("sparsifier", "quantizer")]
+    else:
+        alg = next((a for a in registry.algorithms() if a.class_name == class_name), None)
+        if alg is None:
+            raise AttributeError(class_name)
+        __init__ = _init_for(base, alg)
+        doc = alg.doc
+        sig_params = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
+                      for k, p in alg.params.items()]
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    __init__.__signature__ = inspect.Signature([self_param] + sig_params)
+    cls = type(class_name, (base,), {"__init__": __init__, "__doc__": doc,
+                                     "__module__": base.__module__, "__qualname__": class_name})
+    cache[class_name] = cls
+    return cls
+
+
+def _init_for(base, alg):
+    keys = list(alg.params)
+
+    def __init__(self, *args, **kwargs):
+        if len(args) > len(keys):
+            raise TypeError(f"{alg.class_name}() takes at most {len(keys)} positional "
+                            f"arguments ({', '.join(keys) or 'none'}), got {len(args)}")
+        given = dict(zip(keys, args))
+        for key, value in kwargs.items():
+            if key not in keys:
+                raise TypeError(f"{alg.class_name}() got an unexpected keyword argument {key!r}; "
+                                f"it takes {', '.join(keys) or 'none'}")
+            if key in given:
+                raise TypeError(f"{alg.class_name}() got multiple values for argument {key!r}")
+            given[key] = value
+        base.__init__(self, _spec_text(alg.name, given))
+    return __init__
+
+
+def compressor(base: type, spec):
+    """An instance of ``base``'s named class for ``spec`` (``Compose`` for two parts)."""
+    parsed = specmod.parse(spec)
+    name = "Compose" if parsed.composed else registry.get(parsed.name).class_name
+    cls = named_class(base, name)
+    obj = cls.__new__(cls)
+    base.__init__(obj, parsed)
+    return obj

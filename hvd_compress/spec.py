@@ -18,104 +18,23 @@ unbiased ones (QSGD, TernGrad, unbiased Random-k); it can be switched either way
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
-__all__ = ["CompressorSpec", "Spec", "parse", "NAMES", "SPARSIFIERS", "QUANTIZERS"]
+from .core import registry
 
-
-def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected a boolean (true/false/1/0), got {text!r}")
+__all__ = ["CompressorSpec", "Spec", "parse", "describe"]  # and NAMES, SPARSIFIERS, QUANTIZERS
 
 
-def _in_open_closed(lo, hi):  # (lo, hi]
-    return (lambda v: lo < v <= hi), f"in ({lo:g}, {hi:g}]"
-
-
-def _in_closed_open(lo, hi):  # [lo, hi)
-    return (lambda v: lo <= v < hi), f"in [{lo:g}, {hi:g})"
-
-
-def _at_least(lo):
-    return (lambda v: v >= lo), f">= {lo:g}"
-
-
-def _positive():
-    return (lambda v: v > 0), "> 0"
-
-
-@dataclass(frozen=True)
-class _Param:
-    kind: Callable[[str], Any]
-    default: Any
-    check: tuple | None = None  # (predicate, description)
-    doc: str = ""
-
-
-_ANY_INT = None
-_SEED = _Param(int, 0, _at_least(0), "seed of the compressor's own random streams")
-
-# name -> {param: _Param}; defaults follow each paper (see hvd_compress/core).
-_PARAMS: dict[str, dict[str, _Param]] = {
-    "none": {},
-    "fp16": {},
-    "bf16": {},
-    "topk": {
-        "ratio": _Param(float, 0.01, _in_open_closed(0, 1), "fraction k/n of elements kept"),
-        "ef": _Param(_bool, True, None, "error feedback"),
-    },
-    "randomk": {
-        "ratio": _Param(float, 0.01, _in_open_closed(0, 1), "fraction k/n of elements kept"),
-        "unbiased": _Param(_bool, False, None, "scale kept values by n/k (unbiased estimate)"),
-        "ef": _Param(_bool, None, None, "error feedback (default: on unless unbiased)"),
-        "seed": _SEED,
-    },
-    "dgc": {
-        "ratio": _Param(float, 0.001, _in_open_closed(0, 1), "final fraction of elements sent"),
-        "momentum": _Param(float, 0.9, _in_closed_open(0, 1), "momentum kept in the compressor"),
-        "nesterov": _Param(_bool, False, None, "Nesterov momentum correction"),
-        "sample_ratio": _Param(float, 0.01, _in_open_closed(0, 1),
-                               "fraction sampled to estimate the threshold"),
-        "warmup_epochs": _Param(int, 4, _at_least(0), "epochs of exponential warm-up sparsity"),
-        "steps_per_epoch": _Param(int, 0, _at_least(0),
-                                  "steps per epoch for the warm-up (0: use set_epoch())"),
-        "clip_norm": _Param(float, 0.0, _at_least(0),
-                            "local gradient clipping norm before N^-1/2 scaling (0: off)"),
-        "seed": _SEED,
-    },
-    "qsgd": {
-        "levels": _Param(int, 7, _at_least(1), "quantization levels s per sign"),
-        "bucket": _Param(int, 512, _at_least(1), "elements per bucket sharing one norm"),
-        "ef": _Param(_bool, False, None, "error feedback (QSGD is unbiased: off)"),
-        "seed": _SEED,
-    },
-    "terngrad": {
-        "clip": _Param(float, 2.5, _at_least(0), "clip at clip*sigma before scaling (0: off)"),
-        "ef": _Param(_bool, False, None, "error feedback (TernGrad is unbiased: off)"),
-        "seed": _SEED,
-    },
-    "onebit": {
-        "ef": _Param(_bool, True, None, "error feedback (1-bit SGD needs it)"),
-    },
-    "threshold": {
-        "tau": _Param(float, 0.01, _positive(), "threshold; values sent as +tau, -tau or 0"),
-        "ef": _Param(_bool, True, None, "residual kept (Strom 2015)"),
-    },
-    "powersgd": {
-        "rank": _Param(int, 2, _at_least(1), "rank r of the approximation"),
-        "ef": _Param(_bool, True, None, "error feedback"),
-        "warm_start": _Param(_bool, True, None, "reuse last step's Q"),
-        "seed": _SEED,
-    },
-}
-
-NAMES = tuple(_PARAMS)
-SPARSIFIERS = ("topk", "randomk", "dgc")
-QUANTIZERS = ("fp16", "bf16", "qsgd", "terngrad", "onebit", "threshold")
+def __getattr__(name):
+    """``NAMES``, ``SPARSIFIERS``, ``QUANTIZERS``: read from the registry when asked, so
+    that compressors registered later are included."""
+    algs = registry.algorithms()
+    if name == "NAMES":
+        return tuple(a.name for a in algs)
+    if name == "SPARSIFIERS":
+        return tuple(a.name for a in algs if a.role == "sparsifier")
+    if name == "QUANTIZERS":
+        return tuple(a.name for a in algs if a.role == "quantizer")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -160,10 +79,12 @@ def _parse_part(text: str) -> CompressorSpec:
     text = text.strip()
     name, _, args = text.partition(":")
     name = name.strip().lower()
-    if name not in _PARAMS:
+    known = {a.name: a for a in registry.algorithms()}
+    if name not in known:
         raise ValueError(f"unknown compressor {name!r} in spec part {text!r}; "
-                         f"known: {', '.join(NAMES)}")
-    schema = _PARAMS[name]
+                         f"known: {', '.join(known)}")
+    alg = known[name]
+    schema = alg.params
     given: dict[str, str] = {}
     if args.strip():
         for item in args.split(","):
@@ -181,7 +102,7 @@ def _parse_part(text: str) -> CompressorSpec:
     for key, p in schema.items():
         if key in given:
             try:
-                value = p.kind(given[key])
+                value = p.read(given[key])
             except ValueError as exc:
                 kind = {int: "an integer", float: "a number"}.get(p.kind, "a boolean")
                 raise ValueError(f"{name}: {key} must be {kind}, got {given[key]!r}") from exc
@@ -190,8 +111,8 @@ def _parse_part(text: str) -> CompressorSpec:
         else:
             value = p.default
         params[key] = value
-    if name == "randomk" and params["ef"] is None:
-        params["ef"] = not params["unbiased"]
+    if alg.derive is not None:
+        alg.derive(params)
     return CompressorSpec(name, params)
 
 
@@ -204,26 +125,28 @@ def parse(spec) -> Spec:
     if not isinstance(spec, str):
         raise TypeError(f"a compressor spec is a string like 'topk:ratio=0.01', got {type(spec).__name__}")
     if not spec.strip():
-        raise ValueError(f"empty compressor spec; known: {', '.join(NAMES)}")
+        raise ValueError(f"empty compressor spec; known: {', '.join(__getattr__('NAMES'))}")
     parts = tuple(_parse_part(p) for p in spec.split("+"))
+    sparsifiers, quantizers = __getattr__("SPARSIFIERS"), __getattr__("QUANTIZERS")
     if len(parts) > 2:
         raise ValueError(f"{spec!r}: a composition has two parts, a sparsifier "
-                         f"({', '.join(SPARSIFIERS)}) then a quantizer ({', '.join(QUANTIZERS)})")
+                         f"({', '.join(sparsifiers)}) then a quantizer ({', '.join(quantizers)})")
     if len(parts) == 2:
         first, second = parts
-        if first.name not in SPARSIFIERS:
+        if first.name not in sparsifiers:
             raise ValueError(f"{spec!r}: the first part of a composition must be a sparsifier "
-                             f"({', '.join(SPARSIFIERS)}), got {first.name!r}")
-        if second.name not in QUANTIZERS:
+                             f"({', '.join(sparsifiers)}), got {first.name!r}")
+        if second.name not in quantizers:
             raise ValueError(f"{spec!r}: the second part of a composition must be a quantizer "
-                             f"({', '.join(QUANTIZERS)}), got {second.name!r}")
+                             f"({', '.join(quantizers)}), got {second.name!r}")
     return Spec(parts)
 
 
 def describe() -> str:
     """Human-readable table of every compressor's parameters and defaults."""
     lines = []
-    for name, schema in _PARAMS.items():
+    for alg in registry.algorithms():
+        name, schema = alg.name, alg.params
         if not schema:
             lines.append(f"{name}")
         for key, p in schema.items():

@@ -123,7 +123,7 @@ def test_dgc_keeps_unsent_momentum_in_its_memory():
         out, enc = single_rank(comp, g, "w")
         sent += out
         hit = np.zeros(200, bool)
-        hit[enc.ctx["indices"][enc.ctx["valid"]]] = True
+        hit[enc.ctx.indices[enc.ctx.valid]] = True
         u[hit] = 0.0  # momentum factor masking
         np.testing.assert_allclose(comp.states["w"]["u"], u, atol=1e-4)
     np.testing.assert_allclose(comp.states["w"]["v"] + sent, sum_u, atol=1e-3)
@@ -254,13 +254,13 @@ def test_dgc_sends_about_k_of_the_largest_accumulated_values():
 def test_randomk_indices_shared_by_ranks_and_change_with_step_and_name():
     x = np.ones(1000, np.float32)
     a, b = build("randomk:ratio=0.05", rank=0), build("randomk:ratio=0.05", rank=1)
-    ia = [a.encode(x, "w").ctx["indices"] for _ in range(3)]
-    ib = [b.encode(x * 2, "w").ctx["indices"] for _ in range(3)]
+    ia = [a.encode(x, "w").ctx.indices for _ in range(3)]
+    ib = [b.encode(x * 2, "w").ctx.indices for _ in range(3)]
     for p, q in zip(ia, ib):
         np.testing.assert_array_equal(p, q)
         assert len(np.unique(p)) == 50
     assert not np.array_equal(ia[0], ia[1])
-    assert not np.array_equal(a.encode(x, "other").ctx["indices"], ia[0])
+    assert not np.array_equal(a.encode(x, "other").ctx.indices, ia[0])
     # the user's global RNG is not touched
     np.random.seed(123)
     before = np.random.random()

@@ -30,7 +30,7 @@ passes over memory.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -80,13 +80,15 @@ class TensorMeta:
 
 @dataclass
 class Encoded:
-    """One rank's payload for one tensor, plus local context for decoding."""
+    """One rank's payload for one tensor, plus local context for decoding: ``ctx`` is
+    the compressor family's own typed record (a sparsifier's
+    :class:`~.sparsifiers.Selection`, PowerSGD's :class:`~.powersgd.Rounds`) or None."""
 
     payload: Any
     meta: TensorMeta
     nbytes: int
     round: int = 0
-    ctx: dict = field(default_factory=dict)
+    ctx: Any = None
 
 
 class Compressor:
@@ -187,7 +189,7 @@ class Compressor:
     def next_round(self, enc: Encoded, reduced) -> Encoded:
         raise NotImplementedError(f"{self.name} has one round")
 
-    def decode(self, payload, meta: TensorMeta, ctx: dict | None = None, out=None):
+    def decode(self, payload, meta: TensorMeta, ctx=None, out=None):
         """Dense tensor (shape and dtype of the input) from one payload.
 
         ``ctx`` is the encoding rank's :attr:`Encoded.ctx` for compressors whose
@@ -195,7 +197,7 @@ class Compressor:
         (optional, the input's shape and dtype) receives the result in place --
         a gradient buffer, say -- and is returned; in host memory this saves
         allocating a dense tensor per step."""
-        return self._finish(self._decode(payload, meta, ctx or {}), meta, out)
+        return self._finish(self._decode(payload, meta, ctx), meta, out)
 
     def aggregate(self, received, enc: Encoded, out=None):
         """Dense sum over ranks from the allreduced payload or the list of gathered ones.

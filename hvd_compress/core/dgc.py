@@ -81,8 +81,8 @@ class DGC(Sparsifier):
                               int(self.params.get("warmup_epochs", 4)))
 
     def k_for(self, meta, ctx=None) -> int:
-        if ctx and "k" in ctx:
-            return ctx["k"]
+        if ctx is not None:
+            return ctx.k
         st = self.states.get(meta.name)
         step = st["step"] if st else 0
         return count_for(self.density(step), meta.numel)
@@ -143,8 +143,7 @@ class DGC(Sparsifier):
             vacc = st["v"] + u
         enc = super()._encode(vacc, meta, st, noise, flag)
         sent = self._decode_own(enc)
-        hit = B.scatter_add(meta.numel, enc.ctx["indices"],
-                            B.cast(enc.ctx["valid"], "float32")) > 0
+        hit = B.scatter_add(meta.numel, enc.ctx.indices, B.cast(enc.ctx.valid, "float32")) > 0
         finite = B.isfinite(flag) if flag is not None else True
         old_v, old_u = st["v"], st["u"]
         st["v"] = B.cond(finite, lambda: vacc - sent, lambda: old_v)
@@ -165,8 +164,8 @@ class DGC(Sparsifier):
             B.iadd(u, g)
             B.iadd(vacc, u)
         enc = super()._encode(vacc, meta, st, noise, None)
-        idx = enc.ctx["indices"]
-        B.index_add(vacc, idx, -enc.ctx["sent"])  # v keeps what was not sent
+        idx = enc.ctx.indices
+        B.index_add(vacc, idx, -enc.ctx.sent)  # v keeps what was not sent
         # momentum factor masking: u[idx] = 0 where a value was sent (x + -x = +0)
-        B.index_add(u, idx, -B.where(enc.ctx["valid"], B.gather(u, idx), 0.0))
+        B.index_add(u, idx, -B.where(enc.ctx.valid, B.gather(u, idx), 0.0))
         return enc

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["Collectives", "Loopback", "Exchange", "Batch", "new_stats"]
+__all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "new_stats"]
 
 
 def new_stats() -> dict:
@@ -68,6 +68,17 @@ class Collectives:
 
     def wait(self, handle):
         return handle
+
+
+class ProcessSetCollectives(Collectives):
+    """Collectives over a Horovod process set (any framework's): its size is the set's."""
+
+    def __init__(self, process_set):
+        self.process_set = process_set
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
 
 
 class Loopback(Collectives):

@@ -136,8 +136,8 @@ def check(specs=DEFAULT_SPECS, steps: int = 3, seed: int = 0, scale: float = 1e-
                     digests = comm.allgather(total.tobytes())
                     if any(d != digests[0] for d in digests):
                         failures.append(f"{name} step {step}: ranks hold different aggregates")
-                    if "indices" in enc.ctx and comp.spec.parts[0].name == "randomk":
-                        idx = comm.allgather(enc.ctx["indices"].tobytes())
+                    if comp.spec.parts[0].name == "randomk":
+                        idx = comm.allgather(enc.ctx.indices.tobytes())
                         if any(i != idx[0] for i in idx):
                             failures.append(f"{name} step {step}: ranks chose different indices")
                     if comp.spec.name == "none":
@@ -164,8 +164,8 @@ def _bytes(payload) -> int:
 def _reference(comp, payloads, enc) -> np.ndarray:
     """Sum over ranks of each payload decoded on its own (float64)."""
     meta = enc.meta
-    if comp.spec.name == "powersgd" and "p_hat" in enc.ctx:
-        p_hat = enc.ctx["p_hat"].astype(np.float64)
+    if comp.spec.name == "powersgd" and enc.ctx.p_hat is not None:
+        p_hat = enc.ctx.p_hat.astype(np.float64)
         return sum(p_hat @ q.astype(np.float64).T for q in payloads).reshape(meta.shape)
     if comp.spec.name == "powersgd":
         return sum(p.astype(np.float64) for p in payloads).reshape(meta.shape)

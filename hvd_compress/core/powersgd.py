@@ -20,11 +20,25 @@ normal distribution seeded by (seed, tensor name), identically on every rank.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from .base import Compressor, Encoded, nan_flag, zero_nonfinite
 from .sampling import hash_stream, stream_keys
 
 PURPOSE_Q = 3
+
+
+@dataclass
+class Rounds:
+    """PowerSGD's encoding context: ``dense`` (sent as it is, one round), or round 0's
+    matrix ``m`` with its finiteness (``finite``, ``flag``), then round 1's ``p_hat``."""
+
+    dense: bool = False
+    m: Any = None
+    finite: Any = None
+    flag: Any = None
+    p_hat: Any = None
 
 
 def matrix_shape(meta) -> tuple:
@@ -78,7 +92,7 @@ class PowerSGD(Compressor):
         B = self.B
         v = B.cast(B.reshape(x, (-1,)), "float32")
         if not self.compressed(meta):
-            return Encoded(v, meta, self.payload_nbytes(meta), ctx={"dense": True})
+            return Encoded(v, meta, self.payload_nbytes(meta), ctx=Rounds(dense=True))
         st = self.state(meta, like=v)
         if self.ef:
             v = v + st["residual"]
@@ -91,29 +105,28 @@ class PowerSGD(Compressor):
             q = self._gaussian(meta, st["step"], v)
         p = B.matmul(m, q) * flag
         return Encoded(p, meta, 4 * rows * self.r, round=0,
-                       ctx={"m": m, "finite": finite, "flag": flag})
+                       ctx=Rounds(m=m, finite=finite, flag=flag))
 
     def next_round(self, enc: Encoded, reduced) -> Encoded:
         B = self.B
         meta = enc.meta
         st = self.states[meta.name]
         p_hat = B.orthonormalize(reduced)
-        q_w = B.matmul(B.transpose(enc.ctx["m"]), p_hat) * enc.ctx["flag"]
+        q_w = B.matmul(B.transpose(enc.ctx.m), p_hat) * enc.ctx.flag
         if self.ef:
             mine = B.reshape(B.matmul(p_hat, B.transpose(q_w)), (-1,))
-            new = B.reshape(enc.ctx["m"], (-1,)) - mine
-            st["residual"] = B.where(B.all_finite(new) & enc.ctx["finite"], new, st["residual"])
+            new = B.reshape(enc.ctx.m, (-1,)) - mine
+            st["residual"] = B.where(B.all_finite(new) & enc.ctx.finite, new, st["residual"])
         _, cols = matrix_shape(meta)
-        ctx = {"p_hat": p_hat}
-        return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=ctx)
+        return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=Rounds(p_hat=p_hat))
 
     def aggregate(self, received, enc: Encoded, out=None):
         B = self.B
         meta = enc.meta
-        if enc.ctx.get("dense"):
+        if enc.ctx.dense:
             return self._finish(received, meta, out)
         st = self.states[meta.name]
-        total = B.matmul(enc.ctx["p_hat"], B.transpose(received))
+        total = B.matmul(enc.ctx.p_hat, B.transpose(received))
         q_next = received * (1.0 / self.world_size)
         st["q"] = B.where(B.all_finite(q_next), q_next, st["q"])
         st["step"] = st["step"] + 1

@@ -1,8 +1,21 @@
-"""Build a compressor from a spec: ``build("topk:ratio=0.01", backend=NUMPY)``."""
+"""One entry per algorithm: its spec name, parameter schema, core class and class name.
+
+Everything else is derived from here: :mod:`hvd_compress.spec` validates specs
+against the schemas, :func:`build` makes the core compressor, the PyTorch and
+TensorFlow named classes (``hc.TopK(ratio=0.01)``, ``hct.TopK(...)``) and
+:func:`hvd_compress.spec.describe` come from the entries.  A new algorithm
+needs a core class and one :func:`register` call -- no framework code::
+
+    register(Algorithm("mine", "Mine", MyCompressor, {"ratio": Param(float, 0.1)}))
+
+Defaults follow each paper (see the core classes' docstrings).
+"""
 
 from __future__ import annotations
 
-from .. import spec as specmod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
 from .backend import NUMPY
 from .base import Compressor
 from .dgc import DGC
@@ -10,7 +23,109 @@ from .powersgd import PowerSGD
 from .quantizers import Cast16, Identity, QuantizerCompressor
 from .sparsifiers import RandomK, TopK
 
-SPARSIFIER_CLASSES = {"topk": TopK, "randomk": RandomK, "dgc": DGC}
+__all__ = ["Param", "Algorithm", "register", "get", "algorithms", "build"]
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (true/false/1/0), got {text!r}")
+
+
+def _in_open_closed(lo, hi):  # (lo, hi]
+    return (lambda v: lo < v <= hi), f"in ({lo:g}, {hi:g}]"
+
+
+def _in_closed_open(lo, hi):  # [lo, hi)
+    return (lambda v: lo <= v < hi), f"in [{lo:g}, {hi:g})"
+
+
+def _at_least(lo):
+    return (lambda v: v >= lo), f">= {lo:g}"
+
+
+def _positive():
+    return (lambda v: v > 0), "> 0"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: how its text is read (``int``, ``float``, ``bool``), its default
+    (None: derived from the others by the entry's ``derive``), a check
+    ``(predicate, description)`` and a line of documentation."""
+
+    kind: Callable[[str], Any]
+    default: Any
+    check: tuple | None = None
+    doc: str = ""
+
+    def read(self, text: str):
+        return _bool(text) if self.kind is bool else self.kind(text)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A compressor the suite knows.
+
+    ``core(params, backend=, rank=, world_size=, **args)`` makes it (``args`` fixed
+    per entry, e.g. the codec of a quantizer); ``role``: ``"sparsifier"`` (may be
+    followed by a quantizer of the kept values, ``topk+qsgd``), ``"quantizer"``
+    (may follow one) or ``""``; ``derive(params)`` fills parameters whose default
+    depends on others."""
+
+    name: str
+    class_name: str
+    core: type
+    params: dict = field(default_factory=dict)
+    role: str = ""
+    args: dict = field(default_factory=dict)
+    derive: Callable[[dict], None] | None = None
+    doc: str = ""
+
+    @property
+    def summable(self) -> bool:
+        """Whether payloads add up (allreduce; usable in Horovod's own wrappers)."""
+        return bool(self.core.summable)
+
+    def make(self, params: dict, backend=NUMPY, rank: int = 0, world_size: int = 1,
+             **extra) -> Compressor:
+        return self.core(params=params, backend=backend, rank=rank, world_size=world_size,
+                         **self.args, **extra)
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm, replace: bool = False) -> Algorithm:
+    """Add ``algorithm`` (its spec name must be new unless ``replace``)."""
+    name = algorithm.name
+    if not name or not name.replace("_", "").isalnum() or name != name.lower():
+        raise ValueError(f"a compressor name is lower-case letters, digits and '_', got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"compressor {name!r} is registered already")
+    if not issubclass(algorithm.core, Compressor):
+        raise TypeError(f"{name}: core must be a hvd_compress.core.Compressor subclass")
+    _REGISTRY[name] = algorithm
+    return algorithm
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Algorithm:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown compressor {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def algorithms() -> tuple:
+    """Every registered :class:`Algorithm`, in registration order."""
+    return tuple(_REGISTRY.values())
 
 
 def build(spec, backend=NUMPY, rank: int = 0, world_size: int = 1) -> Compressor:
@@ -19,21 +134,84 @@ def build(spec, backend=NUMPY, rank: int = 0, world_size: int = 1) -> Compressor
     ``rank`` seeds this rank's own stochastic-rounding noise; ``world_size``
     scales DGC's local clipping and PowerSGD's warm start.
     """
+    from .. import spec as specmod
     parsed = specmod.parse(spec)
     first = parsed.parts[0]
-    kw = dict(backend=backend, rank=rank, world_size=world_size)
+    extra = {}
     if parsed.composed:
         second = parsed.parts[1]
-        comp = SPARSIFIER_CLASSES[first.name](first.params, codec=(second.name, second.params), **kw)
-    elif first.name == "none":
-        comp = Identity(first.params, **kw)
-    elif first.name in ("fp16", "bf16"):
-        comp = Cast16(first.name, first.params, **kw)
-    elif first.name in SPARSIFIER_CLASSES:
-        comp = SPARSIFIER_CLASSES[first.name](first.params, **kw)
-    elif first.name == "powersgd":
-        comp = PowerSGD(first.params, **kw)
-    else:
-        comp = QuantizerCompressor(first.name, first.params, **kw)
+        extra["codec"] = (second.name, second.params)
+    comp = get(first.name).make(first.params, backend, rank, world_size, **extra)
     comp.spec = parsed
     return comp
+
+
+def _randomk_ef(params: dict) -> None:
+    if params["ef"] is None:
+        params["ef"] = not params["unbiased"]
+
+
+_SEED = Param(int, 0, _at_least(0), "seed of the compressor's own random streams")
+_RATIO = Param(float, 0.01, _in_open_closed(0, 1), "fraction k/n of elements kept")
+
+for _alg in (
+    Algorithm("none", "NoneCompressor", Identity, doc="No compression (32 bits, allreduce)."),
+    Algorithm("fp16", "FP16", Cast16, role="quantizer", args={"name": "fp16"},
+              doc="Cast to float16 for the allreduce (as Horovod's Compression.fp16)."),
+    Algorithm("bf16", "BF16", Cast16, role="quantizer", args={"name": "bf16"},
+              doc="Round to bfloat16; sent as float16 since Horovod cannot allreduce bfloat16."),
+    Algorithm("topk", "TopK", TopK, role="sparsifier", params={
+        "ratio": _RATIO,
+        "ef": Param(bool, True, None, "error feedback"),
+    }, doc="Top-k sparsification with error feedback (Aji & Heafield 2017)."),
+    Algorithm("randomk", "RandomK", RandomK, role="sparsifier", params={
+        "ratio": _RATIO,
+        "unbiased": Param(bool, False, None, "scale kept values by n/k (unbiased estimate)"),
+        "ef": Param(bool, None, None, "error feedback (default: on unless unbiased)"),
+        "seed": _SEED,
+    }, derive=_randomk_ef,
+        doc="Random-k with indices shared by all ranks (Stich et al. 2018); allreduce."),
+    Algorithm("dgc", "DGC", DGC, role="sparsifier", params={
+        "ratio": Param(float, 0.001, _in_open_closed(0, 1), "final fraction of elements sent"),
+        "momentum": Param(float, 0.9, _in_closed_open(0, 1), "momentum kept in the compressor"),
+        "nesterov": Param(bool, False, None, "Nesterov momentum correction"),
+        "sample_ratio": Param(float, 0.01, _in_open_closed(0, 1),
+                              "fraction sampled to estimate the threshold"),
+        "warmup_epochs": Param(int, 4, _at_least(0), "epochs of exponential warm-up sparsity"),
+        "steps_per_epoch": Param(int, 0, _at_least(0),
+                                 "steps per epoch for the warm-up (0: use set_epoch())"),
+        "clip_norm": Param(float, 0.0, _at_least(0),
+                           "local gradient clipping norm before N^-1/2 scaling (0: off)"),
+        "seed": _SEED,
+    }, doc="Deep Gradient Compression (Lin et al. 2018); pair with SGD without momentum."),
+    Algorithm("qsgd", "QSGD", QuantizerCompressor, role="quantizer", args={"codec_name": "qsgd"},
+              params={
+        "levels": Param(int, 7, _at_least(1), "quantization levels s per sign"),
+        "bucket": Param(int, 512, _at_least(1), "elements per bucket sharing one norm"),
+        "ef": Param(bool, False, None, "error feedback (QSGD is unbiased: off)"),
+        "seed": _SEED,
+    }, doc="QSGD stochastic quantization (Alistarh et al. 2017), unbiased."),
+    Algorithm("terngrad", "TernGrad", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "terngrad"}, params={
+        "clip": Param(float, 2.5, _at_least(0), "clip at clip*sigma before scaling (0: off)"),
+        "ef": Param(bool, False, None, "error feedback (TernGrad is unbiased: off)"),
+        "seed": _SEED,
+    }, doc="TernGrad (Wen et al. 2017), unbiased ternary quantization."),
+    Algorithm("onebit", "OneBit", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "onebit"}, params={
+        "ef": Param(bool, True, None, "error feedback (1-bit SGD needs it)"),
+    }, doc="1-bit SGD with error feedback (Seide et al. 2014)."),
+    Algorithm("threshold", "Threshold", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "threshold"}, params={
+        "tau": Param(float, 0.01, _positive(), "threshold; values sent as +tau, -tau or 0"),
+        "ef": Param(bool, True, None, "residual kept (Strom 2015)"),
+    }, doc="2-bit threshold quantization with residual (Strom 2015)."),
+    Algorithm("powersgd", "PowerSGD", PowerSGD, params={
+        "rank": Param(int, 2, _at_least(1), "rank r of the approximation"),
+        "ef": Param(bool, True, None, "error feedback"),
+        "warm_start": Param(bool, True, None, "reuse last step's Q"),
+        "seed": _SEED,
+    }, doc="PowerSGD low-rank compression (Vogels et al. 2019); two allreduce rounds."),
+):
+    register(_alg)
+del _alg

@@ -14,6 +14,8 @@ value 0, which adds nothing.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from .base import Compressor, Encoded
 from .bitpack import Segment, join_segments, split_segments
@@ -53,6 +55,18 @@ def topk_indices(B, mag, k: int):
     first_equal = B.compact(mag == t, k)
     ties = B.where(B.arange(k, like=mag) < room, first_equal, B.full((k,), n, "int64", like=mag))
     return B.sort(B.concat([B.compact(above, k), ties]))[:k]
+
+
+@dataclass
+class Selection:
+    """A sparsifier's encoding context, read by decoding and by the state updates (DGC's
+    masking): ``k`` slots, the chosen ``indices`` (0 in unused slots), which slots are
+    ``valid``, and the values as ``sent`` (after the quantizer, if any)."""
+
+    k: int
+    indices: Any
+    valid: Any
+    sent: Any = None
 
 
 class Sparsifier(Compressor):
@@ -103,22 +117,20 @@ class Sparsifier(Compressor):
         B = self.B
         n, k = meta.numel, self.k_for(meta)
         idx, scale = self._select(v, meta, st)
-        ctx = {"k": k}
         valid = idx < n
         safe = B.where(valid, idx, 0)
+        ctx = Selection(k, safe, valid)
         values = B.where(valid, B.gather(v, safe), 0.0)
         if scale is not None:
             values = values * scale
-        ctx["indices"] = safe
-        ctx["valid"] = valid
         if self._codec is None:
             fields = {"values": values if flag is None else values * flag}
-            ctx["sent"] = fields["values"]
+            ctx.sent = fields["values"]
         else:
             if self._codec.needs_noise and noise is None:
                 noise = self.noise.draw(k, like=v)
             fields = self._codec.encode_values(B, values, flag, noise)
-            ctx["sent"] = self._codec.decode_values(B, fields, k)
+            ctx.sent = self._codec.decode_values(B, fields, k)
         if not self.shared_indices:
             fields["indices"] = B.cast(safe, index_dtype(n))
         if self.summable:
@@ -129,11 +141,11 @@ class Sparsifier(Compressor):
 
     def _subtract_sent(self, v, enc) -> None:
         # Only k entries change: v[idx] -= sent (index 0 / value 0 in unused slots).
-        self.B.index_add(v, enc.ctx["indices"], -enc.ctx["sent"])
+        self.B.index_add(v, enc.ctx.indices, -enc.ctx.sent)
 
     def _residual_device(self, clean, enc):
         # The same k-entry update, not a dense decode and subtraction (x - y == x + -y).
-        return self.B.index_add(clean, enc.ctx["indices"], -enc.ctx["sent"])
+        return self.B.index_add(clean, enc.ctx.indices, -enc.ctx.sent)
 
     def _fields(self, payload, meta, ctx):
         if self.summable:
@@ -147,7 +159,7 @@ class Sparsifier(Compressor):
 
     def _indices(self, fields, ctx):
         if self.shared_indices:
-            return ctx["indices"]
+            return ctx.indices
         return self.B.cast(fields["indices"], "int64")
 
     def _decode(self, payload, meta, ctx):
@@ -159,7 +171,7 @@ class Sparsifier(Compressor):
         B = self.B
         flat = self._flat_out(out, enc.meta)  # scatter straight into the caller's buffer
         total = B.izero(flat) if flat is not None else \
-            B.zeros((enc.meta.numel,), "float32", like=enc.ctx["indices"])
+            B.zeros((enc.meta.numel,), "float32", like=enc.ctx.indices)
         for p in ([received] if self.summable else received):  # rank by rank: one order everywhere
             fields = self._fields(p, enc.meta, enc.ctx)
             total = B.index_add(total, self._indices(fields, enc.ctx),

@@ -15,10 +15,16 @@ as numpy), in eager mode and inside ``tf.function``, with per-variable state in
 ``powersgd``) also work in Horovod's own ``hvd.DistributedGradientTape``.
 """
 
-from . import keras  # noqa: E402  (hvd_compress.tensorflow.keras.DistributedOptimizer)
+from ..frontend import class_names
+from . import compressors, keras  # noqa: E402  (hvd_compress.tensorflow.keras.DistributedOptimizer)
 from .backend import TensorFlowBackend
 from .compressors import TFCompressor, as_compressor, compressor
 from .tape import DistributedGradientTape
 
 __all__ = ["TensorFlowBackend", "TFCompressor", "compressor", "as_compressor",
-           "DistributedGradientTape", "keras"]
+           "DistributedGradientTape", "keras", *class_names()]
+
+
+def __getattr__(name):
+    """``hct.TopK``, ``hct.QSGD``, ...: the named classes, made from the registry."""
+    return getattr(compressors, name)

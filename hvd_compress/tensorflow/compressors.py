@@ -15,18 +15,20 @@ Horovod's contract -- ``compress(tensor) -> (tensor, ctx)``,
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from .. import spec as specmod
 from ..core.base import Encoded
-from ..frontend import CompressorFrontend, horovod_builtin_spec
+from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
+from ..frontend import compressor as _compressor
 from .backend import TensorFlowBackend
 
 BACKEND = TensorFlowBackend()
 
-__all__ = ["TFCompressor", "compressor", "as_compressor"]
+__all__ = ["TFCompressor", "compressor", "as_compressor", *class_names()]
 
 
 class TFCompressor(tf.Module, CompressorFrontend):
@@ -183,8 +185,10 @@ class TFCompressor(tf.Module, CompressorFrontend):
         return self
 
     def _horovod_collectives(self):
+        import horovod.tensorflow as hvd
+
         from .exchange import HorovodTF
-        return HorovodTF()
+        return HorovodTF(hvd.global_process_set)
 
     def _contract_name(self, tensor) -> str:
         return _tensor_name(tensor)
@@ -208,28 +212,45 @@ def _horovod_rank_size():
     return 0, 1
 
 
+def __getattr__(name):
+    """The named classes (``TopK``, ``QSGD``, ..., ``Compose``), made from the registry."""
+    return named_class(TFCompressor, name)
+
+
 def compressor(spec) -> TFCompressor:
     """A TensorFlow compressor from a spec string, e.g. ``compressor("topk:ratio=0.01")``."""
-    return TFCompressor(spec)
-
-
-_SHARED: dict = {}
+    return _compressor(TFCompressor, spec)
 
 
 def as_compressor(compression) -> TFCompressor:
-    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``.
-
-    TensorFlow code makes a new tape every step, so a spec string (or None) names
-    one compressor shared by every tape in the process -- its error-feedback and
-    other state carry over from step to step.  Pass a :class:`TFCompressor` to
-    keep state apart (two models, say)."""
+    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``:
+    a compressor object as it is, anything else as a new compressor with its own state."""
     if isinstance(compression, TFCompressor):
         return compression
     if compression is None:
         compression = "none"
     if not isinstance(compression, str):
         compression = horovod_builtin_spec(compression)
-    key = str(specmod.parse(compression))
-    if key not in _SHARED:
-        _SHARED[key] = TFCompressor(key)
-    return _SHARED[key]
+    return compressor(compression)
+
+
+_OWNED: dict = {}
+
+
+def owned_by(variables, spec) -> TFCompressor:
+    """The compressor that keeps ``spec``'s state for ``variables`` (made on first use).
+
+    TensorFlow code makes a new tape every step; with a spec string the state --
+    residuals, accumulators, counters, DGA's queue -- belongs to the variables the
+    tape differentiates (as an optimizer's slots do), so successive tapes over
+    one model share it and tapes over different models never do.  Held with a
+    weak reference to the first variable: it goes when the model goes."""
+    key_var = variables[0]
+    key = (id(key_var), str(specmod.parse(spec)), tuple(id(v) for v in variables))
+    entry = _OWNED.get(key)
+    if entry is None or entry[0]() is not key_var:
+        for k in [k for k, (ref, _) in _OWNED.items() if ref() is None]:
+            del _OWNED[k]
+        entry = (weakref.ref(key_var), as_compressor(spec))
+        _OWNED[key] = entry
+    return entry[1]

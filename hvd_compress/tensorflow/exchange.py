@@ -12,7 +12,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..core.exchange import Collectives, Exchange
+from ..core.exchange import Exchange, ProcessSetCollectives
 
 
 def variable_name(var, default: str = "") -> str:
@@ -25,15 +25,8 @@ def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
-class HorovodTF(Collectives):
+class HorovodTF(ProcessSetCollectives):
     """``hvd.allreduce`` / ``hvd.allgather`` over ``process_set`` (results at once)."""
-
-    def __init__(self, process_set=hvd.global_process_set):
-        self.process_set = process_set
-
-    @property
-    def size(self) -> int:
-        return self.process_set.size()
 
     def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
         return hvd.allreduce(flat, op=hvd.Sum if op is None else op, name=safe_name(name),

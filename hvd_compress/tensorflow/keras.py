@@ -26,7 +26,7 @@ from ..frontend import new_stats
 from ..localsteps import check_local_args
 from .compressors import as_compressor
 from .exchange import engine, variable_name
-from .localsteps import TFLocalSteps
+from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer"]
 
@@ -38,7 +38,7 @@ class _DistributedOptimizer:
         local = self._hvdc_local
         have = [i for i, g in enumerate(grads) if g is not None]
         sent, sent_names = [grads[i] for i in have], [names[i] for i in have]
-        if local.active:
+        if local is not None:
             new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names, stats)
         else:
             new = self._hvdc_engine.run_each(sent, sent_names, stats)
@@ -47,7 +47,8 @@ class _DistributedOptimizer:
             grads[i] = g
         out = super(self.__class__, self)._backend_update_step(grads, trainable_variables,
                                                                learning_rate)
-        local.after_update(list(trainable_variables), names, stats)
+        if local is not None:
+            local.after_update(list(trainable_variables), names, stats)
         self.last_stats = stats
         return out
 
@@ -55,13 +56,16 @@ class _DistributedOptimizer:
         """Local SGD: average ``variables`` (e.g. ``model.trainable_variables``) and the
         buffers over the ranks now, e.g. before evaluating after the last local step."""
         stats = new_stats()
+        if self._hvdc_local is None or not hasattr(self._hvdc_local, "average"):
+            raise RuntimeError("average_parameters() is for local_sgd=True")
         self._hvdc_local.average(list(variables),
                                  [variable_name(v) for v in variables], stats)
         self.last_stats = stats
 
     def drain(self):
         """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
-        self._hvdc_local.drain()
+        if self._hvdc_local is not None:
+            self._hvdc_local.drain()
 
     @property
     def compression(self):
@@ -103,8 +107,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
     opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set)
-    opt._hvdc_local = TFLocalSteps(opt._hvdc_engine, local_sgd, backward_passes_per_step,
-                                   local_sgd_warmup_steps, delay, buffers)
+    opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
+                               local_sgd_warmup_steps, delay, buffers)
     opt.hvd_compressor = comp  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt

@@ -1,7 +1,10 @@
 """Local SGD and Delayed Gradient Averaging for the TF tape and the Keras optimizer.
 
-The rules are :mod:`hvd_compress.localsteps`'; this is their TensorFlow form,
-eager and inside ``tf.function``.  The step counter, the anchors (parameters
+The rules are :mod:`hvd_compress.localsteps`'; these are their TensorFlow forms,
+eager and inside ``tf.function``: strategies around the wrapper's exchange
+engine, named as PyTorch's (:mod:`hvd_compress.torch.localsteps`), with
+``gradients`` (what to apply this step), ``after_update``, ``average`` and
+``drain``.  The step counter, the anchors (parameters
 after the last average) and DGA's ring of the last ``D`` local and averaged
 gradients are ``tf.Variable``s kept with the compressor, so they are
 checkpointed with it.
@@ -29,30 +32,47 @@ from ..localsteps import LocalSGDSchedule
 from .exchange import HorovodTF, TFExchange, variable_name
 
 
-class TFLocalSteps:
-    """One wrapper's local SGD (``period``/``warmup``) or DGA (``delay``) state and steps."""
+def strategy(engine, local_sgd=False, period=1, warmup=0, delay=0, buffers=()):
+    """The wrapper's :class:`LocalSGD` or :class:`DelayedAveraging`, or None (synchronous)."""
+    if local_sgd:
+        return LocalSGD(engine, period, warmup, buffers)
+    if delay:
+        return DelayedAveraging(engine, delay)
+    return None
 
-    def __init__(self, engine, local_sgd=False, period=1, warmup=0, delay=0, buffers=()):
+
+class _Strategy:
+    """What both strategies share: the engine, its compressor and the step counter."""
+
+    def __init__(self, engine):
         self.engine = engine
         self.comp = engine.comp
-        self.schedule = LocalSGDSchedule(period, warmup) if local_sgd else None
-        self.delay = delay
-        self.buffers = list(buffers)
-
-    @property
-    def active(self) -> bool:
-        return self.schedule is not None or self.delay > 0
 
     def counter(self):
         """Optimizer steps taken (a variable kept with the compressor)."""
         return self.comp.counter("local_steps")
 
-    # -- gradients ---------------------------------------------------------------------------
+    def after_update(self, variables, names, stats):
+        return tf.constant(False)
+
+    def drain(self):
+        pass
+
+
+class LocalSGD(_Strategy):
+    """Local steps; every ``period`` of them (after ``warmup`` synchronous ones) the
+    workers average their variables -- compressed, their change since the anchors --
+    and their floating-point ``buffers``."""
+
+    def __init__(self, engine, period, warmup=0, buffers=()):
+        super().__init__(engine)
+        self.schedule = LocalSGDSchedule(period, warmup)
+        self.buffers = list(buffers)
+        self._dense = None
+
     @tf.autograph.experimental.do_not_convert
     def gradients(self, grads, variables, names, stats):
         """What the optimizer should apply this step, from the local ``grads``."""
-        if self.delay:
-            return self._delayed(grads, names, stats)
         step = self.counter().read_value()
         if not self.comp.passthrough:  # compressed: anchors = where the local phase starts
             anchors = self._anchors(variables, names)
@@ -70,10 +90,59 @@ class TFLocalSteps:
     def _anchors(self, variables, names):
         return [self.comp.accumulator(f"{n}/anchor", v) for v, n in zip(variables, names)]
 
-    def _delayed(self, grads, names, stats):
-        """DGA: send this step's gradients; correct them with those of D steps ago."""
+    @tf.autograph.experimental.do_not_convert
+    def after_update(self, variables, names, stats):
+        """Count the step; average the parameters when the schedule says so.  Returns
+        whether it averaged (a boolean tensor)."""
+        counter = self.counter()
+        step = counter.read_value()
+        did = _when(self.schedule.averages_after(step),
+                    lambda: self.average(variables, names, stats))
+        with tf.control_dependencies([did]):
+            counter.assign_add(1)
+        return did
+
+    def average(self, variables, names, stats):
+        """Average ``variables`` (and the float buffers) over the ranks now."""
+        if self.comp.passthrough:  # the exact mean of the parameters
+            self._average_in_place(variables, names, stats)
+        else:  # the mean change since the anchors, through the compressor
+            anchors = self._anchors(variables, names)
+            deltas = self.engine.run_each(
+                [tf.convert_to_tensor(v) - a for v, a in zip(variables, anchors)],
+                [f"{n}/delta" for n in names], stats)
+            for v, a, delta in zip(variables, anchors, deltas):
+                a.assign_add(delta)
+                v.assign(a.read_value())
+        floats = [b for b in self.buffers if tf.as_dtype(b.dtype).is_floating]
+        self._average_in_place(floats, [variable_name(b) for b in floats], stats)
+        return tf.constant(True)
+
+    def _average_in_place(self, variables, names, stats):
+        """``variables`` replaced by their mean over the ranks, uncompressed."""
+        if self._dense is None:
+            from .compressors import TFCompressor
+            self._dense = TFExchange(TFCompressor("none"),
+                                     HorovodTF(self.engine.coll.process_set), op=hvd.Average)
+        means = self._dense.run_each([tf.convert_to_tensor(v) for v in variables],
+                                     [f"local.{n}" for n in names], stats)
+        for v, mean in zip(variables, means):
+            v.assign(mean)
+
+
+class DelayedAveraging(_Strategy):
+    """DGA: step i's gradients are sent at once and their average is applied at step
+    i + D, as ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for i < D)."""
+
+    def __init__(self, engine, delay):
+        super().__init__(engine)
+        self.delay = delay
+
+    @tf.autograph.experimental.do_not_convert
+    def gradients(self, grads, variables, names, stats):
+        """What the optimizer should apply this step, from the local ``grads``."""
         if tf.executing_eagerly():
-            return self._delayed_eager(grads, names, stats)
+            return self._eager(grads, names, stats)
         D = self.delay
         counter = self.counter()
         step = counter.read_value()
@@ -95,9 +164,9 @@ class TFLocalSteps:
             counter.assign_add(1)
         return out
 
-    def _delayed_eager(self, grads, names, stats):
-        """DGA eagerly: the exchange of step i runs on the compressor's exchange thread
-        and is collected at step i + D (tensors are immutable: no copies needed)."""
+    def _eager(self, grads, names, stats):
+        """Eagerly: the exchange of step i runs on the compressor's exchange thread and
+        is collected at step i + D (tensors are immutable: no copies needed)."""
         comp = self.comp
         if getattr(comp, "_dga_thread", None) is None:
             comp._dga_thread = ThreadPoolExecutor(1, thread_name_prefix="hvdc-dga")
@@ -135,53 +204,11 @@ class TFLocalSteps:
         return fns[names]
 
     def drain(self):
-        """Wait for DGA exchanges still running on the exchange thread (their averages
+        """Wait for the exchanges still running on the exchange thread (their averages
         are not applied)."""
         inflight = getattr(self.comp, "_dga_inflight", None)
         while inflight:
             inflight.popleft()[0].result()
-
-    # -- after the update ------------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
-    def after_update(self, variables, names, stats):
-        """Local SGD: count the step; average the parameters when the schedule says so.
-
-        Returns whether it averaged (a boolean tensor)."""
-        if self.schedule is None:
-            return False
-        counter = self.counter()
-        step = counter.read_value()
-        did = _when(self.schedule.averages_after(step),
-                    lambda: self.average(variables, names, stats))
-        with tf.control_dependencies([did]):
-            counter.assign_add(1)
-        return did
-
-    def average(self, variables, names, stats):
-        """Average ``variables`` (and the float buffers) over the ranks now."""
-        if self.comp.passthrough:  # the exact mean of the parameters
-            self._average_in_place(variables, names, stats)
-        else:  # the mean change since the anchors, through the compressor
-            anchors = self._anchors(variables, names)
-            deltas = self.engine.run_each([tf.convert_to_tensor(v) - a for v, a in zip(variables, anchors)],
-                                          [f"{n}/delta" for n in names], stats)
-            for v, a, delta in zip(variables, anchors, deltas):
-                a.assign_add(delta)
-                v.assign(a.read_value())
-        floats = [b for b in self.buffers if tf.as_dtype(b.dtype).is_floating]
-        self._average_in_place(floats, [variable_name(b) for b in floats], stats)
-        return tf.constant(True)
-
-    def _average_in_place(self, variables, names, stats):
-        """``variables`` replaced by their mean over the ranks, uncompressed."""
-        if getattr(self, "_dense", None) is None:
-            from .compressors import TFCompressor
-            self._dense = TFExchange(TFCompressor("none"), HorovodTF(self.engine.coll.process_set),
-                                     op=hvd.Average)
-        means = self._dense.run_each([tf.convert_to_tensor(v) for v in variables],
-                                     [f"local.{n}" for n in names], stats)
-        for v, mean in zip(variables, means):
-            v.assign(mean)
 
 
 def _when(condition, fn):

@@ -8,6 +8,12 @@ packed bytes otherwise), decodes, sums and averages.  It works in eager mode
 and inside ``tf.function``.  ``tape.last_stats`` holds the bytes this worker
 sent in the last ``gradient()`` call (and, in eager mode, the encode,
 communicate and decode milliseconds).
+
+State: a compressor object passed as ``compression`` keeps its state across the
+tapes it is given to.  A spec string's state (residuals, accumulators, counters,
+DGA's queue) belongs to the variables the tape differentiates -- a tape is made
+anew each step, the model is not -- so tapes over one model share it and tapes
+over different models never do (see :func:`~.compressors.owned_by`).
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..frontend import new_stats
+from .. import spec as specmod
+from ..frontend import horovod_builtin_spec, new_stats
 from ..localsteps import check_local_args
-from .compressors import as_compressor
+from .compressors import TFCompressor, as_compressor, owned_by
 from .exchange import engine, variable_name
-from .localsteps import TFLocalSteps
+from .localsteps import LocalSGD, strategy
 
 __all__ = ["DistributedGradientTape"]
 
@@ -32,13 +39,13 @@ class _DistributedGradientTape(tf.GradientTape):
         # As Horovod does: a tape of the user's tape class that takes over its recording.
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
-        self._compression = compression
+        self._compression = compression  # a TFCompressor, or a spec whose state the variables own
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
-        self._engine = engine(compression, op, gradient_predivide_factor, process_set)
         self._bpps = backward_passes_per_step
-        self._local = TFLocalSteps(self._engine, local_sgd, backward_passes_per_step,
-                                   local_sgd_warmup_steps, delay, buffers)
+        self._args = (op, gradient_predivide_factor, local_sgd, local_sgd_warmup_steps, delay,
+                      tuple(buffers))
+        self._engine = self._local = None
         self._seen = None
         self.last_stats = {}
         #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
@@ -46,7 +53,19 @@ class _DistributedGradientTape(tf.GradientTape):
 
     @property
     def compression(self):
-        return self._compression
+        """The compressor holding this tape's state (for a spec: known after gradient())."""
+        return self._engine.comp if self._engine is not None else \
+            (self._compression if isinstance(self._compression, TFCompressor) else None)
+
+    def _bind(self, variables):
+        """The engine and local-step strategy for the compressor that owns the state."""
+        comp = self._compression
+        if not isinstance(comp, TFCompressor):
+            comp = owned_by(variables, comp) if variables else as_compressor(comp)
+        if self._engine is None or self._engine.comp is not comp:
+            op, predivide, local_sgd, warmup, delay, buffers = self._args
+            self._engine = engine(comp, op, predivide, self._process_set)
+            self._local = strategy(self._engine, local_sgd, self._bpps, warmup, delay, buffers)
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         grads = super(self.__class__, self).gradient(target, sources, output_gradients)
@@ -70,7 +89,8 @@ class _DistributedGradientTape(tf.GradientTape):
                 grad = tf.convert_to_tensor(grad)
             name = variable_name(var, f"grad_{i}")
             pairs.append((i, grad, name))
-        if self._local.active:
+        self._bind([flat_vars[i] for i, _, _ in pairs])
+        if self._local is not None:
             # the variables and names finish_step() averages
             self._seen = ([flat_vars[i] for i, _, _ in pairs], [name for _, _, name in pairs])
             results = self._local.gradients([g for _, g, _ in pairs], *self._seen, stats)
@@ -87,14 +107,15 @@ class _DistributedGradientTape(tf.GradientTape):
 
     def drain(self):
         """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
-        self._local.drain()
+        if self._local is not None:
+            self._local.drain()
 
     def finish_step(self):
         """With ``local_sgd``: call after applying this step's gradients.  Every
         ``backward_passes_per_step``-th local step it averages the variables that
         ``gradient()`` saw (and ``buffers``) over the ranks.  Returns whether it
         averaged (a boolean tensor); without local SGD, False."""
-        if self._local.schedule is None or not self._process_set.included():
+        if not isinstance(self._local, LocalSGD) or not self._process_set.included():
             return False
         if self._seen is None:
             raise RuntimeError("finish_step() comes after gradient()")
@@ -106,7 +127,7 @@ class _DistributedGradientTape(tf.GradientTape):
     def _accumulate(self, pairs, stats):
         """Sum gradients locally; exchange the sums every ``backward_passes_per_step``-th
         pass (zeros are returned in between, and ``self.exchanged`` says which)."""
-        comp = self._compression
+        comp = self._engine.comp
         accs = [comp.accumulator(name, g) for _, g, name in pairs]
         updates = [acc.assign_add(g) for acc, (_, g, _) in zip(accs, pairs)]
         with tf.control_dependencies(updates):
@@ -164,9 +185,14 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     if op == hvd.Adasum:
         raise ValueError("hvd_compress.tensorflow.DistributedGradientTape does not support "
                          "op=Adasum; use horovod.tensorflow.DistributedGradientTape")
-    comp = as_compressor(compression)
+    if isinstance(compression, TFCompressor):
+        comp, spec = compression, compression.spec
+    else:
+        comp = "none" if compression is None else \
+            compression if isinstance(compression, str) else horovod_builtin_spec(compression)
+        spec = specmod.parse(comp)
     check_local_args(local_sgd, backward_passes_per_step, local_sgd_warmup_steps, delay,
-                     op == hvd.Average, comp.spec)
+                     op == hvd.Average, spec)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,

@@ -13,26 +13,16 @@ and keep Horovod's ``compress``/``decompress`` contract; the summable ones
 ``hvd.DistributedOptimizer``.
 """
 
+from ..frontend import class_names
+from . import compressors
 from .backend import TorchBackend
-from .compressors import (
-                          BF16,
-                          DGC,
-                          FP16,
-                          QSGD,
-                          Compose,
-                          NoneCompressor,
-                          OneBit,
-                          PowerSGD,
-                          RandomK,
-                          TernGrad,
-                          Threshold,
-                          TopK,
-                          TorchCompressor,
-                          as_compressor,
-                          compressor,
-)
+from .compressors import TorchCompressor, as_compressor, compressor
 from .optimizer import DistributedOptimizer
 
-__all__ = ["TorchBackend", "TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK",
-           "DGC", "QSGD", "TernGrad", "OneBit", "Threshold", "PowerSGD", "Compose", "compressor",
-           "as_compressor", "DistributedOptimizer"]
+__all__ = ["TorchBackend", "TorchCompressor", "compressor", "as_compressor",
+           "DistributedOptimizer", *class_names()]
+
+
+def __getattr__(name):
+    """``hc.TopK``, ``hc.QSGD``, ...: the named classes, made from the registry."""
+    return getattr(compressors, name)

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import horovod.torch as hvd
 
-from ..core.exchange import Collectives
+from ..core.exchange import ProcessSetCollectives
 
 
-class HorovodTorch(Collectives):
+class HorovodTorch(ProcessSetCollectives):
     """``allreduce_async`` / ``allgather_async`` over ``process_set``; :meth:`wait` is
     ``hvd.synchronize``.  Tensors stay where they are (CPU or CUDA)."""
-
-    def __init__(self, process_set=hvd.global_process_set):
-        self.process_set = process_set
-
-    @property
-    def size(self) -> int:
-        return self.process_set.size()
 
     def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
         return hvd.allreduce_async(flat, name=name, op=hvd.Sum if op is None else op,

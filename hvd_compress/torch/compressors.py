@@ -23,13 +23,15 @@ import torch
 
 from .. import spec as specmod
 from ..core.base import warn_once
-from ..frontend import CompressorFrontend, horovod_builtin_spec
+from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
+from ..frontend import compressor as _compressor
 from .backend import TorchBackend
 
-__all__ = ["TorchCompressor", "NoneCompressor", "FP16", "BF16", "TopK", "RandomK", "DGC", "QSGD",
-           "TernGrad", "OneBit", "Threshold", "PowerSGD", "Compose", "compressor", "as_compressor"]
+__all__ = ["TorchCompressor", "compressor", "as_compressor", *class_names()]
 
 BACKEND = TorchBackend()
+
+
 class TorchCompressor(CompressorFrontend):
     """A compressor spec bound to the torch backend; one instance per optimizer."""
 
@@ -82,8 +84,10 @@ class TorchCompressor(CompressorFrontend):
         self.core.load_state_dict(state)
 
     def _horovod_collectives(self):
+        import horovod.torch as hvd
+
         from .collectives import HorovodTorch
-        return HorovodTorch()
+        return HorovodTorch(hvd.global_process_set)
 
     def _contract_name(self, tensor) -> str:
         return _horovod_param_name() or _shape_name(tensor)
@@ -125,120 +129,20 @@ def _shape_name(tensor) -> str:
     return "shape" + "x".join(str(d) for d in tensor.shape)
 
 
-def _spec_text(name: str, params: dict) -> str:
-    given = [f"{k}={v}" for k, v in params.items() if v is not None]
-    return name + (":" + ",".join(given) if given else "")
-
-
-class NoneCompressor(TorchCompressor):
-    """No compression (32 bits per element, allreduce)."""
-
-    def __init__(self):
-        super().__init__("none")
-
-
-class FP16(TorchCompressor):
-    """Cast to float16 for the allreduce (as Horovod's ``Compression.fp16``)."""
-
-    def __init__(self):
-        super().__init__("fp16")
-
-
-class BF16(TorchCompressor):
-    """Round to bfloat16; sent as float16 since Horovod cannot allreduce bfloat16."""
-
-    def __init__(self):
-        super().__init__("bf16")
-
-
-class TopK(TorchCompressor):
-    """Top-k sparsification with error feedback (Aji & Heafield 2017)."""
-
-    def __init__(self, ratio=0.01, ef=None):
-        super().__init__(_spec_text("topk", {"ratio": ratio, "ef": ef}))
-
-
-class RandomK(TorchCompressor):
-    """Random-k with indices shared by all ranks (Stich et al. 2018); allreduce."""
-
-    def __init__(self, ratio=0.01, unbiased=None, ef=None, seed=None):
-        super().__init__(_spec_text("randomk", {"ratio": ratio, "unbiased": unbiased, "ef": ef,
-                                                "seed": seed}))
-
-
-class DGC(TorchCompressor):
-    """Deep Gradient Compression (Lin et al. 2018); pair with SGD without momentum."""
-
-    def __init__(self, ratio=0.001, momentum=None, nesterov=None, sample_ratio=None,
-                 warmup_epochs=None, steps_per_epoch=None, clip_norm=None, seed=None):
-        super().__init__(_spec_text("dgc", dict(
-            ratio=ratio, momentum=momentum, nesterov=nesterov, sample_ratio=sample_ratio,
-            warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch, clip_norm=clip_norm,
-            seed=seed)))
-
-
-class QSGD(TorchCompressor):
-    """QSGD stochastic quantization (Alistarh et al. 2017), unbiased."""
-
-    def __init__(self, levels=7, bucket=None, ef=None, seed=None):
-        super().__init__(_spec_text("qsgd", {"levels": levels, "bucket": bucket, "ef": ef,
-                                             "seed": seed}))
-
-
-class TernGrad(TorchCompressor):
-    """TernGrad (Wen et al. 2017), unbiased ternary quantization."""
-
-    def __init__(self, clip=None, ef=None, seed=None):
-        super().__init__(_spec_text("terngrad", {"clip": clip, "ef": ef, "seed": seed}))
-
-
-class OneBit(TorchCompressor):
-    """1-bit SGD with error feedback (Seide et al. 2014)."""
-
-    def __init__(self, ef=None):
-        super().__init__(_spec_text("onebit", {"ef": ef}))
-
-
-class Threshold(TorchCompressor):
-    """2-bit threshold quantization with residual (Strom 2015)."""
-
-    def __init__(self, tau=0.01, ef=None):
-        super().__init__(_spec_text("threshold", {"tau": tau, "ef": ef}))
-
-
-class PowerSGD(TorchCompressor):
-    """PowerSGD low-rank compression (Vogels et al. 2019); two allreduce rounds."""
-
-    def __init__(self, rank=2, ef=None, warm_start=None, seed=None):
-        super().__init__(_spec_text("powersgd", {"rank": rank, "ef": ef, "warm_start": warm_start,
-                                                 "seed": seed}))
-
-
-class Compose(TorchCompressor):
-    """A sparsifier then a quantizer of the kept values, e.g. ``Compose(TopK(0.01), QSGD(16))``."""
-
-    def __init__(self, sparsifier: TorchCompressor, quantizer: TorchCompressor):
-        super().__init__(f"{sparsifier.spec}+{quantizer.spec}")
-
-
-_BY_NAME = {"none": NoneCompressor, "fp16": FP16, "bf16": BF16, "topk": TopK, "randomk": RandomK,
-            "dgc": DGC, "qsgd": QSGD, "terngrad": TernGrad, "onebit": OneBit,
-            "threshold": Threshold, "powersgd": PowerSGD}
+def __getattr__(name):
+    """The named classes (``TopK``, ``QSGD``, ..., ``Compose``), made from the registry."""
+    return named_class(TorchCompressor, name)
 
 
 def compressor(spec) -> TorchCompressor:
     """A compressor from a spec string, e.g. ``compressor("topk:ratio=0.01")``."""
-    parsed = specmod.parse(spec)
-    cls = Compose if parsed.composed else _BY_NAME[parsed.name]
-    obj = cls.__new__(cls)
-    TorchCompressor.__init__(obj, parsed)
-    return obj
+    return _compressor(TorchCompressor, spec)
 
 
 def as_compressor(compression) -> TorchCompressor:
     """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``."""
     if compression is None:
-        return NoneCompressor()
+        return compressor("none")
     if isinstance(compression, TorchCompressor):
         return compression
     if isinstance(compression, str):
