@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from hvd_compress import costmodel, netcap
-from hvd_compress.costmodel import ALLGATHER, ALLREDUCE, Link, Sample
+from hvd_compress.tools import costmodel, netcap
+from hvd_compress.tools.costmodel import ALLGATHER, ALLREDUCE, Link, Sample
 from tests.harness import REPO
 
 CAPPED_OK, CAPPED_WHY = netcap.available()
@@ -144,7 +144,7 @@ def test_capped_link_moves_data_at_the_set_rate_and_cleans_up():
 
 @needs_capped
 def test_capped_network_is_removed_when_interrupted(tmp_path):
-    code = ("import time; from hvd_compress import netcap\n"
+    code = ("import time; from hvd_compress.tools import netcap\n"
             "with netcap.CappedNetwork(2, 1e8) as net:\n"
             "    print(' '.join(net.namespaces), flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -231,7 +231,7 @@ def test_compare_help_and_bad_input():
 
 
 def test_uncapped_fallback_message_without_root(monkeypatch, tmp_path):
-    from hvd_compress import compare
+    from hvd_compress.tools import compare
     monkeypatch.setattr(netcap, "available", lambda: (False, "capped links need root"))
     monkeypatch.setattr(compare, "execute", lambda args, run, out: dict(
         run, status="ok", images_per_sec=1.0, step_ms=1.0, log="x"))
@@ -247,7 +247,7 @@ def test_predict_on_runs_the_model_made_validates_exactly():
     across-bandwidth validation must all predict them (nearly) exactly.  (Offsets
     are positive here: a transfer hidden in the uncapped run leaves its offset
     unpinned.)"""
-    from hvd_compress import compare
+    from hvd_compress.tools import compare
     links = {ALLREDUCE: Link(50e-6, 0.9), ALLGATHER: Link(50e-6, 0.8)}
     specs = {"none": (8e7, 0.150, 0.0), "fp16": (4e7, 0.250, 30.0), "topk:ratio=0.01": (1.6e6, 0.004, 300.0)}
     rows = []

@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from . import spec as specmod
-from .localsteps import LocalSGDSchedule, check_local_args
+from .. import spec as specmod
+from ..localsteps import LocalSGDSchedule, check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
@@ -35,7 +35,7 @@ def worker_threads(local_size: int) -> int:
 def limit_kernel_threads(n: int) -> None:
     """The fused numba kernels' thread pool to ``n`` threads: workers sharing a machine
     must not each spin up a thread per core (oversubscribed, they run several times slower)."""
-    from . import kernels
+    from .. import kernels
     if kernels.AVAILABLE:
         import numba
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))

@@ -9,7 +9,7 @@ For each compressor spec x worker count (``--np``) x bandwidth (``--bandwidth``;
 examples (``--example synthetic|digits|cifar10``, ``--framework
 torch|tensorflow``) under Horovod -- ``horovodrun --gloo`` when uncapped; with a
 rate, one network namespace per worker behind ``tc``-capped links
-(:mod:`hvd_compress.netcap`, needs root) -- and collects the example's
+(:mod:`hvd_compress.tools.netcap`, needs root) -- and collects the example's
 ``--json`` summary.  Into ``--out`` go:
 
 * ``results.csv``: one row per run, the summary keys of DESIGN.md section 6
@@ -20,7 +20,7 @@ rate, one network namespace per worker behind ``tc``-capped links
 * ``throughput.png``, ``bytes_per_step.png``, ``time_split.png`` and, when the
   example reports accuracy, ``accuracy_vs_time.png``;
 * with ``--predict``, ``prediction.md``: the cost model
-  (:mod:`hvd_compress.costmodel`) fitted to these runs, its step-time
+  (:mod:`hvd_compress.tools.costmodel`) fitted to these runs, its step-time
   predictions at other bandwidths and up to 1024 workers, the crossover
   bandwidths, and its error on each capped run it was not fitted on.
 
@@ -43,10 +43,10 @@ import sys
 import time
 from pathlib import Path
 
+from .. import spec as specmod
 from . import costmodel, netcap, runtools
-from . import spec as specmod
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
             "cifar10": "train_cifar10.py"}
 FRAMEWORK_DIRS = {"torch": "torch_examples", "tensorflow": "tf_examples"}
@@ -347,7 +347,7 @@ def _save(fig, path: Path) -> str:
 
 # -- the cost model on measured rows -------------------------------------------------------
 def _collective(spec: str) -> str:
-    from .core import build
+    from ..core import build
     return costmodel.ALLREDUCE if build(spec).summable else costmodel.ALLGATHER
 
 
