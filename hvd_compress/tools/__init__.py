@@ -15,4 +15,9 @@ A training script needs none of this: it imports ``hvd_compress.torch`` or
   (flags, progress display, the ``--json`` run summary);
 * :mod:`~hvd_compress.tools.datasets`: the data the examples train on (digits,
   CIFAR-10 batches) as numpy arrays.
+
+An installed package also carries a copy of the example scripts
+(``torch_examples/``, ``tf_examples/``) under ``hvd_compress/tools/examples/``
+for ``hvd-compress-compare`` to launch; their source is the repository's
+top-level folders of the same names.
 """
