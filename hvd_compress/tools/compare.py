@@ -12,8 +12,9 @@ rate, one network namespace per worker behind ``tc``-capped links
 (:mod:`hvd_compress.tools.netcap`, needs root) -- and collects the example's
 ``--json`` summary.  Into ``--out`` go:
 
-* ``results.csv``: one row per run, the summary keys of DESIGN.md section 6
-  plus ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
+* ``results.csv``: one row per run, the keys of the examples' ``--json``
+  summary (:data:`hvd_compress.tools.runtools.SUMMARY_KEYS`) plus
+  ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
   ``step_ms`` and ``log`` (that run's output);
 * ``results.md``: the same as a Markdown table, with the speed-up over
   ``none`` at the same worker count and bandwidth;

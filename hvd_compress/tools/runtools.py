@@ -2,8 +2,10 @@
 
 Every example takes the same core flags (``--compression``,
 ``--backward-passes-per-step``, ``--epochs``/``--steps``, ``--seed``,
-``--json PATH``), shows progress on rank 0, and writes the summary whose keys
-DESIGN.md section 6 fixes.  Framework-neutral: no torch or tensorflow here.
+``--json PATH``), shows progress on rank 0, and writes a summary with at least
+the keys of :data:`SUMMARY_KEYS`: stable names that hvd-compress-compare and
+users' scripts read (more keys may come; these keep their names).
+Framework-neutral: no torch or tensorflow here.
 """
 
 from __future__ import annotations
