@@ -132,7 +132,9 @@ def main(argv=None) -> int:
                     help="compressor spec, repeatable (default: every compressor at its default)")
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats, median taken (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    ap.add_argument("--json", action="store_true", help="print JSON (keys as in DESIGN.md section 6)")
+    ap.add_argument("--json", action="store_true",
+                    help="print JSON: framework, numel, copy_ms, results: [{compression, encode_ms, "
+                         "decode_ms, payload_bytes, ratio}] (stable names)")
     args = ap.parse_args(argv)
     if args.numel < 1:
         ap.error("--numel must be >= 1")

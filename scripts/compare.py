@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Compressors over worker counts and bandwidths with real Horovod runs (see hvd_compress/compare.py).
+"""Compressors over worker counts and bandwidths with real Horovod runs (see hvd_compress/tools/compare.py).
 
     python scripts/compare.py --out results            # same as: hvd-compress-compare --out results
 """
@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hvd_compress.compare import main  # noqa: E402
+from hvd_compress.tools.compare import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

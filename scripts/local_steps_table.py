@@ -22,9 +22,9 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hvd_compress import compare, runtools  # noqa: E402
 from hvd_compress import spec as specmod  # noqa: E402
 from hvd_compress.localsteps import check_local_args  # noqa: E402
+from hvd_compress.tools import compare, runtools  # noqa: E402
 
 COLUMNS = ["framework", "compression", "mode", "np", "epochs", "test_accuracy", "bytes_per_epoch",
            "bytes_vs_sync", "images_per_sec", "wall_s", "status"]

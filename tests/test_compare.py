@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from hvd_compress import costmodel, netcap
-from hvd_compress.costmodel import ALLGATHER, ALLREDUCE, Link, Sample
+from hvd_compress.tools import costmodel, netcap
+from hvd_compress.tools.costmodel import ALLGATHER, ALLREDUCE, Link, Sample
 from tests.harness import REPO
 
 CAPPED_OK, CAPPED_WHY = netcap.available()
@@ -144,7 +144,7 @@ def test_capped_link_moves_data_at_the_set_rate_and_cleans_up():
 
 @needs_capped
 def test_capped_network_is_removed_when_interrupted(tmp_path):
-    code = ("import time; from hvd_compress import netcap\n"
+    code = ("import time; from hvd_compress.tools import netcap\n"
             "with netcap.CappedNetwork(2, 1e8) as net:\n"
             "    print(' '.join(net.namespaces), flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -230,8 +230,67 @@ def test_compare_help_and_bad_input():
         assert res.returncode == 2 and msg in res.stderr, res.stderr
 
 
+def _lay_out_examples(folder):
+    from hvd_compress.tools import compare
+    folder.mkdir(parents=True)
+    for script in compare.EXAMPLES.values():
+        (folder / script).write_text("")
+    return folder
+
+
+def test_examples_are_found_in_the_checkout_then_in_the_installed_package(tmp_path):
+    from hvd_compress.tools import compare
+    for framework, folder in compare.FRAMEWORK_DIRS.items():
+        assert compare.examples_dir(framework) == REPO / folder
+    # a folder laid out like an installed package: <site>/hvd_compress/tools/examples/<folder>/
+    tools = tmp_path / "site" / "hvd_compress" / "tools"
+    tools.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="cannot find the torch example scripts") as err:
+        compare.examples_dir("torch", tools)
+    assert str(tools / "examples" / "torch_examples") in str(err.value)
+    packaged = {fw: _lay_out_examples(tools / "examples" / folder)
+                for fw, folder in compare.FRAMEWORK_DIRS.items()}
+    for framework in compare.FRAMEWORK_DIRS:
+        assert compare.examples_dir(framework, tools) == packaged[framework]
+    # a stray, incomplete folder beside the package does not hide the packaged copy...
+    (tmp_path / "site" / "torch_examples").mkdir()
+    (tmp_path / "site" / "torch_examples" / "train_digits.py").write_text("")
+    assert compare.examples_dir("torch", tools) == packaged["torch"]
+    # ...and a checkout's complete one comes first
+    checkout = _lay_out_examples(tmp_path / "site" / "tf_examples")
+    assert compare.examples_dir("tensorflow", tools) == checkout
+
+
+def test_compare_says_so_when_no_examples_can_be_found(monkeypatch, tmp_path, capsys):
+    from hvd_compress.tools import compare
+    monkeypatch.setattr(compare, "TOOLS_DIR", tmp_path / "site" / "hvd_compress" / "tools")
+    with pytest.raises(SystemExit) as stop:
+        compare.main(["--out", str(tmp_path / "out"), "--compression", "none", "--np", "1", "--quiet"])
+    assert stop.value.code == 2
+    assert "cannot find the torch example scripts" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_build_ships_the_examples_where_compare_looks(tmp_path):
+    """setup.py's build step copies torch_examples/ and tf_examples/ into the package;
+    from that tree (no checkout around it) compare finds the copies."""
+    from hvd_compress.tools import compare
+    lib = tmp_path / "lib"
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(lib)], cwd=REPO,
+                   check=True, capture_output=True)
+    tools = lib / "hvd_compress" / "tools"
+    assert (tools / "compare.py").is_file()
+    for framework, folder in compare.FRAMEWORK_DIRS.items():
+        found = compare.examples_dir(framework, tools)
+        assert found == tools / "examples" / folder
+        sources = sorted(p.name for p in (REPO / folder).glob("*.py"))
+        assert sorted(p.name for p in found.glob("*.py")) == sources
+        for name in sources:
+            assert (found / name).read_bytes() == (REPO / folder / name).read_bytes()
+
+
 def test_uncapped_fallback_message_without_root(monkeypatch, tmp_path):
-    from hvd_compress import compare
+    from hvd_compress.tools import compare
     monkeypatch.setattr(netcap, "available", lambda: (False, "capped links need root"))
     monkeypatch.setattr(compare, "execute", lambda args, run, out: dict(
         run, status="ok", images_per_sec=1.0, step_ms=1.0, log="x"))
@@ -247,7 +306,7 @@ def test_predict_on_runs_the_model_made_validates_exactly():
     across-bandwidth validation must all predict them (nearly) exactly.  (Offsets
     are positive here: a transfer hidden in the uncapped run leaves its offset
     unpinned.)"""
-    from hvd_compress import compare
+    from hvd_compress.tools import compare
     links = {ALLREDUCE: Link(50e-6, 0.9), ALLGATHER: Link(50e-6, 0.8)}
     specs = {"none": (8e7, 0.150, 0.0), "fp16": (4e7, 0.250, 30.0), "topk:ratio=0.01": (1.6e6, 0.004, 300.0)}
     rows = []

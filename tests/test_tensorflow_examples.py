@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_compress.runtools import SUMMARY_KEYS
+from hvd_compress.tools.runtools import SUMMARY_KEYS
 from tests.harness import REPO, run_horovod, run_script
 
 pytestmark = pytest.mark.multiprocess

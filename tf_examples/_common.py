@@ -10,7 +10,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hvd_compress import runtools  # noqa: E402
+from hvd_compress.tools import runtools  # noqa: E402
 
 
 def init(seed: int):

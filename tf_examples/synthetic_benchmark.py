@@ -18,7 +18,7 @@ import numpy as np
 from _common import broadcast_initial, bytes_sent, init
 from models import resnet
 
-from hvd_compress import runtools
+from hvd_compress.tools import runtools
 
 
 def main(argv=None):

@@ -17,8 +17,8 @@ import time
 from _common import fit_and_report, init
 from models import resnet
 
-from hvd_compress import runtools
-from hvd_compress.datasets import cifar10
+from hvd_compress.tools import runtools
+from hvd_compress.tools.datasets import cifar10
 
 
 def main(argv=None):

@@ -15,8 +15,8 @@ import time
 
 from _common import fit_and_report, init
 
-from hvd_compress import runtools
-from hvd_compress.datasets import digits_split
+from hvd_compress.tools import runtools
+from hvd_compress.tools.datasets import digits_split
 
 
 def main(argv=None):

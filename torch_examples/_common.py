@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as hvd  # noqa: E402
 
 import hvd_compress.torch as hc  # noqa: E402
-from hvd_compress import runtools  # noqa: E402
+from hvd_compress.tools import runtools  # noqa: E402
 
 
 def init(seed: int):

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from _common import finish, init, make_optimizer, reset_stats
 from models import resnet
 
-from hvd_compress import runtools
+from hvd_compress.tools import runtools
 
 
 def main(argv=None):

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from _common import finish, init, make_optimizer, reset_stats, train_epochs
 from models import resnet
 
-from hvd_compress import runtools
-from hvd_compress.datasets import cifar10
+from hvd_compress.tools import runtools
+from hvd_compress.tools.datasets import cifar10
 
 
 def load_batches(data_dir: str, train: bool):

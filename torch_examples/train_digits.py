@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from _common import finish, init, make_optimizer, reset_stats, train_epochs
 
-from hvd_compress import runtools
-from hvd_compress.datasets import digits_split
+from hvd_compress.tools import runtools
+from hvd_compress.tools.datasets import digits_split
 
 
 class DigitsNet(torch.nn.Module):

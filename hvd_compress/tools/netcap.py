@@ -7,7 +7,7 @@ at ``rate``, optionally behind ``netem`` for added ``latency``), so every byte
 Horovod moves between workers crosses a capped link.  Needs root and
 ``iproute2``; :func:`available` says whether this machine can.
 
-How it was made to work here (DESIGN.md section 5): workers are launched
+How it was made to work (Horovod 0.28.1, Debian 12): workers are launched
 without ``horovodrun`` -- Horovod's own rendezvous server runs in the root
 namespace on the bridge address and each worker gets the environment
 ``horovodrun --gloo`` would give it.  Horovod 0.28.1 builds its process-set

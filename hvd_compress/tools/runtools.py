@@ -2,8 +2,10 @@
 
 Every example takes the same core flags (``--compression``,
 ``--backward-passes-per-step``, ``--epochs``/``--steps``, ``--seed``,
-``--json PATH``), shows progress on rank 0, and writes the summary whose keys
-DESIGN.md section 6 fixes.  Framework-neutral: no torch or tensorflow here.
+``--json PATH``), shows progress on rank 0, and writes a summary with at least
+the keys of :data:`SUMMARY_KEYS`: stable names that hvd-compress-compare and
+users' scripts read (more keys may come; these keep their names).
+Framework-neutral: no torch or tensorflow here.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import os
 import sys
 import time
 
-from . import spec as specmod
-from .localsteps import LocalSGDSchedule, check_local_args
+from .. import spec as specmod
+from ..localsteps import LocalSGDSchedule, check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
@@ -35,7 +37,7 @@ def worker_threads(local_size: int) -> int:
 def limit_kernel_threads(n: int) -> None:
     """The fused numba kernels' thread pool to ``n`` threads: workers sharing a machine
     must not each spin up a thread per core (oversubscribed, they run several times slower)."""
-    from . import kernels
+    from .. import kernels
     if kernels.AVAILABLE:
         import numba
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))

@@ -9,18 +9,19 @@ For each compressor spec x worker count (``--np``) x bandwidth (``--bandwidth``;
 examples (``--example synthetic|digits|cifar10``, ``--framework
 torch|tensorflow``) under Horovod -- ``horovodrun --gloo`` when uncapped; with a
 rate, one network namespace per worker behind ``tc``-capped links
-(:mod:`hvd_compress.netcap`, needs root) -- and collects the example's
+(:mod:`hvd_compress.tools.netcap`, needs root) -- and collects the example's
 ``--json`` summary.  Into ``--out`` go:
 
-* ``results.csv``: one row per run, the summary keys of DESIGN.md section 6
-  plus ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
+* ``results.csv``: one row per run, the keys of the examples' ``--json``
+  summary (:data:`hvd_compress.tools.runtools.SUMMARY_KEYS`) plus
+  ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
   ``step_ms`` and ``log`` (that run's output);
 * ``results.md``: the same as a Markdown table, with the speed-up over
   ``none`` at the same worker count and bandwidth;
 * ``throughput.png``, ``bytes_per_step.png``, ``time_split.png`` and, when the
   example reports accuracy, ``accuracy_vs_time.png``;
 * with ``--predict``, ``prediction.md``: the cost model
-  (:mod:`hvd_compress.costmodel`) fitted to these runs, its step-time
+  (:mod:`hvd_compress.tools.costmodel`) fitted to these runs, its step-time
   predictions at other bandwidths and up to 1024 workers, the crossover
   bandwidths, and its error on each capped run it was not fitted on.
 
@@ -43,13 +44,13 @@ import sys
 import time
 from pathlib import Path
 
+from .. import spec as specmod
 from . import costmodel, netcap, runtools
-from . import spec as specmod
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
             "cifar10": "train_cifar10.py"}
 FRAMEWORK_DIRS = {"torch": "torch_examples", "tensorflow": "tf_examples"}
+TOOLS_DIR = Path(__file__).resolve().parent
 DEFAULT_COMPRESSIONS = ["none", "fp16", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit", "qsgd:levels=7",
                         "terngrad", "randomk:ratio=0.01", "powersgd:rank=2"]
 # Small enough for a 2-core machine, big enough (21.8M parameters, 87 MB of
@@ -99,8 +100,29 @@ def run_name(run: dict) -> str:
     return f"{run['framework']}_{run['example']}_{safe}_np{run['np']}_{run['bandwidth']}{lat}"
 
 
+def examples_dir(framework: str, tools_dir: Path | None = None) -> Path:
+    """The folder holding ``framework``'s example scripts.
+
+    First a checkout's own (``<repo>/torch_examples`` beside ``<repo>/hvd_compress``),
+    so that edits to the examples are what runs; else the copy an installed package
+    carries (``hvd_compress/tools/examples/torch_examples``, made by setup.py's
+    build step).  ``tools_dir``: this sub-package's folder (default: where this
+    module lies).  A folder counts only if it holds every example script."""
+    tools_dir = Path(tools_dir) if tools_dir is not None else TOOLS_DIR
+    name = FRAMEWORK_DIRS[framework]
+    candidates = (tools_dir.parents[1] / name, tools_dir / "examples" / name)
+    for folder in candidates:
+        if all((folder / script).is_file() for script in EXAMPLES.values()):
+            return folder
+    raise FileNotFoundError(
+        f"cannot find the {framework} example scripts ({', '.join(sorted(EXAMPLES.values()))}): "
+        f"looked in {candidates[0]} (a checkout of the repository) and in {candidates[1]} "
+        "(the copy an installed package carries); run from a checkout, or install hvd-compress "
+        "from its repository or a wheel built from it")
+
+
 def example_command(args, run: dict, json_path: Path) -> list[str]:
-    script = REPO / FRAMEWORK_DIRS[run["framework"]] / EXAMPLES[run["example"]]
+    script = examples_dir(run["framework"]) / EXAMPLES[run["example"]]
     extra = shlex.split(args.example_args if args.example_args is not None
                         else DEFAULT_EXAMPLE_ARGS[run["example"]])
     return [sys.executable, str(script), *extra, "--compression", run["compression"],
@@ -131,7 +153,7 @@ def execute(args, run: dict, out: Path) -> dict:
                 log.write("$ " + shlex.join(full) + "\n")
                 log.flush()
                 proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, cwd=REPO)
+                                        start_new_session=True)
                 try:
                     rc = netcap.wait_all([proc], args.timeout)
                 finally:
@@ -347,7 +369,7 @@ def _save(fig, path: Path) -> str:
 
 # -- the cost model on measured rows -------------------------------------------------------
 def _collective(spec: str) -> str:
-    from .core import build
+    from ..core import build
     return costmodel.ALLREDUCE if build(spec).summable else costmodel.ALLGATHER
 
 
@@ -582,6 +604,10 @@ def main(argv=None) -> int:
         ap.error(f"--alpha-us must be a number >= 0, got {args.alpha_us}")
     if args.example == "cifar10" and (args.example_args is None or "--data-dir" not in args.example_args):
         ap.error("--example cifar10 needs --example-args '--data-dir DIR ...'")
+    try:
+        examples_dir(args.framework)
+    except FileNotFoundError as exc:
+        ap.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     capped_ok, why = netcap.available()
