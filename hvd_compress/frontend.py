@@ -90,6 +90,11 @@ class CompressorFrontend:
     def summable(self) -> bool:
         return self.core.summable
 
+    @property
+    def passthrough(self) -> bool:
+        """Uncompressed (``none``): Horovod's own averaging allreduce, nothing decoded."""
+        return self.core.passthrough
+
     def set_epoch(self, epoch: int) -> None:
         """DGC's warm-up epoch (no-op for other compressors)."""
         if hasattr(self.core, "set_epoch"):

@@ -26,7 +26,7 @@ so the collective of step ``i`` overlaps the compute of the next ``D`` steps.
 
 from __future__ import annotations
 
-__all__ = ["LocalSGDSchedule", "check_local_args"]
+__all__ = ["LocalSGDSchedule", "check_local_args", "check_wrapper_args"]
 
 
 class LocalSGDSchedule:
@@ -50,6 +50,20 @@ class LocalSGDSchedule:
 
     def __repr__(self) -> str:
         return f"LocalSGDSchedule(period={self.period}, warmup={self.warmup})"
+
+
+def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_adasum: bool,
+                       gradient_predivide_factor: float, backward_passes_per_step: int,
+                       local_sgd: bool, warmup: int, delay: int, spec) -> None:
+    """The argument checks every wrapper makes (torch optimizer, TF tape, Keras optimizer):
+    Horovod's own, ours, and :func:`check_local_args`."""
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if gradient_predivide_factor != 1.0 and not op_is_average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op_is_adasum:
+        raise ValueError(f"{wrapper} does not support op=Adasum; use {horovods} for Adasum")
+    check_local_args(local_sgd, backward_passes_per_step, warmup, delay, op_is_average, spec)
 
 
 def check_local_args(local_sgd: bool, backward_passes_per_step: int, warmup: int, delay: int,

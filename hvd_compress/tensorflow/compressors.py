@@ -170,10 +170,6 @@ class TFCompressor(tf.Module, CompressorFrontend):
     def B(self):
         return self.BACKEND
 
-    @property
-    def passthrough(self) -> bool:
-        return self.core.passthrough
-
     def wire(self, payload):
         return self.core.wire(payload)
 

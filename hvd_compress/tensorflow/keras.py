@@ -23,7 +23,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 
 from ..frontend import new_stats
-from ..localsteps import check_local_args
+from ..localsteps import check_wrapper_args
 from .compressors import as_compressor
 from .exchange import engine, variable_name
 from .localsteps import strategy
@@ -88,15 +88,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     BatchNorm statistics); ``local_sgd_warmup_steps`` synchronous updates come
     first.  ``delay=D``: Delayed Gradient Averaging (see
     :mod:`hvd_compress.localsteps`)."""
-    if backward_passes_per_step < 1:
-        raise ValueError("backward_passes_per_step must be > 0")
-    if op == hvd.Adasum:
-        raise ValueError("op=Adasum is not supported by hvd_compress; use Horovod's optimizer")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
     comp = as_compressor(compression)
-    check_local_args(local_sgd, backward_passes_per_step, local_sgd_warmup_steps, delay,
-                     op == hvd.Average, comp.spec)
+    check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
+                       "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
+                       op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
+                       local_sgd, local_sgd_warmup_steps, delay, comp.spec)
     config = optimizer.get_config()
     if backward_passes_per_step > 1 and not local_sgd:
         config["gradient_accumulation_steps"] = backward_passes_per_step

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from .. import spec as specmod
 from ..frontend import horovod_builtin_spec, new_stats
-from ..localsteps import check_local_args
+from ..localsteps import check_wrapper_args
 from .compressors import TFCompressor, as_compressor, owned_by
 from .exchange import engine, variable_name
 from .localsteps import LocalSGD, strategy
@@ -178,21 +178,16 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for the first D steps).
     The step counter and DGA's ring of gradients live with the compressor.
     """
-    if backward_passes_per_step < 1:
-        raise ValueError("backward_passes_per_step must be > 0")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == hvd.Adasum:
-        raise ValueError("hvd_compress.tensorflow.DistributedGradientTape does not support "
-                         "op=Adasum; use horovod.tensorflow.DistributedGradientTape")
     if isinstance(compression, TFCompressor):
         comp, spec = compression, compression.spec
     else:
         comp = "none" if compression is None else \
             compression if isinstance(compression, str) else horovod_builtin_spec(compression)
         spec = specmod.parse(comp)
-    check_local_args(local_sgd, backward_passes_per_step, local_sgd_warmup_steps, delay,
-                     op == hvd.Average, spec)
+    check_wrapper_args("hvd_compress.tensorflow.DistributedGradientTape",
+                       "horovod.tensorflow.DistributedGradientTape", op == hvd.Average,
+                       op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
+                       local_sgd, local_sgd_warmup_steps, delay, spec)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,

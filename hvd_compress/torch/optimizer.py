@@ -27,7 +27,7 @@ import horovod.torch as hvd
 import torch
 
 from ..core import Exchange, build, new_stats
-from ..localsteps import check_local_args
+from ..localsteps import check_wrapper_args
 from .backend import TorchBackend
 from .collectives import HorovodTorch
 from .compressors import as_compressor, pair_dgc_with_momentum
@@ -325,21 +325,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
       Needs a one-round compressor (not PowerSGD) and
       ``backward_passes_per_step=1``; call ``optimizer.drain()`` at the end.
     """
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == hvd.Adasum:
-        raise ValueError("hvd_compress.torch.DistributedOptimizer does not support op=Adasum; "
-                         "use horovod.torch.DistributedOptimizer for Adasum")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
             groups = num_groups
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
     comp = as_compressor(compression)
-    check_local_args(local_sgd, backward_passes_per_step, local_sgd_warmup_steps, delay,
-                     op == hvd.Average, comp.spec)
+    check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
+                       "horovod.torch.DistributedOptimizer", op == hvd.Average, op == hvd.Adasum,
+                       gradient_predivide_factor, backward_passes_per_step, local_sgd,
+                       local_sgd_warmup_steps, delay, comp.spec)
     if not local_sgd:  # local steps keep their own momentum; DGC then compresses changes
         pair_dgc_with_momentum(optimizer, comp)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
