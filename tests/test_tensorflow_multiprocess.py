@@ -51,3 +51,13 @@ def test_backward_passes_per_step_matches_accumulating_by_hand(controller, trace
     for res in results:
         for spec, err in res["report"].items():
             assert err < (1e-4 if "powersgd" in spec else 1e-5), (spec, err)
+
+
+def test_state_belongs_to_its_user():
+    results = run_horovod("tests.workers.tf_tape:state_ownership", np=2, timeout=300)
+    for res in results:
+        assert res["same_model_shares"] and res["models_apart"] and res["object_shared"]
+        assert res["steps_on_a"] == [2]  # two tapes over model a, one compressor's step counter
+        assert res["bpps"] == [False, False, True]  # model b's pass does not complete a's
+        assert res["keras_apart"]
+        assert res["named"] == "TopK"

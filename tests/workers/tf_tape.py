@@ -202,3 +202,48 @@ def keras_checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
         step(*_batch(tf, rank, s))
     return {"params": [v.numpy().tobytes().hex() for v in model.trainable_variables],
             "iterations": int(opt.iterations.numpy())}
+
+
+def state_ownership():
+    """Who owns TF compressor state: a spec string's state goes with the variables the tape
+    differentiates (successive tapes over one model share it, two models never do); one
+    compressor object is shared by whoever is given it; each Keras optimizer has its own."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank = hvd.rank()
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    a, b = _model(tf), _model(tf)
+
+    def step(model, compression, bpps=1):
+        x, y = _batch(tf, rank, 0)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        tape = hct.DistributedGradientTape(tape, compression=compression,
+                                           backward_passes_per_step=bpps)
+        tape.gradient(loss, model.trainable_variables)
+        return tape
+
+    spec = "topk:ratio=0.1"
+    ta1, ta2, tb = step(a, spec), step(a, spec), step(b, spec)
+    shared = hct.compressor(spec)
+    tx, ty = step(a, shared), step(b, shared)
+    # backward_passes_per_step: two models' passes are counted apart
+    acc = "onebit"
+    first_a, first_b, second_a = step(a, acc, 2), step(b, acc, 2), step(a, acc, 2)
+    o1 = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=spec)
+    o2 = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=spec)
+    state = ta1.compression.tensor_state
+    kernel = next(k for k in state if k.startswith("dense/kernel"))
+    steps = [int(v.numpy()) for v in state[kernel].values()
+             if isinstance(v, tf.Variable) and v.dtype == tf.int64]
+    return {"same_model_shares": ta1.compression is ta2.compression,
+            "models_apart": ta1.compression is not tb.compression,
+            "object_shared": tx.compression is shared and ty.compression is shared,
+            "steps_on_a": steps,
+            "bpps": [bool(first_a.exchanged), bool(first_b.exchanged), bool(second_a.exchanged)],
+            "keras_apart": o1.compression is not o2.compression,
+            "named": type(hct.TopK(0.1)).__name__}
