@@ -340,7 +340,8 @@ class QuantizerCompressor(Compressor):
         """The whole step -- error feedback, statistics, codes, new residual, finiteness --
         as the backend's fused encoder (``B.fused_encoder``: compiled kernels for host
         memory, compiled ops for TensorFlow on CPU), or None where it has none.  The only
-        place the core takes a fast path; its contract is ``NumpyBackend.fused_encoder``'s."""
+        place the core asks for a fused encoder (decoding asks ``B.fused_unpack``); the
+        contract is ``NumpyBackend.fused_encoder``'s."""
         B = self.B
         cols = self._cols(meta)
         fused = B.fused_encoder(self.codec, cols, like=g)
