@@ -6,3 +6,6 @@ on framework tensors and plug into Horovod's ``DistributedOptimizer``.
 """
 
 __version__ = "0.1.0"
+
+# The host fast paths (numba kernels, loaded on first use) into the core's provider slot.
+from . import fastpaths  # noqa: E402,F401

@@ -12,17 +12,20 @@ accumulate in float64 as the reference does, in another order: the float32
 values derived from them agree unless a float64 result lies within about
 1e-16 of a float32 rounding boundary, as between numpy, torch and TensorFlow.
 
-They are used for numpy arrays and CPU torch tensors when numba is installed,
-unless ``HVD_COMPRESS_FUSED=0``; device tensors take the reference chain, and
-TensorFlow's CPU tensors the compiled ops of :mod:`hvd_compress.tensorflow.fused_ops`
-(the same per-element work, written in C++ against TensorFlow's kernel API).
+They reach the core only through the backends' ``fused_encoder`` hook:
+:mod:`hvd_compress.fastpaths` wraps them as the numpy backend's and the torch
+backend's (CPU tensors) encoders, and imports this module (hence numba) on
+first use.  ``HVD_COMPRESS_FUSED=0`` turns them off; device tensors take the
+reference chain, and TensorFlow's CPU tensors the compiled ops of
+:mod:`hvd_compress.tensorflow.fused_ops` (the same per-element work, written in
+C++ against TensorFlow's kernel API).
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from .fastpaths import requested
 
 try:  # numba is an optional speed-up; everything works without it
     from numba import njit, prange
@@ -30,24 +33,13 @@ try:  # numba is an optional speed-up; everything works without it
 except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "requested", "enabled", "usable", "threshold_pack", "onebit_pack", "terngrad_pack",
-           "qsgd_codes"]
-
-
-def requested() -> bool:
-    """Whether fused code may run at all (``HVD_COMPRESS_FUSED=0`` turns off these kernels
-    and the TensorFlow ops of :mod:`hvd_compress.tensorflow.fused_ops`)."""
-    return os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
+__all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
+           "terngrad_pack", "qsgd_codes"]
 
 
 def enabled() -> bool:
+    """Whether the kernels are installed and not turned off."""
     return AVAILABLE and requested()
-
-
-def usable(B, x, flag) -> bool:
-    """Whether a codec may take its fused kernel: finite input (``flag`` None) in host
-    memory on a backend that can lend a numpy view of it."""
-    return flag is None and enabled() and hasattr(B, "host_view") and B.is_host(x)
 
 
 if AVAILABLE:

@@ -1,4 +1,5 @@
-"""Rules of the code base that tests can check: lint, and the core imports no framework."""
+"""Rules of the code base that tests can check: lint, the core imports no framework, and the
+core holds only the reference chains (fast paths live behind the backends)."""
 
 import ast
 import subprocess
@@ -24,12 +25,44 @@ def test_core_imports_neither_torch_nor_tensorflow():
     assert not offenders, offenders
 
 
+def _imports(path):
+    """(module, imported names) for every import in ``path``, relative ones as written."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, [a.name]
+        elif isinstance(node, ast.ImportFrom):
+            yield "." * node.level + (node.module or ""), [a.name for a in node.names]
+
+
+def test_core_takes_no_fast_path_of_its_own():
+    """No module under core/ imports the numba kernels or their wrappers, or names numba:
+    fast paths reach the core only through the backend's ``fused_encoder`` hook."""
+    offenders = []
+    for path in sorted(CORE.rglob("*.py")):
+        if "numba" in path.read_text().lower():
+            offenders.append(f"{path.name}: names numba")
+        for module, names in _imports(path):
+            parts = module.replace(".", " ").split() + names
+            if any(p in ("kernels", "fastpaths") for p in parts):
+                offenders.append(f"{path.name}: imports {module} {names}")
+    assert not offenders, offenders
+
+
 def test_importing_the_core_loads_no_framework():
     code = ("import sys, hvd_compress.core, hvd_compress.core.mpi_check, hvd_compress.spec;"
             "print(sorted(m for m in ('torch', 'tensorflow', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_importing_the_core_loads_no_numba():
+    """numba loads with the first fast path asked for, not with the package."""
+    code = "import sys, hvd_compress.core; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    assert out == "False"
 
 
 def test_ruff_is_clean():

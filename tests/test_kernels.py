@@ -8,6 +8,7 @@ import torch
 
 from hvd_compress import kernels
 from hvd_compress.core import NUMPY, build
+from hvd_compress.core.quantizers import make_codec
 from hvd_compress.torch import TorchBackend
 
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
@@ -46,9 +47,63 @@ def test_fused_kernels_match_the_reference_chain(spec, shape, backend, monkeypat
 
 
 def test_the_fused_path_is_taken(monkeypatch):
+    calls = []
+    real = kernels.threshold_pack
+    monkeypatch.setattr(kernels, "threshold_pack", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
     comp = build("threshold:tau=0.5")
-    enc = comp.encode(np.array([1.0, -1.0, 0.1], np.float32), "w")
-    assert enc.ctx["subtracted"] is True
+    comp.encode(np.array([1.0, -1.0, 0.1], np.float32), "w")
+    assert calls == [1]
+    np.testing.assert_array_equal(comp.states["w"]["residual"], np.array([0.5, -0.5, 0.1], np.float32))
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
-    assert build("threshold:tau=0.5").encode(np.ones(3, np.float32), "w").ctx["subtracted"] is False
+    build("threshold:tau=0.5").encode(np.ones(3, np.float32), "w")
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
+    for name in ("threshold", "onebit", "terngrad", "qsgd"):
+        assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
+    assert backend.fused_encoder(make_codec("onebit", {}), 5) is None  # by columns: the chain
+    assert backend.fused_encoder(make_codec("fp16", {}), 1) is None
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
+    assert backend.fused_encoder(make_codec("qsgd", {}), 1) is None
+
+
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
+                                  "qsgd:levels=16", "onebit:ef=false"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
+def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
+    """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same
+    payload and state with the fast path as without, and the step after agrees too."""
+    rng = np.random.default_rng(zlib.crc32(repr((spec, bad)).encode()))
+    xs = [(rng.standard_normal(1001) * 1e-2).astype(np.float32) for _ in range(3)]
+    noises = [rng.random(1001, dtype=np.float32) for _ in range(3)]
+    xs[1][7] = 3e38 if bad == "overflow" else float(bad)
+    if bad == "overflow" and not build(spec).ef:
+        pytest.skip("no error feedback: no sum to overflow")
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if fused else "0")
+        comp = build(spec, backend)
+        payloads = []
+        for step, (x, noise) in enumerate(zip(xs, noises)):
+            if step == 1 and bad == "overflow":  # a residual that the sum overflows
+                comp.states["w"]["residual"][7] = 3e38
+            if backend is not NUMPY:
+                x, noise = torch.from_numpy(x), torch.from_numpy(noise)
+            with np.errstate(over="ignore", invalid="ignore"):
+                enc = comp.encode(x, "w", noise=noise if comp.codec.needs_noise else None)
+            payloads.append(np.asarray(backend.to_numpy(enc.payload)).tobytes())
+            if step == 1:
+                nan_step = np.asarray(backend.to_numpy(comp.aggregate([enc.payload], enc)))
+                state = {k: np.array(backend.to_numpy(v)) for k, v in comp.states["w"].items()
+                         if not isinstance(v, (int, float, dict))}
+        runs.append((payloads, state))
+    (fused_payloads, fused_state), (plain_payloads, plain_state) = runs
+    assert fused_payloads == plain_payloads
+    for key in plain_state:
+        np.testing.assert_array_equal(fused_state[key], plain_state[key], err_msg=key)
+    assert np.isnan(nan_step).any()  # the bad step went the non-finite way

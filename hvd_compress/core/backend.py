@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NumpyBackend", "NUMPY"]
+__all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths"]
 
 _NP_DTYPES = {
     "float16": np.float16, "float32": np.float32, "float64": np.float64,
@@ -189,16 +189,41 @@ class NumpyBackend:
         runs (here always; the TF backend has a host-only shortcut)."""
         return None
 
-    def fused_encoder(self, codec, cols: int):
-        """A quantizer codec's whole encoding step as one backend op -- ``(g, residual,
-        noise, generator) -> (fields, new residual, finite)`` -- or None: then the core's
-        chain runs (here always: host memory has :mod:`hvd_compress.kernels`; the TF
-        backend has compiled CPU ops)."""
-        return None
+    def fused_encoder(self, codec, cols: int, like=None):
+        """A quantizer codec's whole encoding step as one fast path, or None: then the core's
+        chain of array operations runs.  ``like`` is the tensor to be encoded (its device).
+
+        The one hook for fast paths; the core calls it in one place
+        (``QuantizerCompressor._encode_fused``).  It returns a callable
+        ``(g, residual, noise, noise_source) -> (fields, new_residual, finite)``: ``g``
+        the flat float32 gradient, ``residual`` the error-feedback state (None without),
+        ``noise`` explicit uniform noise or None (then draw from ``noise_source``, the
+        compressor's :class:`~hvd_compress.core.quantizers.NoiseSource`, if at all);
+        ``fields`` the codec's payload fields, ``new_residual`` ``residual + g -
+        decoded`` (may be ``residual`` itself, updated in place; ignored without error
+        feedback).  ``finite``:
+
+        * a 0-d array (device): the core multiplies the float fields by 1 or NaN
+          and keeps the old residual where it is false;
+        * a Python bool (host): True -- the fields are a finite step's and
+          ``new_residual`` is the state; False -- NaN or Inf in ``g`` or in the
+          float32 sum ``residual + g`` (overflow counts as non-finite): the fields
+          are ignored, ``residual`` must be left as the core's host path leaves it
+          (:func:`~hvd_compress.core.base.ef_sum_host`: untouched, or the sum undone
+          by ``-= g``), no noise drawn, and the core runs its reference
+          non-finite step.
+
+        A provider may decline (None) for any codec or ``cols``.  Here: the host
+        provider set by :func:`set_host_fast_paths` (``hvd_compress.fastpaths`` sets
+        its compiled kernels when ``hvd_compress`` is imported; the core never imports
+        it), or None."""
+        provider = _HOST_FAST_PATHS
+        return None if provider is None else provider(self, codec, cols)
 
     def fused_unpack(self, data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
-        """:func:`~hvd_compress.core.bitpack.unpack_values` as one backend op, or None; with
-        ``cols`` > 1, ``values`` has a value per code and column (code-major)."""
+        """:func:`~hvd_compress.core.bitpack.unpack_values` as one backend op, or None (here
+        always: the chain's table look-up); with ``cols`` > 1, ``values`` has a value per
+        code and column (code-major)."""
         return None
 
     # -- indexing -----------------------------------------------------------------
@@ -367,7 +392,7 @@ class NumpyBackend:
         return np.array(a, copy=True)
 
     def host_view(self, x):
-        """A numpy view of host data (for the fused kernels in hvd_compress.kernels)."""
+        """A numpy view of host data (for host fast paths)."""
         return x
 
     def from_host(self, a):
@@ -380,6 +405,24 @@ class NumpyBackend:
 
 
 NUMPY = NumpyBackend()
+
+# The host fast paths (numpy arrays, CPU tensors): a callable ``(backend, codec, cols) ->
+# encoder or None`` (see NumpyBackend.fused_encoder), or None.  Filled from outside the
+# core, which holds only the reference chains.
+_HOST_FAST_PATHS = None
+
+
+def set_host_fast_paths(provider):
+    """Install ``provider`` as the host backends' source of fused encoders (None: none);
+    returns the previous one."""
+    global _HOST_FAST_PATHS
+    previous, _HOST_FAST_PATHS = _HOST_FAST_PATHS, provider
+    return previous
+
+
+def host_fast_paths():
+    """The installed host provider, or None (the torch backend serves CPU tensors from it)."""
+    return _HOST_FAST_PATHS
 
 
 def selection_sample(n: int, k: int):

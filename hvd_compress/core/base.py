@@ -62,6 +62,21 @@ def nan_flag(B, finite, like):
     return B.where(finite, B.scalar(1.0, like=like), B.scalar(float("nan"), like=like))
 
 
+def ef_sum_host(B, g, residual):
+    """Host memory: ``(v, finite)`` with ``v = residual += g`` in place (``g`` itself
+    without error feedback, ``residual`` None).  Where ``g`` is not finite the residual is
+    not touched; where the float32 sum overflows it is undone (``-= g``) and ``finite``
+    is False.  The host encode paths, and host fast paths, start here."""
+    finite = bool(B.all_finite(g))
+    if residual is None or not finite:
+        return g, finite
+    v = B.iadd(residual, g)  # the residual buffer now holds grad + residual
+    if not bool(B.all_finite(v)):  # float32 overflow: undo, as a non-finite step
+        B.isub(v, g)
+        return v, False
+    return v, True
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """What every rank knows about a tensor without communicating."""
@@ -138,31 +153,34 @@ class Compressor:
         B = self.B
         g = B.cast(B.reshape(x, (-1,)), "float32")
         st = self.state(meta, like=g)
-        if B.is_host(g):
-            enc = self._encode_host(g, meta, st, noise)
-        else:
-            enc = self._encode_device(g, meta, st, noise)
+        enc = self._encode_fused(g, meta, st, noise)
+        if enc is None:
+            enc = (self._encode_host if B.is_host(g) else self._encode_device)(g, meta, st, noise)
         st["step"] = st["step"] + 1
         return enc
 
+    def _encode_fused(self, g, meta, st, noise) -> Encoded | None:
+        """The step as the backend's fast path (``B.fused_encoder``), or None: then the
+        chain of array operations runs (here always; the quantizers override it)."""
+        return None
+
     def _encode_host(self, g, meta, st, noise) -> Encoded:
         """Host memory: branch on finiteness and update the residual in place."""
-        B = self.B
-        finite = bool(B.all_finite(g))
-        if finite and self.ef:
-            v = B.iadd(st["residual"], g)  # the residual buffer now holds grad + residual
-            if not bool(B.all_finite(v)):  # float32 overflow: undo, as a non-finite step
-                B.isub(v, g)
-                finite = False
+        v, finite = ef_sum_host(self.B, g, st["residual"] if self.ef else None)
         if not finite:
-            v = g + st["residual"] if self.ef else g
-            clean = B.where(B.isfinite(v), v, 0.0)
-            return self._encode(clean, meta, st, noise, B.scalar(float("nan"), like=g))
-        if not self.ef:
-            return self._encode(g, meta, st, noise, None)
+            return self._encode_host_nonfinite(g, meta, st, noise)
         enc = self._encode(v, meta, st, noise, None)
-        self._subtract_sent(v, enc)  # what stays behind is the new residual
+        if self.ef:
+            self._subtract_sent(v, enc)  # what stays behind is the new residual
         return enc
+
+    def _encode_host_nonfinite(self, g, meta, st, noise) -> Encoded:
+        """Host memory, NaN/Inf in ``g`` or in its sum with the residual: a payload that
+        decodes to NaN, from the finite entries; the state is not touched."""
+        B = self.B
+        v = g + st["residual"] if self.ef else g
+        clean = B.where(B.isfinite(v), v, 0.0)
+        return self._encode(clean, meta, st, noise, B.scalar(float("nan"), like=g))
 
     def _encode_device(self, g, meta, st, noise) -> Encoded:
         """Device memory: no value reaches the host; a 0-d flag carries finiteness."""

@@ -19,17 +19,20 @@ threshold  scale float32[1] (= tau), codes 2-bit x n (0 -> 0, 1 -> +tau, 2 -> -t
 
 Sums that set a scale (norms, standard deviation, column means) are computed
 in float64 and rounded to float32, so that every framework gets the same bits.
+
+The codecs hold only this reference chain of array operations.  A backend may
+run a whole quantizer step faster (:meth:`QuantizerCompressor._encode_fused`,
+through ``B.fused_encoder``); the helpers that turn sums into scales
+(:meth:`QSGDCodec.scales`, :meth:`TernGradCodec.sigma`, :meth:`OneBitCodec.means`)
+are public so that such a fast path derives them exactly as the chain does.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from .. import kernels
 from .base import Compressor, Encoded, nan_flag, warn_once
-from .bitpack import Segment, join_segments, pack_codes, packed_nbytes, split_segments, unpack_values
+from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
 
 
 def _flagged(x, flag):
@@ -54,9 +57,9 @@ class Codec:
     def layout(self, n: int, cols: int = 1) -> list:
         raise NotImplementedError
 
-    def encode_values(self, B, v, flag, noise, cols: int = 1, subtract: bool = False) -> dict:
-        """Payload fields for ``v``.  With ``subtract`` (error feedback, host memory) a
-        codec may also leave ``v - decoded`` in ``v`` and say so with ``_subtracted``."""
+    def encode_values(self, B, v, flag, noise, cols: int = 1) -> dict:
+        """Payload fields for ``v`` (``flag``: None, or the 0-d 1/NaN that float fields are
+        multiplied by; ``noise``: uniform [0, 1) per value, for the stochastic codecs)."""
         raise NotImplementedError
 
     def decode_values(self, B, fields: dict, n: int, cols: int = 1):
@@ -74,7 +77,7 @@ class FP16Codec(Codec):
     def layout(self, n, cols=1):
         return [Segment("values", "float16", n)]
 
-    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
+    def encode_values(self, B, v, flag, noise, cols=1):
         return {"values": B.cast(_flagged(v, flag), "float16")}
 
     def decode_values(self, B, fields, n, cols=1):
@@ -89,7 +92,7 @@ class BF16Codec(Codec):
     def layout(self, n, cols=1):
         return [Segment("values", "uint16", n)]
 
-    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
+    def encode_values(self, B, v, flag, noise, cols=1):
         return {"values": B.to_bfloat16_bits(_flagged(v, flag))}
 
     def decode_values(self, B, fields, n, cols=1):
@@ -121,22 +124,21 @@ class QSGDCodec(Codec):
         return [Segment("norms", "float32", -(-n // self.d)),
                 Segment("codes", "uint8", -(-n * self.bits // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
+    def encode_values(self, B, v, flag, noise, cols=1):
         d, s = self.d, self.s
-        norms = B.cast(B.sqrt(B.bucket_sumsq64(v, d)), "float32")
-        inv = B.where(norms > 0, B.div(float(s), B.where(norms > 0, norms, 1.0)), 0.0)  # s/||v||
-        if kernels.usable(B, v, flag):  # the same arithmetic in one pass
-            n = B.shape(v)[0]
-            out = np.empty(packed_nbytes(n, 4) if self.bits == 4 else n, np.uint8)
-            kernels.qsgd_codes(B.host_view(v), B.host_view(B.cast(inv, "float32")),
-                               B.host_view(noise), s, d, self.bits == 4, out)
-            codes = B.from_host(out)
-            return {"norms": norms, "codes": codes if self.bits == 4 else pack_codes(B, codes, self.bits)}
+        norms, inv = self.scales(B, v)
         scaled = B.bucket_scale(B.abs(v), inv, d)  # s*|v|/||v|| (a fresh array: in place)
         level = B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
         # code = s + sign * level, in uint8: s + level - 2 * level * [v < 0]
         code = B.isub(level + s, B.cast(v < 0, "uint8") * level * 2)
         return {"norms": _flagged(norms, flag), "codes": pack_codes(B, code, self.bits)}
+
+    def scales(self, B, v):
+        """``(norms, inv)``: each bucket's norm (float64 sum, float32) and ``s / norm``
+        (0 for a zero bucket), float32."""
+        norms = B.cast(B.sqrt(B.bucket_sumsq64(v, self.d)), "float32")
+        inv = B.where(norms > 0, B.div(float(self.s), B.where(norms > 0, norms, 1.0)), 0.0)
+        return norms, inv
 
     def decode_values(self, B, fields, n, cols=1):
         s = self.s
@@ -163,26 +165,10 @@ class TernGradCodec(Codec):
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
-        n = B.shape(v)[0]
+    def encode_values(self, B, v, flag, noise, cols=1):
         c = self.clip
         if c > 0:
-            # sigma from the sums of v and v*v, computed in float64
-            if kernels.usable(B, v, flag):  # both sums in one pass
-                s1, s2 = (B.from_host(np.asarray(t)) for t in kernels.moments(B.host_view(v)))
-            else:
-                s1, s2 = B.sum64(v), B.sumsq64(v)
-            mean = B.div(s1, float(n))
-            var = B.maximum(B.div(s2, float(n)) - mean * mean, 0.0)
-            sigma = B.cast(B.sqrt(var), "float32")
-        if kernels.usable(B, v, flag):  # scale = min(max|v|, cap): no pass but a min/max
-            cap = np.float32(c * B.to_numpy(sigma)) if c > 0 else np.float32(np.inf)
-            scale = np.minimum(np.float32(B.to_numpy(B.absmax(v))), cap)
-            out = np.empty(packed_nbytes(B.shape(v)[0], 2), np.uint8)
-            kernels.terngrad_pack(B.host_view(v), B.host_view(noise), cap,
-                                  np.float32(scale if scale > 0 else 1.0), out)
-            return {"scale": B.asarray([scale], "float32", like=v), "codes": B.from_host(out)}
-        if c > 0:
+            sigma = self.sigma(B, B.sum64(v), B.sumsq64(v), B.shape(v)[0])
             mag = B.iminimum(B.abs(v), c * sigma)  # |clip(v)|; clipping keeps the sign
         else:
             mag = B.abs(v)
@@ -190,6 +176,14 @@ class TernGradCodec(Codec):
         prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))  # |v| / scale, in place
         code = B.imul(B.cast(noise < prob, "uint8"), B.iadd(B.cast(v < 0, "uint8"), 1))
         return {"scale": B.reshape(_flagged(scale, flag), (1,)), "codes": pack_codes(B, code, 2)}
+
+    @staticmethod
+    def sigma(B, s1, s2, n: int):
+        """The standard deviation (float32) of ``n`` values from their sum ``s1`` and sum of
+        squares ``s2`` (float64)."""
+        mean = B.div(s1, float(n))
+        var = B.maximum(B.div(s2, float(n)) - mean * mean, 0.0)
+        return B.cast(B.sqrt(var), "float32")
 
     def decode_values(self, B, fields, n, cols=1):
         # the four code values times the scale, then one look-up per byte
@@ -212,31 +206,27 @@ class OneBitCodec(Codec):
         return [Segment("pos", "float32", cols), Segment("neg", "float32", cols),
                 Segment("signs", "uint8", -(-n // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
+    def encode_values(self, B, v, flag, noise, cols=1):
         axis = None if cols == 1 else 0  # whole-vector reductions are the fast ones
         m = v if cols == 1 else B.reshape(v, (-1, cols))
-        nonneg = None
-        if cols == 1 and kernels.usable(B, v, flag):  # the three sums in one pass
-            npos, spos, sneg = (np.asarray(t) for t in kernels.sign_sums(B.host_view(v)))
-            npos, spos, sneg = (B.from_host(t) for t in (npos.astype(np.int64), spos, sneg))
-        else:
-            nonneg = m >= 0
-            npos = B.count_nonzero(nonneg, axis=axis)
-            total = B.sum64(m, axis=axis)
-            spos = B.sum64(B.maximum(m, 0.0), axis=axis)
-            sneg = total - spos
-        nneg = B.shape(v)[0] // cols - npos
+        nonneg = m >= 0
+        npos = B.count_nonzero(nonneg, axis=axis)
+        total = B.sum64(m, axis=axis)
+        spos = B.sum64(B.maximum(m, 0.0), axis=axis)
+        pos, neg = self.means(B, npos, spos, total - spos, B.shape(v)[0] // cols, cols)
+        return {"pos": _flagged(pos, flag), "neg": _flagged(neg, flag),
+                "signs": pack_codes(B, B.reshape(nonneg, (-1,)), 1)}
+
+    @staticmethod
+    def means(B, npos, spos, sneg, rows: int, cols: int):
+        """``(pos, neg)``, float32[cols]: each column's mean of its non-negative values and
+        of its negative ones (0 where there are none), from the count ``npos`` (int64) of
+        the former and the float64 sums ``spos``, ``sneg`` of both, per column."""
+        nneg = rows - npos
         npos64, nneg64 = B.cast(npos, "float64"), B.cast(nneg, "float64")
         pos = B.cast(B.where(npos > 0, B.div(spos, B.maximum(npos64, 1.0)), 0.0), "float32")
         neg = B.cast(B.where(nneg > 0, B.div(sneg, B.maximum(nneg64, 1.0)), 0.0), "float32")
-        pos, neg = B.reshape(pos, (cols,)), B.reshape(neg, (cols,))
-        if cols == 1 and kernels.usable(B, v, flag):
-            out = np.empty(packed_nbytes(B.shape(v)[0], 1), np.uint8)
-            kernels.onebit_pack(B.host_view(v), np.float32(B.to_numpy(pos)[0]),
-                                np.float32(B.to_numpy(neg)[0]), out, subtract)
-            return {"pos": pos, "neg": neg, "signs": B.from_host(out), "_subtracted": subtract}
-        return {"pos": _flagged(pos, flag), "neg": _flagged(neg, flag),
-                "signs": pack_codes(B, B.reshape(nonneg, (-1,)), 1)}
+        return B.reshape(pos, (cols,)), B.reshape(neg, (cols,))
 
     def decode_values(self, B, fields, n, cols=1):
         if cols == 1:  # one look-up: bit 1 -> pos, bit 0 -> neg
@@ -267,13 +257,8 @@ class ThresholdCodec(Codec):
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
 
-    def encode_values(self, B, v, flag, noise, cols=1, subtract=False):
+    def encode_values(self, B, v, flag, noise, cols=1):
         tau = self.tau
-        if kernels.usable(B, v, flag):
-            out = np.empty(packed_nbytes(B.shape(v)[0], 2), np.uint8)
-            kernels.threshold_pack(B.host_view(v), np.float32(tau), out, subtract)
-            return {"scale": B.asarray([tau], "float32", like=v), "codes": B.from_host(out),
-                    "_subtracted": subtract}
         code = B.iadd(B.cast(v >= tau, "uint8"), B.imul(B.cast(v <= -tau, "uint8"), 2))
         scale = B.reshape(_flagged(B.scalar(tau, like=v), flag), (1,))
         return {"scale": scale, "codes": pack_codes(B, code, 2)}
@@ -347,44 +332,42 @@ class QuantizerCompressor(Compressor):
         elif noise is not None:
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
         cols = self._cols(meta)
-        # In the host path with error feedback, v is this tensor's residual buffer.
-        subtract = self.ef and flag is None and B.is_host(v)
-        fields = self.codec.encode_values(B, v, flag, noise, cols, subtract=subtract)
+        fields = self.codec.encode_values(B, v, flag, noise, cols)
         payload = join_segments(B, self.codec.layout(n, cols), fields)
-        return Encoded(payload, meta, self.payload_nbytes(meta),
-                       ctx={"subtracted": bool(fields.get("_subtracted", False))})
+        return Encoded(payload, meta, self.payload_nbytes(meta))
 
-    def _encode_device(self, g, meta, st, noise) -> Encoded:
-        """Where the backend has a fused op for this codec (TensorFlow on CPU), the step --
-        error feedback, statistics, codes, new residual, finiteness -- is that one op;
-        otherwise the chain of array operations of the base class."""
-        cols = self._cols(meta)
-        fused = self.B.fused_encoder(self.codec, cols)
-        if fused is None:
-            return super()._encode_device(g, meta, st, noise)
+    def _encode_fused(self, g, meta, st, noise) -> Encoded | None:
+        """The whole step -- error feedback, statistics, codes, new residual, finiteness --
+        as the backend's fused encoder (``B.fused_encoder``: compiled kernels for host
+        memory, compiled ops for TensorFlow on CPU), or None where it has none.  The only
+        place the core asks for a fused encoder (decoding asks ``B.fused_unpack``); the
+        contract is ``NumpyBackend.fused_encoder``'s."""
         B = self.B
+        cols = self._cols(meta)
+        fused = B.fused_encoder(self.codec, cols, like=g)
+        if fused is None:
+            return None
         if noise is not None:
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
-        gen = self.noise.gen if self.noise is not None else None
-        fields, residual, finite = fused(g, st["residual"] if self.ef else None, noise, gen)
-        flag = nan_flag(B, finite, g)
+        fields, residual, finite = fused(g, st["residual"] if self.ef else None, noise, self.noise)
         layout = self.codec.layout(meta.numel, cols)
-        fields = {seg.name: _flagged(fields[seg.name], flag) if seg.dtype == "float32" else fields[seg.name]
-                  for seg in layout}
+        if finite is False:  # host, NaN/Inf: the state is as the reference leaves it
+            return self._encode_host_nonfinite(g, meta, st, noise)
+        if finite is not True:  # a 0-d tensor (device): no branch on its value
+            flag = nan_flag(B, finite, g)
+            fields = {seg.name: _flagged(fields[seg.name], flag) if seg.dtype == "float32"
+                      else fields[seg.name] for seg in layout}
+            if self.ef:
+                old, new = st["residual"], residual
+                residual = B.cond(finite, lambda: new, lambda: old)
         if self.ef:
-            old = st["residual"]
-            st["residual"] = B.cond(finite, lambda: residual, lambda: old)
+            st["residual"] = residual
         return Encoded(join_segments(B, layout, fields), meta, self.payload_nbytes(meta))
-
-    def _subtract_sent(self, v, enc) -> None:
-        if not enc.ctx.get("subtracted"):  # a fused kernel may have done it already
-            super()._subtract_sent(v, enc)
 
     def _decode(self, payload, meta, ctx=None):
         n, cols = meta.numel, self._cols(meta)
         fields = split_segments(self.B, self.codec.layout(n, cols), payload)
         return self.codec.decode_values(self.B, fields, n, cols)
-
 
 
 class Identity(Compressor):

@@ -210,9 +210,9 @@ class TensorFlowBackend:
                          lambda: tf.cast(tf.math.top_k(mag, k=k).indices, tf.int64))
         return tf.ensure_shape(tf.sort(picked), [k])
 
-    def fused_encoder(self, codec, cols):
+    def fused_encoder(self, codec, cols, like=None):
         """The compiled CPU op for a quantizer codec (:mod:`.fused_ops`) where no GPU is
-        visible, else None (the chain of TF ops)."""
+        visible, else None (the chain of TF ops); its ``finite`` is a 0-d tensor."""
         return fused_ops.encoder(codec, cols) if _host_only() else None
 
     def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):

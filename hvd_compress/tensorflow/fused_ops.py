@@ -37,7 +37,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import kernels
+from .. import fastpaths
 
 SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
 _FLAGS = ["-shared", "-fPIC", "-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
@@ -126,7 +126,7 @@ def build(verbose: bool = False) -> Path:
 def library():
     """The loaded op module, or None (turned off, or not buildable: warned once)."""
     global _LIB, _ERROR
-    if not kernels.requested():
+    if not fastpaths.requested():
         return None
     if _LIB is None:
         try:
@@ -146,15 +146,17 @@ def error() -> str:
 
 # -- the ops, one per codec ----------------------------------------------------------------
 def encoder(codec, cols: int):
-    """A fused encoder for ``codec`` -- ``(g, residual, noise, gen) -> (fields, new residual,
-    finite)`` -- or None where there is none (other codecs).  ``cols``: 1-bit SGD's columns."""
+    """A fused encoder for ``codec`` -- ``(g, residual, noise, noise_source) -> (fields,
+    new residual, finite)``, ``finite`` a 0-d tensor -- or None where there is none (other
+    codecs).  ``cols``: 1-bit SGD's columns."""
     lib = library()
     if lib is None or codec.name not in _ENCODERS:
         return None
     import tensorflow as tf
 
-    def encode(g, residual, noise, gen):
+    def encode(g, residual, noise, noise_source):
         residual = _empty(tf) if residual is None else residual
+        gen = None if noise_source is None else noise_source.gen
         return _ENCODERS[codec.name](lib, tf, codec, cols, g, residual, noise, gen)
     return encode
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..core.backend import selection_sample
+from ..core.backend import host_fast_paths, selection_sample
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -184,8 +184,13 @@ class TorchBackend:
     def top_indices(self, mag, k):
         return None  # the core's selection (host: nonzero; device: compact) is the fast one
 
-    def fused_encoder(self, codec, cols):
-        return None  # CPU tensors take hvd_compress.kernels (numba)
+    def fused_encoder(self, codec, cols, like=None):
+        """For CPU tensors (``like``), the host fast path the numpy backend has (numba
+        kernels, :mod:`hvd_compress.fastpaths`, over numpy views); None on devices."""
+        if like is not None and not self.is_host(like):
+            return None
+        provider = host_fast_paths()
+        return None if provider is None else provider(self, codec, cols)
 
     def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):
         return None
@@ -366,7 +371,7 @@ class TorchBackend:
         return torch.from_numpy(np.array(a, copy=True)).to(_dev(like) or "cpu")
 
     def host_view(self, x):
-        return x.detach().numpy()  # CPU tensors only (the fused kernels' host path)
+        return x.detach().numpy()  # CPU tensors only (the host fast paths)
 
     def from_host(self, a):
         return torch.from_numpy(a)

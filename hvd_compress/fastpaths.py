@@ -1,0 +1,137 @@
+"""The host backends' fast paths: the numba kernels of :mod:`hvd_compress.kernels` behind
+the core's one hook, ``B.fused_encoder(codec, cols)``.
+
+The core (:mod:`hvd_compress.core`) holds only the reference chains and never
+imports this module or numba.  Importing :mod:`hvd_compress` installs
+:func:`host_encoder` in the core's provider slot
+(:func:`hvd_compress.core.backend.set_host_fast_paths`); the numpy backend, and
+the torch backend for CPU tensors, then answer ``fused_encoder`` from it.
+numba is imported, and the kernels loaded from its cache, on the first
+encoder asked for -- not when the package is imported.
+
+Each encoder keeps the contract of ``NumpyBackend.fused_encoder`` with a
+Python bool for ``finite``: the step starts as the core's host path does
+(:func:`~hvd_compress.core.base.ef_sum_host`: finiteness, ``residual += g`` in
+place, overflow counted as non-finite and undone); on NaN/Inf it returns at
+once (no noise drawn) and the core runs its reference non-finite step.  The
+scales come from the codec's own helpers (the reference arithmetic); the
+kernels do the per-element passes -- sums, codes, bit packing and, for 1-bit
+and threshold, the residual update -- with the same bits
+(``tests/test_kernels.py``).  1-bit by columns (``cols`` > 1) is declined: the
+chain runs.  ``HVD_COMPRESS_FUSED=0`` turns every fast path off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .core.backend import set_host_fast_paths
+from .core.base import ef_sum_host
+from .core.bitpack import pack_codes, packed_nbytes
+
+__all__ = ["requested", "host_encoder"]
+
+
+def requested() -> bool:
+    """Whether fast paths may run at all: ``HVD_COMPRESS_FUSED=0`` turns off the numba
+    kernels and the TensorFlow ops of :mod:`hvd_compress.tensorflow.fused_ops`."""
+    return os.environ.get("HVD_COMPRESS_FUSED", "1") != "0"
+
+
+_KERNELS = None  # hvd_compress.kernels once loaded, False without numba
+
+
+def _kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        from . import kernels  # imports numba (kernels compiled once, then cached on disk)
+        _KERNELS = kernels if kernels.AVAILABLE else False
+    return _KERNELS
+
+
+def host_encoder(B, codec, cols: int):
+    """A host backend's fused encoder for ``codec`` (see the module), or None: turned
+    off, numba missing, a codec without kernels, or 1-bit by columns."""
+    body = _BODIES.get(codec.name)
+    if body is None or (codec.name == "onebit" and cols != 1) or not requested():
+        return None
+    k = _kernels()
+    if not k:
+        return None
+
+    def encode(g, residual, noise, noise_source):
+        v, finite = ef_sum_host(B, g, residual)
+        if not finite:
+            return None, residual, False
+        n = B.shape(v)[0]
+        if codec.needs_noise and noise is None:
+            noise = noise_source.draw(n, like=g)
+        fields = body(k, B, codec, v, noise, residual is not None)
+        return fields, (v if residual is not None else None), True
+    return encode
+
+
+def _codes(n, bits):
+    """A fresh numpy buffer for ``n`` packed ``bits``-bit codes."""
+    return np.empty(packed_nbytes(n, bits), np.uint8)
+
+
+def _subtract_decoded(B, codec, v, fields):
+    """``v -= decoded`` (error feedback) for codecs whose kernel does not do it."""
+    B.isub(v, codec.decode_values(B, fields, B.shape(v)[0]))
+
+
+def _threshold(k, B, codec, v, noise, ef):
+    tau = codec.tau
+    out = _codes(B.shape(v)[0], 2)
+    k.threshold_pack(B.host_view(v), np.float32(tau), out, ef)  # with ef: v -= sent
+    return {"scale": B.asarray([tau], "float32", like=v), "codes": B.from_host(out)}
+
+
+def _onebit(k, B, codec, v, noise, ef):
+    n = B.shape(v)[0]
+    npos, spos, sneg = (np.asarray(t) for t in k.sign_sums(B.host_view(v)))  # one pass
+    npos, spos, sneg = (B.from_host(t) for t in (npos.astype(np.int64), spos, sneg))
+    pos, neg = codec.means(B, npos, spos, sneg, n, 1)
+    out = _codes(n, 1)
+    k.onebit_pack(B.host_view(v), np.float32(B.to_numpy(pos)[0]), np.float32(B.to_numpy(neg)[0]),
+                  out, ef)  # with ef: v -= pos or neg
+    return {"pos": pos, "neg": neg, "signs": B.from_host(out)}
+
+
+def _terngrad(k, B, codec, v, noise, ef):
+    n, c = B.shape(v)[0], codec.clip
+    if c > 0:
+        s1, s2 = (B.from_host(np.asarray(t)) for t in k.moments(B.host_view(v)))  # one pass
+        cap = np.float32(c * B.to_numpy(codec.sigma(B, s1, s2, n)))
+    else:
+        cap = np.float32(np.inf)
+    # the chain's max(min(|v|, cap)) is min(max|v|, cap): no pass but a min/max
+    scale = np.minimum(np.float32(B.to_numpy(B.absmax(v))), cap)
+    out = _codes(n, 2)
+    k.terngrad_pack(B.host_view(v), B.host_view(noise), cap, np.float32(scale if scale > 0 else 1.0),
+                    out)
+    fields = {"scale": B.asarray([scale], "float32", like=v), "codes": B.from_host(out)}
+    if ef:
+        _subtract_decoded(B, codec, v, fields)
+    return fields
+
+
+def _qsgd(k, B, codec, v, noise, ef):
+    n, packed = B.shape(v)[0], codec.bits == 4
+    norms, inv = codec.scales(B, v)
+    out = _codes(n, 4) if packed else np.empty(n, np.uint8)  # 4-bit codes: packed by the kernel
+    k.qsgd_codes(B.host_view(v), B.host_view(B.cast(inv, "float32")), B.host_view(noise),
+                 codec.s, codec.d, packed, out)
+    codes = B.from_host(out)
+    fields = {"norms": norms, "codes": codes if packed else pack_codes(B, codes, codec.bits)}
+    if ef:
+        _subtract_decoded(B, codec, v, fields)
+    return fields
+
+
+_BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
+
+set_host_fast_paths(host_encoder)
