@@ -67,7 +67,7 @@ class DGC(Sparsifier):
         self.epoch = int(epoch)
 
     def current_epoch(self, step) -> int:
-        spe = int(self.params.get("steps_per_epoch", 0))
+        spe = int(self.params["steps_per_epoch"])
         if spe <= 0:
             return self.epoch
         if not isinstance(step, (int, np.integer)):
@@ -78,7 +78,7 @@ class DGC(Sparsifier):
 
     def density(self, step: int) -> float:
         return warmup_density(float(self.params["ratio"]), self.current_epoch(step),
-                              int(self.params.get("warmup_epochs", 4)))
+                              int(self.params["warmup_epochs"]))
 
     def k_for(self, meta, ctx=None) -> int:
         if ctx is not None:
@@ -95,9 +95,9 @@ class DGC(Sparsifier):
         """The sampled threshold on magnitudes ``mag``, after the correction loop (0-d)."""
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        s = min(n, max(math.ceil(float(self.params.get("sample_ratio", 0.01)) * n), MIN_SAMPLES))
+        s = min(n, max(math.ceil(float(self.params["sample_ratio"]) * n), MIN_SAMPLES))
         if s < n:
-            key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, step,
+            key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
                                      PURPOSE_DGC_SAMPLE, like=mag)
             pos, _ = stratified_indices(B, n, s, key0, key1, like=mag)
             sample = B.gather(mag, pos)
@@ -126,13 +126,13 @@ class DGC(Sparsifier):
 
     def _encode(self, g, meta, st, noise, flag) -> Encoded:
         B = self.B
-        m = float(self.params.get("momentum", 0.9))
-        clip = float(self.params.get("clip_norm", 0.0))
+        m = float(self.params["momentum"])
+        clip = float(self.params["clip_norm"])
         if clip > 0:
             norm = _norm64(B, g)
             limit = clip / math.sqrt(self.world_size)
             g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
-        nesterov = bool(self.params.get("nesterov"))
+        nesterov = bool(self.params["nesterov"])
         if flag is None and B.is_host(g):
             return self._encode_in_place(g, meta, st, noise, m, nesterov)
         if nesterov:

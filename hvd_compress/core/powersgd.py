@@ -56,7 +56,7 @@ class PowerSGD(Compressor):
     def __init__(self, params=None, backend=None, rank=0, world_size=1):
         from .backend import NUMPY
         super().__init__(params, backend or NUMPY, rank, world_size)
-        self.r = int(self.params.get("rank", 2))
+        self.r = int(self.params["rank"])
 
     def compressed(self, meta) -> bool:
         rows, cols = matrix_shape(meta)
@@ -74,7 +74,7 @@ class PowerSGD(Compressor):
         B = self.B
         _, cols = matrix_shape(meta)
         n = cols * self.r
-        key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, step,
+        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
                                  PURPOSE_Q, like=like)
         h = hash_stream(B, key0, key1, 2 * n, like=like)
         u = (B.cast(B.shift_right(h, 8), "float32") + 0.5) * (1.0 / (1 << 24))
@@ -101,7 +101,7 @@ class PowerSGD(Compressor):
         rows, cols = matrix_shape(meta)
         m = B.reshape(zero_nonfinite(B, v, finite), (rows, cols))
         q = st["q"]
-        if not self.params.get("warm_start", True):
+        if not self.params["warm_start"]:
             q = self._gaussian(meta, st["step"], v)
         p = B.matmul(m, q) * flag
         return Encoded(p, meta, 4 * rows * self.r, round=0,

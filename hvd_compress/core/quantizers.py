@@ -114,8 +114,8 @@ class QSGDCodec(Codec):
 
     def __init__(self, params):
         super().__init__(params)
-        self.s = int(params.get("levels", 7))
-        self.d = int(params.get("bucket", 512))
+        self.s = int(params["levels"])
+        self.d = int(params["bucket"])
         if not 1 <= self.s <= 127:
             raise ValueError(f"qsgd: levels must be in [1, 127] (codes of at most 8 bits), got {self.s}")
         self.bits = math.ceil(math.log2(2 * self.s + 1))
@@ -160,7 +160,7 @@ class TernGradCodec(Codec):
 
     @property
     def clip(self) -> float:
-        return float(self.params.get("clip", 2.5))
+        return float(self.params["clip"])
 
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
@@ -252,7 +252,7 @@ class ThresholdCodec(Codec):
 
     @property
     def tau(self) -> float:
-        return float(self.params.get("tau", 0.01))
+        return float(self.params["tau"])
 
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", -(-n * 2 // 8))]
@@ -274,7 +274,9 @@ CODECS = {c.name: c for c in (FP16Codec, BF16Codec, QSGDCodec, TernGradCodec, On
 
 
 def make_codec(name: str, params: dict) -> Codec:
-    return CODECS[name](params)
+    """The codec ``name`` with ``params`` completed by the registry's defaults."""
+    from .registry import defaults
+    return CODECS[name]({**defaults(name), **params})
 
 
 def columns(meta) -> int:
@@ -315,7 +317,7 @@ class QuantizerCompressor(Compressor):
         super().__init__(params, backend or NUMPY, rank, world_size)
         self.name = codec_name
         self.codec = make_codec(codec_name, self.params)
-        self.noise = NoiseSource(self.B, int(self.params.get("seed", 0)), rank) \
+        self.noise = NoiseSource(self.B, int(self.params["seed"]), rank) \
             if self.codec.needs_noise else None
 
     def _cols(self, meta):

@@ -23,7 +23,7 @@ from .powersgd import PowerSGD
 from .quantizers import Cast16, Identity, QuantizerCompressor
 from .sparsifiers import RandomK, TopK
 
-__all__ = ["Param", "Algorithm", "register", "get", "algorithms", "build"]
+__all__ = ["Param", "Algorithm", "register", "get", "algorithms", "defaults", "build"]
 
 
 def _bool(text: str) -> bool:
@@ -126,6 +126,15 @@ def get(name: str) -> Algorithm:
 def algorithms() -> tuple:
     """Every registered :class:`Algorithm`, in registration order."""
     return tuple(_REGISTRY.values())
+
+
+def defaults(name: str) -> dict:
+    """Every parameter of ``name`` at its default (the complete params a core class takes)."""
+    alg = get(name)
+    params = {k: p.default for k, p in alg.params.items()}
+    if alg.derive is not None:
+        alg.derive(params)
+    return params
 
 
 def build(spec, backend=NUMPY, rank: int = 0, world_size: int = 1) -> Compressor:

@@ -216,8 +216,8 @@ class RandomK(Sparsifier):
     def _select(self, v, meta, st):
         B = self.B
         k = self.k_for(meta)
-        key0, key1 = stream_keys(B, int(self.params.get("seed", 0)), meta.name, st["step"],
+        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, st["step"],
                                  PURPOSE_RANDOMK, like=v)
         idx, sizes = stratified_indices(B, meta.numel, k, key0, key1, like=v)
-        scale = B.cast(sizes, "float32") if self.params.get("unbiased") else None
+        scale = B.cast(sizes, "float32") if self.params["unbiased"] else None
         return idx, scale
