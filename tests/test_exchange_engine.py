@@ -1,0 +1,148 @@
+"""The exchange engine on simulated ranks: several ranks' engines in one process, whose
+collectives meet in a shared table (no Horovod), checked against the numpy core."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from hvd_compress.core import Collectives, Exchange, Loopback, build, new_stats
+
+
+class Table(Collectives):
+    """``size`` ranks' collectives in one process, one thread per rank: a rank posts its
+    payload under the collective's name, and its wait blocks until every rank has."""
+
+    def __init__(self, size):
+        self.size = size
+        self.posted = {}
+        self.ops = []
+        self.cond = threading.Condition()
+
+    def rank(self, r):
+        table = self
+
+        class View(Collectives):
+            size = table.size
+            sums_bfloat16 = True
+
+            def _post(self, kind, name, flat, op, post):
+                with table.cond:
+                    table.posted.setdefault(name, {})[r] = np.array(flat)
+                    table.ops.append((kind, name, op))
+                    table.cond.notify_all()
+                return kind, name, post
+
+            def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
+                post = postscale / (table.size if op == "average" else 1)
+                return self._post("allreduce", name, np.array(flat) * prescale, op, post)
+
+            def allgather(self, flat, name):
+                return self._post("allgather", name, flat, None, 1.0)
+
+            def wait(self, handle):
+                kind, name, post = handle
+                with table.cond:
+                    table.cond.wait_for(lambda: len(table.posted[name]) == table.size, 30)
+                    parts = [table.posted[name][q] for q in range(table.size)]
+                return sum(parts) * post if kind == "allreduce" else np.concatenate(parts)
+
+        return View()
+
+
+SHAPES = {"a.weight": (6, 5), "a.bias": (5,), "b.weight": (4, 3, 2)}
+
+
+def _grads(rank, step=0):
+    rng = np.random.default_rng([rank, step])
+    return [rng.standard_normal(s).astype(np.float32) for s in SHAPES.values()]
+
+
+def _run(spec, size=3, steps=2, predivide=1.0, average=True, op="average"):
+    """Every rank's results of ``steps`` batched exchanges, ranks stepping together."""
+    table = Table(size)
+    comps = [build(spec, rank=r, world_size=size) for r in range(size)]
+    engines = [Exchange(comps[r], table.rank(r), average=average, predivide=predivide, op=op)
+               for r in range(size)]
+    out = []
+    for step in range(steps):
+        stats = [new_stats() for _ in range(size)]
+        batches, results = [None] * size, [None] * size
+
+        def rank(r):
+            batches[r] = engines[r].send(_grads(r, step), list(SHAPES), stats[r], tag=f".{step}")
+            results[r] = engines[r].receive(batches[r], stats[r])
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        out.append((results, stats, batches))
+    return out, comps, table
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.2", "onebit", "qsgd:levels=7", "none", "fp16",
+                                  "randomk:ratio=0.3", "powersgd:rank=1", "dgc:ratio=0.1"])
+def test_ranks_agree_and_equal_the_mean_of_decoded_payloads(spec):
+    runs, comps, _ = _run(spec)
+    for results, stats, batches in runs:
+        for r in range(1, len(results)):
+            for a, b in zip(results[0], results[r]):
+                np.testing.assert_array_equal(a, b)
+        for i, (name, shape) in enumerate(SHAPES.items()):
+            assert results[0][i].shape == shape
+        if spec.startswith("powersgd"):
+            continue  # its decode needs both rounds; the multirank tests check it
+        for i, name in enumerate(SHAPES):
+            encs = [batches[r].encoded[i] for r in range(len(results))]
+            ref = sum(comps[r].decode(encs[r].payload, encs[r].meta, encs[r].ctx)
+                      for r in range(len(results))) / len(results)
+            tol = 2 ** -8 if spec == "fp16" else 1e-6  # fp16 payloads are summed in fp16
+            np.testing.assert_allclose(results[0][i], ref, rtol=tol, atol=tol)
+
+
+def test_batches_keep_order_and_split_by_rounds():
+    """PowerSGD sends vectors in one round and matrices in two: one batch becomes two
+    collectives per round, and results come back in the order sent."""
+    runs, _, table = _run("powersgd:rank=1", steps=1)
+    results, stats, batches = runs[0]
+    assert len(batches[0].parts) == 2
+    assert [r.shape for r in results[0]] == list(SHAPES.values())
+    names = {n for _, n, _ in table.ops}
+    assert len(names) == 3  # round 0 of each part, round 1 of the matrices
+    assert stats[0]["collectives"] == 3
+
+
+def test_predivide_and_average_match_horovods_arithmetic():
+    plain, _, _ = _run("topk:ratio=0.5", steps=1)
+    scaled, _, _ = _run("topk:ratio=0.5", steps=1, predivide=4.0)
+    summed, _, _ = _run("topk:ratio=0.5", steps=1, average=False)
+    for a, b, s in zip(plain[0][0][0], scaled[0][0][0], summed[0][0][0]):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+        np.testing.assert_allclose(s, 3 * a, rtol=1e-6)
+
+
+def test_none_is_horovods_own_average():
+    """Uncompressed: the collective gets the user's op (here a stand-in for hvd.Average)
+    with prescale 1/f and postscale f, and nothing is decoded or scaled afterwards."""
+    runs, _, table = _run("none", steps=1, predivide=2.0, op="average")
+    assert {op for kind, _, op in table.ops} == {"average"}
+    results = runs[0][0]
+    for i in range(len(SHAPES)):
+        mean = sum(_grads(r)[i] for r in range(3)) / 3
+        np.testing.assert_allclose(results[0][i], mean, rtol=1e-6)
+
+
+def test_outs_receive_the_result_in_place_and_prepare_stops_before_the_last_round():
+    comp = build("topk:ratio=0.5")
+    engine = Exchange(comp, Loopback())
+    x = np.arange(8, dtype=np.float32)
+    out = np.full(8, -1.0, np.float32)
+    (res,) = engine.run([x], ["w"], new_stats(), outs=[out])
+    assert res is out and out[-1] == 7.0
+    enc = engine.prepare(np.ones((6, 5), np.float32), "m")
+    assert enc.round == 0
+    psgd = build("powersgd:rank=1")
+    enc = Exchange(psgd, Loopback()).prepare(np.ones((6, 5), np.float32), "m")
+    assert enc.round == 1  # PowerSGD's first round ran; Horovod's allreduce is the second
