@@ -61,3 +61,15 @@ def test_state_survives_set_to_none_and_missing_gradients(spec):
     for res in results:
         assert res["worst"] < 1e-4
         assert set(res["steps"].values()) == {6}  # every parameter took part in every step
+
+
+def test_resume_from_a_checkpoint_with_horovods_broadcast_pattern(tmp_path):
+    """Issue 13: broadcast_optimizer_state with a lazily made state (Adam) on some ranks
+    only used to spin forever; torch.load's defaults refused our checkpoints."""
+    results = run_horovod("tests.workers.torch_opt:resume_with_broadcast", np=2, timeout=120,
+                          kwargs={"path": str(tmp_path / "ckpt.pt")})
+    for spec in ("none", "topk:ratio=0.1"):
+        a, b = results[0][spec], results[1][spec]
+        assert a["moments"] == b["moments"]  # rank 1 received rank 0's Adam state
+        assert any(v != 0 for m in a["moments"] for v in m)
+        assert a["params"] == b["params"]  # and training went on in agreement

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import warnings
 
+import numpy as np
 import torch
 
 from .. import spec as specmod
@@ -78,10 +79,12 @@ class TorchCompressor(CompressorFrontend):
         return _horovod_rank_size()
 
     def state_dict(self) -> dict:
-        return self.core.state_dict()
+        """Per-tensor state as CPU tensors and plain Python values, so that ``torch.load``
+        with its default ``weights_only=True`` reads a checkpoint holding it."""
+        return _plain(self.core.state_dict(), to_torch=True)
 
     def load_state_dict(self, state: dict) -> None:
-        self.core.load_state_dict(state)
+        self.core.load_state_dict(_plain(state, to_torch=False))
 
     def _horovod_collectives(self):
         import horovod.torch as hvd
@@ -91,6 +94,22 @@ class TorchCompressor(CompressorFrontend):
 
     def _contract_name(self, tensor) -> str:
         return _horovod_param_name() or _shape_name(tensor)
+
+
+def _plain(obj, to_torch: bool):
+    """``obj`` with numpy arrays as CPU tensors (``to_torch``) or tensors as numpy arrays,
+    and numpy scalars as Python ones, through dicts, lists and tuples."""
+    if isinstance(obj, dict):
+        return {k: _plain(v, to_torch) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v, to_torch) for v in obj)
+    if to_torch and isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if not to_torch and isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
 
 
 def _horovod_rank_size():

@@ -32,7 +32,7 @@ from .backend import TorchBackend
 from .collectives import HorovodTorch
 from .compressors import as_compressor, pair_dgc_with_momentum
 from .localsteps import DelayedAveraging, LocalSGD
-from .params import checked_names, make_groups
+from .params import called_by_broadcast_optimizer_state, checked_names, make_groups
 
 __all__ = ["DistributedOptimizer"]
 
@@ -224,6 +224,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def step(self, closure=None):
+        if called_by_broadcast_optimizer_state():  # state init: no exchange, as Horovod's
+            return self._base_step(closure)
         if self._local_phase():
             return self._local.step(closure)
         if self._dga is not None and self._communicates():

@@ -1,6 +1,9 @@
-"""Horovod's rules for naming and grouping an optimizer's parameters (0.28.1)."""
+"""Horovod's rules for naming and grouping an optimizer's parameters (0.28.1), and how its
+helper functions call an optimizer."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from horovod.common.util import split_list
@@ -54,3 +57,22 @@ def make_groups(params, names, groups):
         raise ValueError("groups should be a non-negative integer or a list of list of "
                          "torch.Tensor.")
     return [tuple(g) for g in split_list(ordered, groups) if g]
+
+
+def called_by_broadcast_optimizer_state(frames: int = 6) -> bool:
+    """Whether Horovod's ``broadcast_optimizer_state`` called ``step()`` (within
+    ``frames`` frames: torch wraps an optimizer's ``step`` in hooks of its own).
+
+    It fills an empty optimizer state by calling ``step()`` with zero gradients on
+    the ranks that have none -- possibly not all ranks -- and expects a Horovod
+    optimizer to take the wrapped optimizer's own step there, without any
+    collective (it recognises its own class by module; ours by this check)."""
+    frame = sys._getframe(2)
+    for _ in range(frames):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "broadcast_optimizer_state" and \
+                frame.f_globals.get("__name__") == "horovod.torch.functions":
+            return True
+        frame = frame.f_back
+    return False

@@ -240,3 +240,47 @@ def state_survives_missing_grads(spec="topk:ratio=0.1", steps=6):
     assert worst < 1e-4, worst
     steps_seen = {n: int(core.states[n]["step"]) for n, _ in model.named_parameters()}
     return {"worst": worst, "steps": steps_seen}
+
+
+def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1")):
+    """Horovod's documented resume pattern with ours: train, rank 0 saves
+    ``opt.state_dict()``; a new optimizer (Adam: its state is made lazily) on every
+    rank, rank 0 loads the file with torch.load's defaults, then every rank calls
+    broadcast_parameters and broadcast_optimizer_state -- which must return (it steps
+    the ranks with empty state only) -- and training goes on with ranks in agreement."""
+    import horovod.torch as hvd
+
+    import hvd_compress.torch as hc
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+    for spec in specs:
+        model = make_model()
+        opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                      named_parameters=model.named_parameters(),
+                                      compression=spec)
+        for step in range(2):
+            opt.zero_grad()
+            loss_fn(model, *batch(rank, step)).backward()
+            opt.step()
+        if rank == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+        hvd.allreduce(torch.zeros(1), name=f"saved.{spec}")  # a barrier
+        model = make_model()
+        opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                      named_parameters=model.named_parameters(),
+                                      compression=spec)
+        if rank == 0:
+            ckpt = torch.load(path)  # weights_only=True: tensors and plain values only
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["opt"])
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        moments = [opt.state[p]["exp_avg"].flatten().tolist() for p in model.parameters()]
+        for step in range(2, 4):
+            opt.zero_grad()
+            loss_fn(model, *batch(rank, step)).backward()
+            opt.step()
+        out[spec] = {"moments": moments,
+                     "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+    return out
