@@ -124,14 +124,15 @@ def class_names() -> list:
 def named_class(base: type, class_name: str) -> type:
     """The subclass of ``base`` (a framework's compressor class) called ``class_name``:
     ``__init__`` takes the algorithm's parameters (positionally in schema order, or by
-    keyword; None: the default) and builds the spec.  Made once per base and name, so
-    ``isinstance`` and pickling work; raises AttributeError for unknown names."""
+    keyword; None: the default) and builds the spec.  Made once per base and registry
+    entry, so ``isinstance`` and pickling work; raises AttributeError for unknown names."""
     cache = base.__dict__.get("_named_classes")
     if cache is None:
         cache = {}
         setattr(base, "_named_classes", cache)
-    if class_name in cache:
-        return cache[class_name]
+    alg = next((a for a in registry.algorithms() if a.class_name == class_name), None)
+    if class_name in cache and cache[class_name][0] is alg:  # (an entry replaced: remade)
+        return cache[class_name][1]
     if class_name == "Compose":
         def __init__(self, sparsifier, quantizer):
             base.__init__(self, f"{sparsifier.spec}+{quantizer.spec}")
@@ -139,7 +140,6 @@ def named_class(base: type, class_name: str) -> type:
         sig_params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                       for n in ("sparsifier", "quantizer")]
     else:
-        alg = next((a for a in registry.algorithms() if a.class_name == class_name), None)
         if alg is None:
             raise AttributeError(class_name)
         __init__ = _init_for(base, alg)
@@ -150,7 +150,7 @@ def named_class(base: type, class_name: str) -> type:
     __init__.__signature__ = inspect.Signature([self_param] + sig_params)
     cls = type(class_name, (base,), {"__init__": __init__, "__doc__": doc,
                                      "__module__": base.__module__, "__qualname__": class_name})
-    cache[class_name] = cls
+    cache[class_name] = (alg, cls)
     return cls
 
 

@@ -54,15 +54,21 @@ class LocalSGDSchedule:
 
 def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_adasum: bool,
                        gradient_predivide_factor: float, backward_passes_per_step: int,
-                       local_sgd: bool, warmup: int, delay: int, spec) -> None:
+                       local_sgd: bool, warmup: int, delay: int, spec,
+                       op_sums: bool = True) -> None:
     """The argument checks every wrapper makes (torch optimizer, TF tape, Keras optimizer):
-    Horovod's own, ours, and :func:`check_local_args`."""
+    Horovod's own, ours, and :func:`check_local_args`.  ``op_sums``: the op is Average
+    or Sum, the only ones a compressed exchange computes (Min, Max, Product need the
+    values themselves: they go with ``none`` only)."""
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     if gradient_predivide_factor != 1.0 and not op_is_average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op_is_adasum:
         raise ValueError(f"{wrapper} does not support op=Adasum; use {horovods} for Adasum")
+    if not op_sums and spec is not None and spec.name != "none":
+        raise ValueError(f"compression {str(spec)!r} averages or sums; op must be Average or "
+                         "Sum (other ops only with compression='none')")
     check_local_args(local_sgd, backward_passes_per_step, warmup, delay, op_is_average, spec)
 
 

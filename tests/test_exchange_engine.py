@@ -18,13 +18,14 @@ class Table(Collectives):
         self.posted = {}
         self.ops = []
         self.cond = threading.Condition()
+        self.sums_bfloat16 = True
 
     def rank(self, r):
         table = self
 
         class View(Collectives):
             size = table.size
-            sums_bfloat16 = True
+            sums_bfloat16 = table.sums_bfloat16
 
             def _post(self, kind, name, flat, op, post):
                 with table.cond:
@@ -58,9 +59,10 @@ def _grads(rank, step=0):
     return [rng.standard_normal(s).astype(np.float32) for s in SHAPES.values()]
 
 
-def _run(spec, size=3, steps=2, predivide=1.0, average=True, op="average"):
+def _run(spec, size=3, steps=2, predivide=1.0, average=True, op="average", bf16_sum=True):
     """Every rank's results of ``steps`` batched exchanges, ranks stepping together."""
     table = Table(size)
+    table.sums_bfloat16 = bf16_sum
     comps = [build(spec, rank=r, world_size=size) for r in range(size)]
     engines = [Exchange(comps[r], table.rank(r), average=average, predivide=predivide, op=op)
                for r in range(size)]
@@ -146,3 +148,19 @@ def test_outs_receive_the_result_in_place_and_prepare_stops_before_the_last_roun
     psgd = build("powersgd:rank=1")
     enc = Exchange(psgd, Loopback()).prepare(np.ones((6, 5), np.float32), "m")
     assert enc.round == 1  # PowerSGD's first round ran; Horovod's allreduce is the second
+
+
+@pytest.mark.filterwarnings("ignore:Horovod cannot allreduce bfloat16")
+@pytest.mark.parametrize("spec", ["bf16", "randomk:ratio=0.3+bf16"])
+def test_bfloat16_payloads_travel_as_float16_where_the_allreduce_cannot_add_them(spec):
+    """Horovod cannot add bfloat16: such payloads (bf16, and random-k's kept values as
+    bf16) are sent as float16 -- never as their bit patterns summed as integers."""
+    runs, comps, table = _run(spec, steps=1, bf16_sum=False)
+    assert all(arr.dtype == np.float16 for posted in table.posted.values()
+               for arr in posted.values())
+    results, _, batches = runs[0]
+    for i, name in enumerate(SHAPES):
+        encs = [batches[r].encoded[i] for r in range(3)]
+        ref = sum(comps[r].decode(encs[r].payload, encs[r].meta, encs[r].ctx)
+                  for r in range(3)) / 3
+        np.testing.assert_allclose(results[0][i], ref, rtol=2 ** -7, atol=2 ** -7)

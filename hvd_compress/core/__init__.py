@@ -10,13 +10,13 @@ described in :mod:`.exchange` and :mod:`.base`, the byte layouts in :mod:`.bitpa
 from .backend import NUMPY, NumpyBackend
 from .base import Compressor, Encoded, TensorMeta
 from .dgc import DGC, warmup_density
-from .exchange import Collectives, Exchange, Loopback, new_stats
+from .exchange import Collectives, Exchange, Loopback, ProcessSetCollectives, new_stats
 from .powersgd import PowerSGD
 from .quantizers import Cast16, Identity, QuantizerCompressor
 from .registry import build
 from .sparsifiers import RandomK, TopK
 
 __all__ = ["NUMPY", "NumpyBackend", "Compressor", "Encoded", "TensorMeta", "Exchange", "Collectives",
-           "Loopback", "new_stats", "build",
+           "Loopback", "ProcessSetCollectives", "new_stats", "build",
            "DGC", "PowerSGD", "Cast16", "Identity", "QuantizerCompressor", "RandomK", "TopK",
            "warmup_density"]

@@ -353,8 +353,12 @@ class NumpyBackend:
         return np.where(np.isnan(x), 0x7FC0, rounded).astype(np.uint16)
 
     def from_bfloat16_bits(self, bits):
-        """bfloat16 bit patterns (uint16) -> float32."""
-        return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+        """bfloat16 bit patterns (uint16) -> float32; float16 (a sum that travelled as
+        float16, see ``Compressor.wire``) -> float32."""
+        bits = np.asarray(bits)
+        if bits.dtype == np.float16:
+            return bits.astype(np.float32)
+        return (bits.astype(np.uint32) << 16).view(np.float32)
 
     # -- linear algebra -------------------------------------------------------------
     def matmul(self, a, b):

@@ -232,8 +232,16 @@ class Compressor:
         return self._finish(total, meta, out)
 
     def wire(self, payload):
-        """A summable payload as an allreduce that cannot add bfloat16 carries it."""
-        return payload
+        """A summable payload as an allreduce that cannot add bfloat16 carries it:
+        bfloat16 bit patterns (``bf16``, ``randomk+bf16``: the only 16-bit integer
+        payloads) travel as float16 -- bf16 -> f32 is exact, so this is the one rounding
+        of bf16 to f16 -- and the float16 sum decodes as it is."""
+        B = self.B
+        if B.dtype_name(payload) not in ("uint16", "int16"):
+            return payload
+        warn_once("bf16", "Horovod cannot allreduce bfloat16: bf16 payloads are rounded to "
+                  "bfloat16 and sent as float16 (exact within float16's range)")
+        return B.cast(B.from_bfloat16_bits(payload), "float16")
 
     def reduce_pair(self, a, b):
         """How the allreduce combines two payloads (summable compressors)."""

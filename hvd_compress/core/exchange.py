@@ -20,9 +20,9 @@ One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
                                              ``out_i`` where given)
     y_i <- y_i * f / p                      (op=Average)
 
-``none`` is Horovod's own: the collective averages (``op``, prescale ``1/f``,
-postscale ``f``) and nothing is decoded, so the result is bit for bit what
-Horovod's ``DistributedOptimizer`` computes.  The account adds to a ``stats``
+``none`` given the user's ``op`` is Horovod's own: the collective reduces
+(``op``, prescale ``1/f``, postscale ``f``) and nothing is decoded, so the
+result is bit for bit what Horovod's ``DistributedOptimizer`` computes.  The account adds to a ``stats``
 dict (:func:`new_stats`): the bytes this rank sends (every round), the
 collectives started, and encode / communicate / decode milliseconds.
 
@@ -146,6 +146,8 @@ class Exchange:
         self.average = average
         self.predivide = float(predivide)
         self.op = op
+        #: uncompressed with the user's op: the collective reduces (Horovod's own way)
+        self.native = bool(getattr(comp, "passthrough", False)) and op is not None
 
     @property
     def size(self) -> int:
@@ -162,7 +164,7 @@ class Exchange:
         t0 = time.perf_counter()
         by_rounds: dict[int, tuple[list, list]] = {}
         for i, (x, name) in enumerate(zip(tensors, names)):
-            if self.average and self.predivide != 1.0 and not comp.passthrough:
+            if self.average and self.predivide != 1.0 and not self.native:
                 x = x * (1.0 / self.predivide)
             enc = comp.encode(x, name, noise=None if noises is None else noises[i])
             positions, encs = by_rounds.setdefault(comp.rounds(enc.meta), ([], []))
@@ -251,7 +253,7 @@ class Exchange:
         stats["bytes_sent"] += sum(e.nbytes for e in part.encs)
         stats["collectives"] += 1
         t0 = time.perf_counter()
-        if comp.passthrough:  # exactly what Horovod's own optimizer does
+        if self.native:  # exactly what Horovod's own optimizer does
             pre, post = (1.0 / self.predivide, self.predivide) if self.average else (1.0, 1.0)
             part.handle = self.coll.allreduce(flat, name, op=self.op, prescale=pre, postscale=post)
         elif summable or part.more:
@@ -284,7 +286,7 @@ class Exchange:
     def _finish(self, got, enc, out):
         comp = self.comp
         B = comp.B
-        if comp.passthrough:  # the collective averaged already
+        if self.native:  # the collective reduced as the user's op says
             result = B.reshape(got, enc.meta.shape)
             return result if out is None else B.icopy(out, result)
         result = comp.aggregate(got, enc, out=out)

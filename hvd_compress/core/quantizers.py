@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Compressor, Encoded, nan_flag, warn_once
+from .base import Compressor, Encoded, nan_flag
 from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
 
 
@@ -420,15 +420,6 @@ class Cast16(Compressor):
 
     def _decode(self, payload, meta, ctx=None):
         return self.codec.decode_values(self.B, {"values": payload}, 0)
-
-    def wire(self, payload):
-        """bfloat16 bit patterns travel as float16 (bf16 -> f32 is exact, so this is the
-        one rounding of bf16 to f16); the sum comes back as float16 and decodes as it is."""
-        if self.name != "bf16":
-            return payload
-        warn_once("bf16", "Horovod cannot allreduce bfloat16: bf16 payloads are rounded to "
-                  "bfloat16 and sent as float16 (exact within float16's range)")
-        return self.B.cast(self.B.from_bfloat16_bits(payload), "float16")
 
     def reduce_pair(self, a, b):
         """Sum two 16-bit payloads: added in float32, rounded back to 16 bits."""

@@ -245,8 +245,7 @@ def owned_by(variables, spec) -> TFCompressor:
     key = (id(key_var), str(specmod.parse(spec)), tuple(id(v) for v in variables))
     entry = _OWNED.get(key)
     if entry is None or entry[0]() is not key_var:
-        for k in [k for k, (ref, _) in _OWNED.items() if ref() is None]:
-            del _OWNED[k]
         entry = (weakref.ref(key_var), as_compressor(spec))
         _OWNED[key] = entry
+        weakref.finalize(key_var, _OWNED.pop, key, None)  # the state goes with the model
     return entry[1]

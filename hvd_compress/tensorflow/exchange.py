@@ -48,7 +48,6 @@ class TFExchange(Exchange):
     receive = _plain(Exchange.receive)
     run = _plain(Exchange.run)
     run_each = _plain(Exchange.run_each)
-    prepare = _plain(Exchange.prepare)
 
 
 def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,

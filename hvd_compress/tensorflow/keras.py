@@ -7,7 +7,7 @@
 
 The wrapped optimizer's class is subclassed (as Horovod does) and its update
 step -- Keras' ``_backend_update_step``, which runs once per applied update --
-first sends the gradients through :class:`~.exchange.GradientExchange`.  With
+first sends the gradients through :class:`the exchange engine (:mod:`hvd_compress.core.exchange`)`.  With
 ``backward_passes_per_step=N`` the optimizer is built with Keras' own
 ``gradient_accumulation_steps=N``: gradients are averaged locally over N
 batches and compressed and exchanged once.  Keras applies gradient clipping
@@ -92,7 +92,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
                        "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
-                       local_sgd, local_sgd_warmup_steps, delay, comp.spec)
+                       local_sgd, local_sgd_warmup_steps, delay, comp.spec,
+                       op_sums=op in (hvd.Average, hvd.Sum))
     config = optimizer.get_config()
     if backward_passes_per_step > 1 and not local_sgd:
         config["gradient_accumulation_steps"] = backward_passes_per_step

@@ -114,7 +114,8 @@ class LocalSGD(_Strategy):
             for v, a, delta in zip(variables, anchors, deltas):
                 a.assign_add(delta)
                 v.assign(a.read_value())
-        floats = [b for b in self.buffers if tf.as_dtype(b.dtype).is_floating]
+        floats = [b for b in self.buffers
+                  if tf.as_dtype(b.dtype).is_floating and b.shape.num_elements() != 0]
         self._average_in_place(floats, [variable_name(b) for b in floats], stats)
         return tf.constant(True)
 
@@ -170,14 +171,15 @@ class DelayedAveraging(_Strategy):
         comp = self.comp
         if getattr(comp, "_dga_thread", None) is None:
             comp._dga_thread = ThreadPoolExecutor(1, thread_name_prefix="hvdc-dga")
-            comp._dga_inflight = deque()
+            comp._dga_inflight = {}
         grads = list(grads)
         fn, sent = self._traced_exchange(tuple(names))
-        comp._dga_inflight.append((comp._dga_thread.submit(fn, grads), grads))
+        inflight = comp._dga_inflight.setdefault(tuple(names), deque())  # per set of tensors
+        inflight.append((comp._dga_thread.submit(fn, grads), grads))
         self.counter().assign_add(1)
-        if len(comp._dga_inflight) <= self.delay:
+        if len(inflight) <= self.delay:
             return grads
-        future, old = comp._dga_inflight.popleft()
+        future, old = inflight.popleft()
         t0 = time.perf_counter()
         avgs = future.result()
         waited = (time.perf_counter() - t0) * 1e3
@@ -191,7 +193,9 @@ class DelayedAveraging(_Strategy):
         carry one name (their op type), so two could not be in flight at once; traced
         ones carry ours.  Returns the function and the bytes/collectives one call sends."""
         fns = self.comp.__dict__.setdefault("_dga_fns", {})
-        if names not in fns:
+        e = self.engine
+        key = (names, e.average, e.predivide, e.op, id(e.coll.process_set))
+        if key not in fns:
             sent = new_stats()
 
             @tf.function
@@ -200,15 +204,15 @@ class DelayedAveraging(_Strategy):
                     sent[key] = 0
                 return self.engine.run_each(grads, names, sent, tag=".dga")
 
-            fns[names] = (exchange, sent)
-        return fns[names]
+            fns[key] = (exchange, sent)
+        return fns[key]
 
     def drain(self):
         """Wait for the exchanges still running on the exchange thread (their averages
         are not applied)."""
-        inflight = getattr(self.comp, "_dga_inflight", None)
-        while inflight:
-            inflight.popleft()[0].result()
+        for inflight in getattr(self.comp, "_dga_inflight", {}).values():
+            while inflight:
+                inflight.popleft()[0].result()
 
 
 def _when(condition, fn):

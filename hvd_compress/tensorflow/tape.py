@@ -89,7 +89,7 @@ class _DistributedGradientTape(tf.GradientTape):
                 grad = tf.convert_to_tensor(grad)
             name = variable_name(var, f"grad_{i}")
             pairs.append((i, grad, name))
-        self._bind([flat_vars[i] for i, _, _ in pairs])
+        self._bind(list(flat_vars))  # all sources: which have a gradient may vary
         if self._local is not None:
             # the variables and names finish_step() averages
             self._seen = ([flat_vars[i] for i, _, _ in pairs], [name for _, _, name in pairs])
@@ -115,9 +115,9 @@ class _DistributedGradientTape(tf.GradientTape):
         ``backward_passes_per_step``-th local step it averages the variables that
         ``gradient()`` saw (and ``buffers``) over the ranks.  Returns whether it
         averaged (a boolean tensor); without local SGD, False."""
-        if not isinstance(self._local, LocalSGD) or not self._process_set.included():
+        if not self._args[2] or not self._process_set.included():  # local_sgd
             return False
-        if self._seen is None:
+        if self._seen is None or not isinstance(self._local, LocalSGD):
             raise RuntimeError("finish_step() comes after gradient()")
         stats = dict(self.last_stats) or new_stats()
         did = self._local.after_update(*self._seen, stats)
@@ -187,7 +187,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     check_wrapper_args("hvd_compress.tensorflow.DistributedGradientTape",
                        "horovod.tensorflow.DistributedGradientTape", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
-                       local_sgd, local_sgd_warmup_steps, delay, spec)
+                       local_sgd, local_sgd_warmup_steps, delay, spec,
+                       op_sums=op in (hvd.Average, hvd.Sum))
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,

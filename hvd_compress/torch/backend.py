@@ -329,7 +329,7 @@ class TorchBackend:
     def from_bfloat16_bits(self, bits):
         if bits.dtype == torch.int16:
             bits = bits.view(torch.bfloat16)
-        # bfloat16, or float16 when the sum travelled as float16 (see compressors.wire)
+        # bfloat16, or float16 when the sum travelled as float16 (see Compressor.wire)
         return bits.to(torch.float32)
 
     # -- linear algebra -------------------------------------------------------------

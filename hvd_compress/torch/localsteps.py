@@ -25,7 +25,8 @@ class LocalSGD:
     def __init__(self, opt, period: int, warmup: int, named_buffers):
         self.opt = opt
         self.schedule = LocalSGDSchedule(period, warmup)
-        self.buffers = [(k, b) for k, b in (named_buffers or ()) if b.is_floating_point()]
+        self.buffers = [(k, b) for k, b in (named_buffers or ())
+                        if b.is_floating_point() and b.numel() > 0]
         self.anchors = None  # parameters after the last average (compressed)
 
     def local(self, step: int) -> bool:
@@ -129,10 +130,4 @@ class DelayedAveraging:
             pending, stale = self.inflight.popleft()
             self.opt._collect(pending, dest=stale)
         self.opt._close_step()
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, sd: dict) -> None:
-        pass
 

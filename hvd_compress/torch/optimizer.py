@@ -128,7 +128,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not self.sparse_as_dense:
                 raise ValueError(f"parameter {self._parameter_names[p]!r} has a sparse gradient; "
                                  "compressed exchange needs sparse_as_dense=True")
-            grad = p.grad = grad.to_dense()
+            grad = grad.to_dense()
+            if self._compression.passthrough:  # as Horovod: the dense average lands in p.grad
+                p.grad = grad
         return grad
 
     def _launch(self, group, src=None):
@@ -138,6 +140,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = self._dga.keep(group, grads)
         names = [self._parameter_names[p] for p in group]
         tag = self._dga.tag if self._dga is not None else ""
+        self._engine.comp = self._compression.core  # rebuilt by bind()/with_param()
         self._pending[group] = self._engine.send(grads, names, self.comm_stats, tag)
 
     def _exchange_all(self, src):
@@ -243,9 +246,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._base_step(closure)
 
     def average_parameters(self):
-        """Local SGD: average the parameters (and float buffers) over the ranks now, e.g.
-        before evaluating after the last local step (``step()`` calls it every
-        ``backward_passes_per_step`` local steps)."""
+        """Local SGD: average parameters and float buffers now (``step()`` does every
+        ``backward_passes_per_step`` local steps), e.g. before evaluating."""
         if self._local is None:
             raise RuntimeError("average_parameters() is for local_sgd=True")
         self._local.average()
@@ -336,7 +338,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
                        "horovod.torch.DistributedOptimizer", op == hvd.Average, op == hvd.Adasum,
                        gradient_predivide_factor, backward_passes_per_step, local_sgd,
-                       local_sgd_warmup_steps, delay, comp.spec)
+                       local_sgd_warmup_steps, delay, comp.spec,
+                       op_sums=op in (hvd.Average, hvd.Sum))
     if not local_sgd:  # local steps keep their own momentum; DGC then compresses changes
         pair_dgc_with_momentum(optimizer, comp)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
