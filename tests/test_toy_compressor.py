@@ -14,7 +14,7 @@ import pytest
 from hvd_compress import spec as specmod
 from hvd_compress.core import Encoded, build
 from hvd_compress.core.base import Compressor
-from hvd_compress.core.registry import Algorithm, Param, register
+from hvd_compress.core.registry import Algorithm, Param, register, unregister
 from tests.harness import run_horovod
 
 LR = 0.1
@@ -38,9 +38,18 @@ class ScaledSign(Compressor):
         return payload[1:] * payload[0]
 
 
-register(Algorithm("toysign", "ToySign", ScaledSign,
-                   params={"ef": Param(bool, True, None, "error feedback")},
-                   doc="Toy: scaled sign with error feedback (tests only)."), replace=True)
+def _register():
+    """Register the toy (in the test process for its tests only; in each worker)."""
+    register(Algorithm("toysign", "ToySign", ScaledSign,
+                       params={"ef": Param(bool, True, None, "error feedback")},
+                       doc="Toy: scaled sign with error feedback (tests only)."), replace=True)
+
+
+@pytest.fixture
+def toy():
+    _register()
+    yield
+    unregister("toysign")  # the rest of the suite sees the built-in catalogue only
 
 
 def _data(rank, step):
@@ -64,6 +73,7 @@ def torch_worker(steps=6):
     import torch
 
     import hvd_compress.torch as hc
+    _register()
     hvd.init()
     rank = hvd.rank()
     w = torch.nn.Parameter(torch.full((5,), 0.5))
@@ -90,6 +100,7 @@ def tf_worker(steps=6):
     import tensorflow as tf
 
     import hvd_compress.tensorflow as hct
+    _register()
     hvd.init()
     rank = hvd.rank()
     w = tf.Variable(tf.fill([5], 0.5), name="w")
@@ -113,7 +124,7 @@ def tf_worker(steps=6):
             "class": type(hct.ToySign()).__name__, "bytes": tape.last_stats["bytes_sent"]}
 
 
-def test_the_toy_is_a_known_spec_with_named_classes():
+def test_the_toy_is_a_known_spec_with_named_classes(toy):
     assert "toysign" in specmod.NAMES
     assert str(specmod.parse("toysign:ef=false")) == "toysign:ef=false"
     with pytest.raises(ValueError, match="unknown parameter"):
@@ -123,7 +134,7 @@ def test_the_toy_is_a_known_spec_with_named_classes():
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("worker", ["torch_worker", "tf_worker"])
-def test_a_registered_toy_trains_through_each_framework(worker):
+def test_a_registered_toy_trains_through_each_framework(worker, toy):
     results = run_horovod(f"tests.test_toy_compressor:{worker}", np=2, timeout=300)
     for res in results:
         assert res["first_step_err"] < 1e-6

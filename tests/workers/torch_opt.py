@@ -118,7 +118,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
                         "collectives": stats["collectives"]}
         if "powersgd" in spec:
             assert worst < 1e-3, (spec, worst)
-        elif spec == "bf16":  # the bf16 sum travels as float16 (Horovod cannot reduce bf16)
+        elif spec.endswith("bf16"):  # bf16 sums travel as float16 (Horovod cannot add bf16)
             assert worst < 2 ** -7, (spec, worst)
         else:
             assert worst < 1e-5, (spec, worst)
