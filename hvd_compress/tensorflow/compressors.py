@@ -218,16 +218,24 @@ def compressor(spec) -> TFCompressor:
     return _compressor(TFCompressor, spec)
 
 
-def as_compressor(compression) -> TFCompressor:
-    """Accept our compressors, spec strings, None, and Horovod's ``Compression.none/fp16``:
-    a compressor object as it is, anything else as a new compressor with its own state."""
+def spec_of(compression):
+    """The validated spec of what ``compression=`` accepts: a compressor, a spec string,
+    None (``none``) or Horovod's ``Compression.none/fp16``."""
     if isinstance(compression, TFCompressor):
-        return compression
+        return compression.spec
     if compression is None:
         compression = "none"
     if not isinstance(compression, str):
         compression = horovod_builtin_spec(compression)
-    return compressor(compression)
+    return specmod.parse(compression)
+
+
+def as_compressor(compression) -> TFCompressor:
+    """Accept what :func:`spec_of` accepts: a compressor object as it is, anything else
+    as a new compressor with its own state."""
+    if isinstance(compression, TFCompressor):
+        return compression
+    return compressor(spec_of(compression))
 
 
 _OWNED: dict = {}

@@ -21,10 +21,9 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .. import spec as specmod
-from ..frontend import horovod_builtin_spec, new_stats
+from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
-from .compressors import TFCompressor, as_compressor, owned_by
+from .compressors import TFCompressor, as_compressor, owned_by, spec_of
 from .exchange import engine, variable_name
 from .localsteps import LocalSGD, strategy
 
@@ -178,12 +177,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for the first D steps).
     The step counter and DGA's ring of gradients live with the compressor.
     """
-    if isinstance(compression, TFCompressor):
-        comp, spec = compression, compression.spec
-    else:
-        comp = "none" if compression is None else \
-            compression if isinstance(compression, str) else horovod_builtin_spec(compression)
-        spec = specmod.parse(comp)
+    spec = spec_of(compression)
+    comp = compression if isinstance(compression, TFCompressor) else str(spec)
     check_wrapper_args("hvd_compress.tensorflow.DistributedGradientTape",
                        "horovod.tensorflow.DistributedGradientTape", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
