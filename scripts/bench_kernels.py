@@ -73,6 +73,8 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
     if comp.spec.parts[0].name == "dgc":
         comp.set_epoch(int(comp.spec.parts[0].params["warmup_epochs"]))
     shape = host.shape
+    if comp.spec.parts[0].name == "dgc" and len(shape) < 2:  # DGC sends vectors whole
+        shape = (1, host.size)
     if comp.spec.name == "powersgd":
         m = math.isqrt(host.size)
         shape = (m, host.size // m)

@@ -24,6 +24,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device on this machine"))]
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "topk:ratio=0.003", "randomk:ratio=0.1",
          "randomk:ratio=0.1,unbiased=true", "dgc:ratio=0.01", "dgc:ratio=0.01,nesterov=true,clip_norm=1",
+         "dgc:ratio=0.01,compress_1d=true,masking=false",
          "qsgd:levels=7", "qsgd:levels=16,bucket=64", "qsgd:levels=1", "terngrad", "terngrad:clip=0",
          "onebit", "threshold:tau=0.01", "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16",
          "dgc:ratio=0.05+terngrad", "topk:ratio=0.2+onebit", "topk:ratio=0.2+bf16",

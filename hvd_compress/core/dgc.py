@@ -1,6 +1,8 @@
-"""Deep Gradient Compression (Lin, Han, Mao, Wang & Dally, ICLR 2018).
+"""Deep Gradient Compression (Lin, Han, Mao, Wang & Dally, ICLR 2018), as the
+authors' implementation (github.com/synxlin/deep-gradient-compression,
+``dgc/compression.py`` and its memory) runs it, except where noted below.
 
-Per tensor, each step, on every rank:
+Per tensor with two or more dimensions, each step, on every rank:
 
 1. *local gradient clipping* (``clip_norm > 0``): ``g *= min(1, clip_norm /
    (sqrt(N) * ||g||))`` with N ranks, so the sum of N clipped gradients obeys
@@ -8,22 +10,49 @@ Per tensor, each step, on every rank:
 2. *momentum correction*: ``u = m*u + g; v = v + u`` (Nesterov: ``u = m*(u + g);
    v = v + u + g``) -- momentum is applied here, before sparsification, so pair
    DGC with a plain SGD step (no optimizer momentum);
-3. *sampled threshold*: the threshold is the k_s-th largest ``|v|`` of a
-   sample of ``sample_ratio * n`` positions (at least 256, shared by every rank
-   through :mod:`~hvd_compress.core.sampling`), then a *correction loop* of
-   four rounds multiplies it by 1.3 while more than 1.3k values pass and by 0.8
-   while fewer than 0.8k pass;
-4. the first k positions (in index order) with ``|v| >= threshold`` are sent,
-   with ``k = ceil(density * n)``, as (index, value) pairs -- a fixed-size
-   payload; unused slots carry index 0, value 0;
-5. *momentum factor masking*: ``v`` keeps what was not sent (``v -= sent``) and
-   ``u`` is zeroed where values were sent.
+3. *sampled threshold*: with density ``d`` (see the warm-up) and ``k =
+   ceil(d*n)``, a tensor of ``n <= ceil(2/d)`` elements is selected exactly
+   (its k largest ``|v|``).  A larger one samples ``s = max(ceil(sample_ratio*n),
+   ceil(2/d))`` positions (shared by every rank through
+   :mod:`~hvd_compress.core.sampling`); the threshold is the ``ceil(d*s)``-th
+   largest ``|v|`` of the sample, then a *correction loop* of up to ten rounds
+   multiplies it by 0.8 while fewer than 0.8k values pass;
+4. the k largest ``|v|`` among the values that pass are sent (all of them when
+   fewer pass), as (index, value) pairs in index order -- a fixed-size payload;
+   unused slots carry index 0, value 0;
+5. *momentum factor masking* (``masking``, on by default): ``v`` keeps what was
+   not sent (``v -= sent``) and ``u`` is zeroed where values were sent.
+
+Tensors with fewer than two dimensions (biases, normalisation scales) are sent
+whole with momentum applied (``u = m*u + g``, sent as is; Nesterov ``u + g``),
+as the authors do (they compress only ``param.dim() > 1`` and apply momentum to
+the rest); ``compress_1d=true`` sparsifies them as well.  Momentum is linear, so
+applying it before the average, as here, equals applying it after.
 
 *Warm-up*: for the first ``warmup_epochs`` epochs the density is
-``max(ratio, 0.25**(epoch+1))`` -- sparsity 75%, 93.75%, 98.4375%, 99.6% --
-then ``ratio`` (0.1% by default, sparsity 99.9%).  The epoch is
-``step // steps_per_epoch`` when ``steps_per_epoch`` is given, else what
-:meth:`DGC.set_epoch` last set (0 at first).
+``ratio ** ((epoch + 1) / (warmup_epochs + 1))``, the authors' default
+coefficient; with the defaults (0.1%, 4 epochs) that is 25.1%, 6.3%, 1.6%,
+0.4% -- the paper's 75%, 93.75%, 98.4375%, 99.6% sparsity -- then ``ratio``.
+The epoch is ``step // steps_per_epoch`` when ``steps_per_epoch`` is given, else
+what :meth:`DGC.set_epoch` last set (0 at first).
+
+Where ours differs from the authors' code, and why:
+
+- *More than k pass the threshold*: theirs sends the first k in index order
+  when at most 1.3k pass (so high indices can starve) and the k largest of the
+  candidates (``resample``) when more pass; ours always sends the k largest, the
+  top-k the paper describes.  The threshold is never raised, as theirs with
+  ``resample`` (their default) never raises it.  An exactly selected tensor with
+  ties at the k-th magnitude keeps the lower indices (theirs: the first k
+  indices at or above the k-th magnitude, which can drop larger values).
+- *Sample*: theirs is a strided slice with a random start; ours one position
+  drawn in each of ``s`` equal strata (the same on every rank, as theirs with
+  a common seed).  ``sample_ratio`` is not clamped to at least 1% as theirs is.
+- *Weight decay*: theirs applies it in the optimizer with its own momentum
+  buffer; here the wrapped optimizer applies it (with the momentum moved into
+  DGC, without momentum).
+- *Payload*: fixed-size (k slots, unused ones zero) rather than the variable
+  count theirs allgathers, so that every rank's row has one size.
 """
 
 from __future__ import annotations
@@ -35,18 +64,25 @@ import numpy as np
 from .base import Encoded
 from .quantizers import _norm64
 from .sampling import stratified_indices, stream_keys
-from .sparsifiers import PURPOSE_DGC_SAMPLE, Sparsifier, count_for
+from .sparsifiers import PURPOSE_DGC_SAMPLE, Sparsifier, count_for, topk_indices
 
-ADAPT_ROUNDS = 4
+ADAPT_ROUNDS = 10
 UPPER, LOWER = 1.3, 0.8
-MIN_SAMPLES = 256
 
 
 def warmup_density(ratio: float, epoch: int, warmup_epochs: int) -> float:
     """Fraction of elements sent at ``epoch`` (DGC's exponential warm-up)."""
     if epoch < warmup_epochs:
-        return max(ratio, 0.25 ** (epoch + 1))
+        return max(ratio, ratio ** ((epoch + 1) / (warmup_epochs + 1)))
     return ratio
+
+
+def sample_size(n: int, density: float, sample_ratio: float) -> int:
+    """Positions sampled to estimate the threshold; ``n`` means exact selection."""
+    least = math.ceil(2.0 / density - 1e-9)
+    if n <= least:
+        return n
+    return min(n, max(math.ceil(sample_ratio * n - 1e-9), least))
 
 
 class DGC(Sparsifier):
@@ -80,9 +116,18 @@ class DGC(Sparsifier):
         return warmup_density(float(self.params["ratio"]), self.current_epoch(step),
                               int(self.params["warmup_epochs"]))
 
+    def whole(self, meta) -> bool:
+        """Whether ``meta``'s tensor is sent whole (fewer than two dimensions)."""
+        return len(meta.shape) < 2 and not self.params["compress_1d"]
+
+    def sends_indices(self, meta) -> bool:
+        return not self.whole(meta)
+
     def k_for(self, meta, ctx=None) -> int:
         if ctx is not None:
             return ctx.k
+        if self.whole(meta):
+            return meta.numel
         st = self.states.get(meta.name)
         step = st["step"] if st else 0
         return count_for(self.density(step), meta.numel)
@@ -92,37 +137,54 @@ class DGC(Sparsifier):
         return {"u": z, "v": self.B.copy(z)}
 
     def threshold(self, mag, meta, step):
-        """The sampled threshold on magnitudes ``mag``, after the correction loop (0-d)."""
+        """The sampled threshold on magnitudes ``mag`` after the correction loop (0-d),
+        and whether it is exact (the k-th largest of all of ``mag``)."""
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        s = min(n, max(math.ceil(float(self.params["sample_ratio"]) * n), MIN_SAMPLES))
-        if s < n:
-            key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
-                                     PURPOSE_DGC_SAMPLE, like=mag)
-            pos, _ = stratified_indices(B, n, s, key0, key1, like=mag)
-            sample = B.gather(mag, pos)
-        else:
-            sample = mag
-        ks = max(1, min(s, math.ceil(k * s / n)))
-        thr = B.kth_largest(sample, ks)
+        density = self.density(step)
+        s = sample_size(n, density, float(self.params["sample_ratio"]))
+        if s == n:
+            return B.kth_largest(mag, k), True
+        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
+                                 PURPOSE_DGC_SAMPLE, like=mag)
+        pos, _ = stratified_indices(B, n, s, key0, key1, like=mag)
+        ks = max(1, min(s, math.ceil(density * s - 1e-9)))
+        thr = B.kth_largest(B.gather(mag, pos), ks)
         host = B.is_host(mag)
-        for _ in range(ADAPT_ROUNDS):
+        for _ in range(ADAPT_ROUNDS):  # only ever lowered: more than k are resampled
             cnt = B.count_nonzero(mag >= thr)
-            if host:  # stop as soon as the count is in bounds (the device walk then idles)
-                cnt = int(cnt)
-                if LOWER * k <= cnt <= UPPER * k:
+            if host:  # stop as soon as enough pass (the device walk then idles)
+                if int(cnt) >= LOWER * k:
                     break
-                thr = thr * UPPER if cnt > UPPER * k else thr * LOWER
+                thr = thr * LOWER
             else:  # a fixed number of rounds: no host round-trip
-                cnt = B.cast(cnt, "float64")
-                thr = B.where(cnt > UPPER * k, thr * UPPER,
-                              B.where(cnt < LOWER * k, thr * LOWER, thr))
-        return thr
+                thr = B.where(B.cast(cnt, "float64") < LOWER * k, thr * LOWER, thr)
+        return thr, False
 
     def _select(self, vacc, meta, st):
-        mag = self.B.abs(vacc)
-        thr = self.threshold(mag, meta, st["step"])
-        return self.B.compact(mag >= thr, self.k_for(meta)), None
+        B = self.B
+        n, k = meta.numel, self.k_for(meta)
+        if self.whole(meta):
+            return B.arange(n, like=vacc), None
+        mag = B.abs(vacc)
+        thr, exact = self.threshold(mag, meta, st["step"])
+        if exact:
+            return topk_indices(B, mag, k), None
+        cap = max(k, math.floor(UPPER * k))
+        passed = mag >= thr
+        cnt = B.count_nonzero(passed)
+
+        def among_candidates():  # the k largest of at most 1.3k candidates
+            cand = B.compact(passed, cap)  # index order, padded with n
+            if cap == k:
+                return cand
+            ok = cand < n
+            cmag = B.where(ok, B.gather(mag, B.where(ok, cand, 0)), -1.0)
+            return B.gather(cand, topk_indices(B, cmag, k))
+
+        # more than 1.3k candidates: the k largest of all of them is the top-k
+        return B.cond(cnt > cap, lambda: topk_indices(B, mag, k),
+                      among_candidates), None
 
     def _encode(self, g, meta, st, noise, flag) -> Encoded:
         B = self.B
@@ -133,39 +195,46 @@ class DGC(Sparsifier):
             limit = clip / math.sqrt(self.world_size)
             g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
         nesterov = bool(self.params["nesterov"])
+        whole = self.whole(meta)
         if flag is None and B.is_host(g):
-            return self._encode_in_place(g, meta, st, noise, m, nesterov)
+            return self._encode_in_place(g, meta, st, noise, m, nesterov, whole)
         if nesterov:
             u = (st["u"] + g) * m
-            vacc = st["v"] + u + g
+            vacc = u + g if whole else st["v"] + u + g
         else:
             u = st["u"] * m + g
-            vacc = st["v"] + u
+            vacc = u if whole else st["v"] + u
         enc = super()._encode(vacc, meta, st, noise, flag)
-        sent = self._decode_own(enc)
-        hit = B.scatter_add(meta.numel, enc.ctx.indices, B.cast(enc.ctx.valid, "float32")) > 0
         finite = B.isfinite(flag) if flag is not None else True
         old_v, old_u = st["v"], st["u"]
+        if whole:  # momentum only: nothing is kept back
+            st["u"] = B.cond(finite, lambda: u, lambda: old_u)
+            return enc
+        sent = self._decode_own(enc)
         st["v"] = B.cond(finite, lambda: vacc - sent, lambda: old_v)
-        st["u"] = B.cond(finite, lambda: B.where(hit, 0.0, u), lambda: old_u)
+        if self.params["masking"]:
+            hit = B.scatter_add(meta.numel, enc.ctx.indices, B.cast(enc.ctx.valid, "float32")) > 0
+            u = B.where(hit, 0.0, u)
+        st["u"] = B.cond(finite, lambda: u, lambda: old_u)
         return enc
 
-    def _encode_in_place(self, g, meta, st, noise, m, nesterov) -> Encoded:
+    def _encode_in_place(self, g, meta, st, noise, m, nesterov, whole) -> Encoded:
         """Host memory, finite input: the same arithmetic on the state buffers in place."""
         B = self.B
         u, vacc = st["u"], st["v"]
         if nesterov:
             B.iadd(u, g)
             B.imul(u, m)
-            B.iadd(vacc, u)
-            B.iadd(vacc, g)
+            vacc = u + g if whole else B.iadd(B.iadd(vacc, u), g)
         else:
             B.imul(u, m)
             B.iadd(u, g)
-            B.iadd(vacc, u)
+            vacc = u if whole else B.iadd(vacc, u)
         enc = super()._encode(vacc, meta, st, noise, None)
+        if whole:
+            return enc
         idx = enc.ctx.indices
         B.index_add(vacc, idx, -enc.ctx.sent)  # v keeps what was not sent
-        # momentum factor masking: u[idx] = 0 where a value was sent (x + -x = +0)
-        B.index_add(u, idx, -B.where(enc.ctx.valid, B.gather(u, idx), 0.0))
+        if self.params["masking"]:  # u[idx] = 0 where a value was sent (x + -x = +0)
+            B.index_add(u, idx, -B.where(enc.ctx.valid, B.gather(u, idx), 0.0))
         return enc

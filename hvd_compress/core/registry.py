@@ -187,6 +187,10 @@ for _alg in (
         "sample_ratio": Param(float, 0.01, _in_open_closed(0, 1),
                               "fraction sampled to estimate the threshold"),
         "warmup_epochs": Param(int, 4, _at_least(0), "epochs of exponential warm-up sparsity"),
+        "masking": Param(bool, True, None, "momentum factor masking (zero u where sent)"),
+        "compress_1d": Param(bool, False, None,
+                             "sparsify tensors of fewer than 2 dimensions too (default: sent "
+                             "whole, with momentum, as the authors do)"),
         "steps_per_epoch": Param(int, 0, _at_least(0),
                                  "steps per epoch for the warm-up (0: use set_epoch())"),
         "clip_norm": Param(float, 0.0, _at_least(0),

@@ -96,9 +96,13 @@ class Sparsifier(Compressor):
     def k_for(self, meta, ctx=None) -> int:
         return count_for(float(self.params["ratio"]), meta.numel)
 
+    def sends_indices(self, meta) -> bool:
+        """Whether the payload carries the indices (not when every rank knows them)."""
+        return not self.shared_indices
+
     def layout(self, meta, ctx=None) -> list:
         n, k = meta.numel, self.k_for(meta, ctx)
-        segs = [] if self.shared_indices else [Segment("indices", index_dtype(n), k)]
+        segs = [Segment("indices", index_dtype(n), k)] if self.sends_indices(meta) else []
         if self._codec is None:
             segs.append(Segment("values", "float32", k))
         else:
@@ -131,7 +135,7 @@ class Sparsifier(Compressor):
                 noise = self.noise.draw(k, like=v)
             fields = self._codec.encode_values(B, values, flag, noise)
             ctx.sent = self._codec.decode_values(B, fields, k)
-        if not self.shared_indices:
+        if self.sends_indices(meta):
             fields["indices"] = B.cast(safe, index_dtype(n))
         if self.summable:
             payload = fields["values"]
@@ -158,7 +162,7 @@ class Sparsifier(Compressor):
         return self._codec.decode_values(self.B, fields, self.k_for(meta, ctx))
 
     def _indices(self, fields, ctx):
-        if self.shared_indices:
+        if "indices" not in fields:  # shared by every rank: this rank's own selection
             return ctx.indices
         return self.B.cast(fields["indices"], "int64")
 
