@@ -95,10 +95,12 @@ class CompressorFrontend:
         """Uncompressed (``none``): Horovod's own averaging allreduce, nothing decoded."""
         return self.core.passthrough
 
-    def set_epoch(self, epoch: int) -> None:
-        """DGC's warm-up epoch (no-op for other compressors)."""
+    def set_epoch(self, epoch: int) -> bool:
+        """DGC's warm-up epoch (no-op for other compressors); returns whether the payload
+        sizes changed (DGC's density did)."""
         if hasattr(self.core, "set_epoch"):
-            self.core.set_epoch(epoch)
+            return bool(self.core.set_epoch(epoch))
+        return False
 
     def _refuse_unsummable(self) -> None:
         """Horovod's wrappers can only allreduce: say so clearly, naming ours."""

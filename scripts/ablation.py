@@ -41,11 +41,15 @@ def methods(ratio: float) -> list[tuple[str, str]]:
             ("DGC", f"dgc:ratio={r}")]
 
 
+METHODS = ["none", "gradient dropping", "top-k + error feedback", "DGC, no warm-up", "DGC"]
+
+
 def plan(args) -> list[dict]:
     runs = []
     for fw in args.framework:
         cells = [("none", "", "none")] + [(label, f"{ratio:g}", spec) for ratio in args.ratios
                                          for label, spec in methods(ratio)]
+        cells = [c for c in cells if c[0] in args.methods]
         for label, ratio, spec in cells:
             for seed in args.seeds:
                 runs.append({"framework": fw, "method": label, "ratio": ratio,
@@ -131,6 +135,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.001, 0.01], metavar="R",
                     help="densities k/n (default 0.001 0.01)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="default 0 1 2")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS, metavar="METHOD",
+                    help="rows to run (default: all of " + ", ".join(repr(m) for m in METHODS)
+                    + ")")
     ap.add_argument("--np", type=runtools.positive_int, default=2, help="workers (default 2)")
     ap.add_argument("--epochs", type=runtools.positive_int, default=15, help="default 15")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")

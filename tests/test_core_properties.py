@@ -257,6 +257,11 @@ def test_dgc_warmup_schedule():
     sparsity = [round(100 * (1 - d), 1) for d in densities]
     assert sparsity == [74.9, 93.7, 98.4, 99.6, 99.9, 99.9]
     assert [warmup_density(0.01, e, 1) for e in range(3)] == [0.1, 0.01, 0.01]
+    # warmup_coeff=0.25: the paper's quartering, floored at the final density
+    assert [warmup_density(0.01, e, 4, 0.25) for e in range(5)] == \
+        [0.25, 0.0625, 0.015625, 0.01, 0.01]
+    assert build("dgc:ratio=0.01,warmup_coeff=0.25").set_epoch(1)  # the density changed
+    assert not build("dgc:ratio=0.01,warmup_epochs=2").set_epoch(0)  # epoch 0 again
     comp = build("dgc:ratio=0.001,steps_per_epoch=2")
     x = np.random.default_rng(0).standard_normal((1000, 100)).astype(np.float32)
     sent = [single_rank(comp, x, "w")[1].nbytes // 8 for _ in range(10)]

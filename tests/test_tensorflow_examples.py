@@ -118,3 +118,22 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
     doc = json.loads(out.read_text())
     assert set(SUMMARY_KEYS) <= set(doc) and doc["steps"] == 4 and doc["test_accuracy"] is None
     assert doc["bytes_per_step"] > 0
+
+
+def test_keras_dgc_warmup_callback_retraces_when_the_density_changes():
+    """A traced step keeps the payload sizes of its trace: WarmupCallback traces it again
+    when DGC's density changes; a bare set_epoch leaves the stale trace and warns."""
+    from hvd_compress.core import build
+    spec = "dgc:ratio=0.01,warmup_epochs=2"
+    core = build(spec)
+    per_epoch = []
+    for epoch in range(4):
+        core.set_epoch(epoch)
+        per_epoch.append(sum(core.payload_nbytes(core.meta_for(np.zeros(s, np.float32), n))
+                             for n, s in (("k", (30, 40)), ("b", (40,)), ("k2", (40, 4)),
+                                          ("b2", (4,)))))
+    assert per_epoch[0] > per_epoch[1] > per_epoch[2] == per_epoch[3]
+    for rank in run_horovod("tests.workers.tf_tape:keras_dgc_warmup", np=2, timeout=600,
+                            kwargs={"spec": spec}):
+        assert rank["callback"] == {"bytes": per_epoch, "warned": False}, rank
+        assert rank["plain"]["bytes"] == [per_epoch[0]] * 4 and rank["plain"]["warned"], rank

@@ -48,18 +48,26 @@ def keras_optimizer(keras, hct, args, comp, model):
 
 
 def epoch_callback(keras, comp):
-    """A callback that sets DGC's warm-up epoch and counts batches (``.steps``)."""
+    """A callback that sets DGC's warm-up epoch (tracing the step again when the density
+    changes) and counts batches (``.steps``)."""
+    import hvd_compress.tensorflow as hct
 
-    class Epochs(keras.callbacks.Callback):
+    class Epochs(hct.keras.WarmupCallback):
         steps = 0
+        sized = 0  # sum over batches of the payload bytes per update in force (DGC's warm-up)
 
         def on_epoch_begin(self, epoch, logs=None):
-            comp.set_epoch(epoch)
+            super().on_epoch_begin(epoch, logs)
+            self.per_update = bytes_per_update(comp, self.model.trainable_variables)
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
+            self.sized += self.per_update
 
-    return Epochs()
+        def mean_per_update(self) -> float:
+            return self.sized / max(1, self.steps)
+
+    return Epochs(comp)
 
 
 def bytes_per_update(comp, variables) -> int:
@@ -67,13 +75,15 @@ def bytes_per_update(comp, variables) -> int:
     return sum(core.payload_nbytes(core.meta_for(v.value, v.path)) for v in variables)
 
 
-def bytes_sent(args, comp, variables, buffers, updates, final=True) -> int:
+def bytes_sent(args, comp, variables, buffers, updates, final=True, per_update=None) -> int:
     """Bytes one worker sent in ``updates`` optimizer updates (the payload sizes are
-    fixed per variable; traced steps cannot count them as they go), with ``final``
-    the last average before evaluation (see fit_and_report)."""
+    fixed per variable and epoch; traced steps cannot count them as they go), with
+    ``final`` the last average before evaluation (see fit_and_report); ``per_update``:
+    the mean payload per update where it changed over the epochs (DGC's warm-up)."""
     import tensorflow as tf
 
-    per_update = bytes_per_update(comp, variables)
+    if per_update is None:
+        per_update = bytes_per_update(comp, variables)
     schedule = runtools.local_schedule(args)
     if schedule is None:
         return per_update * updates
@@ -86,11 +96,11 @@ def bytes_sent(args, comp, variables, buffers, updates, final=True) -> int:
 
 
 def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
-           **extra) -> None:
+           per_update=None, **extra) -> None:
     """Print and (with --json) write the summary; rank 0 only calls it."""
     updates = max(1, batches // runtools.passes_per_step(args))
     sent = bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
-                      updates)
+                      updates, per_update=per_update)
     doc = runtools.summary("tensorflow", example, args.compression, size, updates,
                            batches * args.batch_size * size, train_s, {"bytes_sent": sent},
                            accuracy, wall_s, **runtools.local_fields(args), **extra)
@@ -118,4 +128,5 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
         if not args.quiet:
             print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
         finish(args, example, comp, model, epochs.steps, size, train_s, acc,
-               time.perf_counter() - t_start, epochs=args.epochs)
+               time.perf_counter() - t_start, per_update=epochs.mean_per_update(),
+               epochs=args.epochs)

@@ -30,9 +30,11 @@ the rest); ``compress_1d=true`` sparsifies them as well.  Momentum is linear, so
 applying it before the average, as here, equals applying it after.
 
 *Warm-up*: for the first ``warmup_epochs`` epochs the density is
-``ratio ** ((epoch + 1) / (warmup_epochs + 1))``, the authors' default
-coefficient; with the defaults (0.1%, 4 epochs) that is 25.1%, 6.3%, 1.6%,
-0.4% -- the paper's 75%, 93.75%, 98.4375%, 99.6% sparsity -- then ``ratio``.
+``max(ratio, warmup_coeff ** (epoch + 1))``, by default (``warmup_coeff=0``)
+with the authors' coefficient ``ratio ** (1 / (warmup_epochs + 1))``: at 0.1%
+and 4 epochs that is 25.1%, 6.3%, 1.6%, 0.4% -- the paper's 75%, 93.75%,
+98.4375%, 99.6% sparsity -- then ``ratio``; ``warmup_coeff=0.25`` is the
+paper's quartering at any ratio.
 The epoch is ``step // steps_per_epoch`` when ``steps_per_epoch`` is given, else
 what :meth:`DGC.set_epoch` last set (0 at first).
 
@@ -70,10 +72,13 @@ ADAPT_ROUNDS = 10
 UPPER, LOWER = 1.3, 0.8
 
 
-def warmup_density(ratio: float, epoch: int, warmup_epochs: int) -> float:
-    """Fraction of elements sent at ``epoch`` (DGC's exponential warm-up)."""
+def warmup_density(ratio: float, epoch: int, warmup_epochs: int, coeff: float = 0.0) -> float:
+    """Fraction of elements sent at ``epoch`` (DGC's exponential warm-up):
+    ``max(ratio, coeff ** (epoch + 1))`` during the warm-up, with the authors' default
+    ``coeff = ratio ** (1 / (warmup_epochs + 1))`` where ``coeff`` is 0."""
     if epoch < warmup_epochs:
-        return max(ratio, ratio ** ((epoch + 1) / (warmup_epochs + 1)))
+        c = coeff if coeff > 0 else ratio ** (1.0 / (warmup_epochs + 1))
+        return max(ratio, c ** (epoch + 1))
     return ratio
 
 
@@ -96,11 +101,20 @@ class DGC(Sparsifier):
         super().__init__(params, backend, rank, world_size, codec)
         self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch for the warm-up schedule (when ``steps_per_epoch`` is 0)."""
+    def set_epoch(self, epoch: int) -> bool:
+        """Set the epoch for the warm-up schedule (when ``steps_per_epoch`` is 0); returns
+        whether the density, and so every payload's size, changed (a traced TensorFlow
+        step keeps the sizes it was traced with: it must then be traced again)."""
         if epoch < 0:
             raise ValueError(f"dgc: epoch must be >= 0, got {epoch}")
+        before = self._density_at(self.epoch)
         self.epoch = int(epoch)
+        return self._density_at(self.epoch) != before
+
+    def _density_at(self, epoch: int) -> float:
+        p = self.params
+        return warmup_density(float(p["ratio"]), epoch, int(p["warmup_epochs"]),
+                              float(p["warmup_coeff"]))
 
     def current_epoch(self, step) -> int:
         spe = int(self.params["steps_per_epoch"])
@@ -113,8 +127,7 @@ class DGC(Sparsifier):
         return int(step) // spe
 
     def density(self, step: int) -> float:
-        return warmup_density(float(self.params["ratio"]), self.current_epoch(step),
-                              int(self.params["warmup_epochs"]))
+        return self._density_at(self.current_epoch(step))
 
     def whole(self, meta) -> bool:
         """Whether ``meta``'s tensor is sent whole (fewer than two dimensions)."""

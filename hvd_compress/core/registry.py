@@ -187,6 +187,8 @@ for _alg in (
         "sample_ratio": Param(float, 0.01, _in_open_closed(0, 1),
                               "fraction sampled to estimate the threshold"),
         "warmup_epochs": Param(int, 4, _at_least(0), "epochs of exponential warm-up sparsity"),
+        "warmup_coeff": Param(float, 0.0, _in_closed_open(0, 1),
+                              "density factor per warm-up epoch (0: ratio^(1/(warmup_epochs+1)))"),
         "masking": Param(bool, True, None, "momentum factor masking (zero u where sent)"),
         "compress_1d": Param(bool, False, None,
                              "sparsify tensors of fewer than 2 dimensions too (default: sent "

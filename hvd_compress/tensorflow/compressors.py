@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import spec as specmod
-from ..core.base import Encoded
+from ..core.base import Encoded, warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
 from .backend import TensorFlowBackend
@@ -127,8 +127,22 @@ class TFCompressor(tf.Module, CompressorFrontend):
         return self.counter("passes")
 
     # -- the protocol, with state bound --------------------------------------------------
+    def set_epoch(self, epoch: int) -> bool:
+        """DGC's warm-up epoch; returns whether the payload sizes changed.  A step traced
+        before keeps the sizes it was traced with, so it must be traced again (Keras:
+        :class:`hvd_compress.tensorflow.keras.WarmupCallback` does it); warns otherwise."""
+        changed = CompressorFrontend.set_epoch(self, epoch)
+        if changed and self.__dict__.get("_traced"):
+            warn_once(f"retrace-{id(self)}",
+                      f"{self.spec}: the density changed at epoch {epoch}, but a tf.function "
+                      "traced before keeps the payload sizes of its trace; trace the step again "
+                      "(with Keras fit, use hvd_compress.tensorflow.keras.WarmupCallback)")
+        return changed
+
     @tf.autograph.experimental.do_not_convert
     def encode(self, tensor, name: str, noise=None) -> Encoded:
+        if not tf.executing_eagerly():
+            self.__dict__["_traced"] = True  # (not a tracked tf.Module attribute)
         if self.core.passthrough:  # no state to bind
             return self.core.encode(tensor, name, noise=noise)
         meta = self.core.meta_for(tensor, name)

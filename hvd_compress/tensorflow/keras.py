@@ -21,6 +21,7 @@ state is saved with ``tf.train.Checkpoint(model=model, optimizer=opt)``.
 from __future__ import annotations
 
 import horovod.tensorflow as hvd
+import keras
 
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
@@ -28,7 +29,7 @@ from .compressors import as_compressor
 from .exchange import engine, variable_name
 from .localsteps import strategy
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "WarmupCallback"]
 
 
 class _DistributedOptimizer:
@@ -109,3 +110,24 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     opt.hvd_compressor = comp  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt
+
+
+class WarmupCallback(keras.callbacks.Callback):
+    """Sets DGC's warm-up epoch at the start of every epoch of ``fit`` and, when the
+    density changes, has Keras trace its train step again: a traced step keeps the
+    payload sizes (DGC's k) it was traced with.  ``compression``: our Keras
+    ``DistributedOptimizer`` or its compressor.  Does nothing for other compressors."""
+
+    def __init__(self, compression):
+        super().__init__()
+        self.compression = getattr(compression, "compression", compression)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        comp = self.compression
+        traced = comp.__dict__.pop("_traced", False)  # no warning: the retrace is here
+        if comp.set_epoch(epoch):
+            if traced:
+                self.model.make_train_function(force=True)
+        elif traced:
+            comp.__dict__["_traced"] = True
+

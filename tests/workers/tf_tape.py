@@ -247,3 +247,43 @@ def state_ownership():
             "bpps": [bool(first_a.exchanged), bool(first_b.exchanged), bool(second_a.exchanged)],
             "keras_apart": o1.compression is not o2.compression,
             "named": type(hct.TopK(0.1)).__name__}
+
+
+def keras_dgc_warmup(spec="dgc:ratio=0.01,warmup_epochs=2", epochs=4):
+    """Keras fit with DGC's warm-up: per epoch, the bytes the traced step sends
+    (``last_stats`` is written while tracing), with WarmupCallback and with a plain
+    set_epoch callback (which leaves the old trace in place, and must warn)."""
+    import warnings
+
+    import horovod.tensorflow as hvd
+    import keras
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.standard_normal((64, 30)).astype(np.float32)
+    y = rng.integers(0, 4, 64)
+    out = {}
+    for mode in ("callback", "plain"):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(40), keras.layers.Dense(4)])
+        comp = hct.compressor(spec)
+        opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=comp)
+        model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(True))
+        seen = []
+
+        class Record(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                seen.append(int(opt.last_stats["bytes_sent"]))
+
+        class Plain(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                comp.set_epoch(epoch)
+
+        first = hct.keras.WarmupCallback(opt) if mode == "callback" else Plain()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[first, Record()])
+        out[mode] = {"bytes": seen,
+                     "warned": any("trace the step again" in str(w.message) for w in caught)}
+    return out
