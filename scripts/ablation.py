@@ -126,10 +126,7 @@ def verdict(table: list[dict], frameworks, ratios) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", required=True, metavar="DIR", help="folder for the table and logs")
+    ap = runtools.script_parser(__doc__)
     ap.add_argument("--framework", nargs="+", choices=["torch", "tensorflow"],
                     default=["torch", "tensorflow"], help="default: both")
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.001, 0.01], metavar="R",
@@ -138,10 +135,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS, metavar="METHOD",
                     help="rows to run (default: all of " + ", ".join(repr(m) for m in METHODS)
                     + ")")
-    ap.add_argument("--np", type=runtools.positive_int, default=2, help="workers (default 2)")
-    ap.add_argument("--epochs", type=runtools.positive_int, default=15, help="default 15")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
-    ap.add_argument("--quiet", action="store_true", help="no progress display")
     return ap
 
 

@@ -70,10 +70,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", required=True, metavar="DIR", help="folder for the table and logs")
+    ap = runtools.script_parser(__doc__)
     ap.add_argument("--framework", nargs="+", choices=["torch", "tensorflow"], default=["torch"])
     ap.add_argument("--compression", nargs="+", type=runtools.spec_arg, default=["none"],
                     metavar="SPEC", help="compressor specs (default none)")
@@ -81,10 +78,6 @@ def parser() -> argparse.ArgumentParser:
                     metavar="H", help="local SGD averaging periods (default 1 2 4 8)")
     ap.add_argument("--delays", nargs="*", type=runtools.nonnegative_int, default=[0, 2, 4],
                     metavar="D", help="DGA delays, 0 = synchronous (default 0 2 4)")
-    ap.add_argument("--np", type=runtools.positive_int, default=2, help="workers (default 2)")
-    ap.add_argument("--epochs", type=runtools.positive_int, default=15, help="default 15")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
-    ap.add_argument("--quiet", action="store_true", help="no progress display")
     return ap
 
 

@@ -145,6 +145,21 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
     return ap
 
 
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a script that launches example runs and tabulates them (its usage
+    from ``doc``), with the flags they share: ``--out``, ``--np``, ``--epochs``,
+    ``--timeout``, ``--quiet`` (add the script's own, then ``parse_args``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=doc.split("\n\n", 1)[1])
+    ap.add_argument("--out", required=True, metavar="DIR", help="folder for the table and logs")
+    ap.add_argument("--np", type=positive_int, default=2, help="workers (default 2)")
+    ap.add_argument("--epochs", type=positive_int, default=15, help="default 15")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
+    ap.add_argument("--quiet", action="store_true", help="no progress display")
+    return ap
+
+
 def add_synthetic_args(ap: argparse.ArgumentParser) -> None:
     """The synthetic benchmarks' own flags (both frameworks; Horovod's benchmark shape)."""
     ap.add_argument("--num-warmup-batches", type=int, default=3, help="untimed steps (default 3)")

@@ -266,7 +266,8 @@ def keras_dgc_warmup(spec="dgc:ratio=0.01,warmup_epochs=2", epochs=4):
     out = {}
     for mode in ("callback", "plain"):
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(40), keras.layers.Dense(4)])
+        model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(40),
+                                  keras.layers.Dense(4)])
         comp = hct.compressor(spec)
         opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=comp)
         model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(True))
