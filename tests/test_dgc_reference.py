@@ -20,7 +20,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from hvd_compress.core import NUMPY, build
 from hvd_compress.core.sampling import stratified_indices, stream_keys
