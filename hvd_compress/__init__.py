@@ -9,3 +9,4 @@ __version__ = "0.1.0"
 
 # The host fast paths (numba kernels, loaded on first use) into the core's provider slot.
 from . import fastpaths  # noqa: E402,F401
+from .core.agreement import PlanMismatchError  # noqa: E402,F401

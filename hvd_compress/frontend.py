@@ -76,7 +76,12 @@ class CompressorFrontend:
         engine = self.__dict__.get("_contract_engine")
         if engine is None or engine.comp is not self._protocol():
             engine = Exchange(self._protocol(), self._horovod_collectives(), average=False)
+            engine.agreed = self.__dict__.setdefault("_agreed_plans", set())
             self.__dict__["_contract_engine"] = engine
+        # The ranks agree on the compressor at the first call (Horovod's optimizer drives
+        # the op, settings and tensors: they are not ours to check here).
+        engine.agree(lambda: {"wrapper": "Horovod's compress()/decompress()",
+                              "compression": str(self.spec)}, key="contract")
         enc = engine.prepare(tensor, self._contract_name(tensor))
         return engine.wired(enc.payload), enc
 

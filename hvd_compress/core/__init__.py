@@ -7,6 +7,7 @@ described in :mod:`.exchange` and :mod:`.base`, the byte layouts in :mod:`.bitpa
 :mod:`.quantizers` and :mod:`.sparsifiers`.
 """
 
+from .agreement import PlanMismatchError
 from .backend import NUMPY, NumpyBackend
 from .base import Compressor, Encoded, TensorMeta
 from .dgc import DGC, warmup_density
@@ -19,4 +20,4 @@ from .sparsifiers import RandomK, TopK
 __all__ = ["NUMPY", "NumpyBackend", "Compressor", "Encoded", "TensorMeta", "Exchange", "Collectives",
            "Loopback", "ProcessSetCollectives", "new_stats", "build",
            "DGC", "PowerSGD", "Cast16", "Identity", "QuantizerCompressor", "RandomK", "TopK",
-           "warmup_density"]
+           "warmup_density", "PlanMismatchError"]

@@ -36,6 +36,9 @@ engine does not care.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
+
+from . import agreement
 
 __all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "new_stats"]
 
@@ -68,6 +71,10 @@ class Collectives:
 
     def wait(self, handle):
         return handle
+
+    def eager(self):
+        """A context in which collectives run now (TensorFlow: out of a graph being traced)."""
+        return nullcontext()
 
 
 class ProcessSetCollectives(Collectives):
@@ -148,6 +155,8 @@ class Exchange:
         self.op = op
         #: uncompressed with the user's op: the collective reduces (Horovod's own way)
         self.native = bool(getattr(comp, "passthrough", False)) and op is not None
+        #: the plans the ranks agreed on (:meth:`agree`); a wrapper may share one set
+        self.agreed = set()
 
     @property
     def size(self) -> int:
@@ -211,6 +220,23 @@ class Exchange:
         batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
         results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
         return [r for (r,) in results]
+
+    def agree(self, plan, key=None) -> None:
+        """Check that every rank holds ``plan`` (a dict, or a callable making one; see
+        :mod:`.agreement`) before a set-up's first exchange: one small allgather, once
+        per ``key`` (default: the plan's fingerprint, so a new set of tensors is checked
+        again).  Raises :class:`~.agreement.PlanMismatchError` on every rank."""
+        if key is not None and key in self.agreed:
+            return
+        p = plan() if callable(plan) else plan
+        key = agreement.fingerprint(p) if key is None else key
+        if key in self.agreed:
+            return
+        if self.size > 1:
+            with self.coll.eager():
+                agreement.check(p, lambda data, lengths: agreement.gather_bytes(
+                    self.coll, self.comp.B, data, lengths))
+        self.agreed.add(key)
 
     # -- Horovod's contract (its optimizer runs the final collective) ---------------------
     def prepare(self, tensor, name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..core import agreement
 from ..core.exchange import Exchange, ProcessSetCollectives
 
 
@@ -36,6 +37,11 @@ class HorovodTF(ProcessSetCollectives):
     def allgather(self, flat, name):
         return hvd.allgather(flat, name=safe_name(name), process_set=self.process_set)
 
+    def eager(self):
+        """Out of a ``tf.function`` being traced: the plan check runs once, at trace time
+        (every rank traces at its first call), not in every step's graph."""
+        return tf.init_scope()
+
 
 _plain = tf.autograph.experimental.do_not_convert
 
@@ -53,6 +59,30 @@ class TFExchange(Exchange):
 def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
            process_set=hvd.global_process_set) -> Exchange:
     """The exchange engine of a tape or Keras optimizer (``compression``: a TFCompressor,
-    whose methods bind its variables as the core's state)."""
-    return TFExchange(compression, HorovodTF(process_set), average=op == hvd.Average,
-                    predivide=gradient_predivide_factor, op=op)
+    whose methods bind its variables as the core's state).  The plans the ranks agreed
+    on are kept with the compressor: a tape is made anew every step, its state is not."""
+    e = TFExchange(compression, HorovodTF(process_set), average=op == hvd.Average,
+                   predivide=gradient_predivide_factor, op=op)
+    e.agreed = compression.__dict__.setdefault("_agreed_plans", set())
+    return e
+
+
+def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_step,
+         grads, names, local_sgd=False, warmup=0, delay=0, buffers=(), **more) -> dict:
+    """The exchange plan of a tape or Keras optimizer (see :mod:`hvd_compress.core.agreement`):
+    ``grads`` with their ``names``, as exchanged."""
+    return agreement.plan(
+        wrapper, comp.spec, agreement.op_name(op, hvd), gradient_predivide_factor,
+        backward_passes_per_step, [(n, _shape(g), _dtype(g)) for g, n in zip(grads, names)],
+        local_sgd=agreement.local_sgd(local_sgd, backward_passes_per_step, warmup),
+        delay=int(delay), buffers=[[variable_name(b), _shape(b), _dtype(b)] for b in buffers], **more)
+
+
+def _shape(x) -> list:
+    shape = tf.TensorShape(x.shape)
+    return shape.as_list() if shape.rank is not None else [None]
+
+
+
+def _dtype(x) -> str:
+    return tf.as_dtype(x.dtype).name  # Keras 3 variables' dtype is a string

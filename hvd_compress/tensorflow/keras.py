@@ -20,13 +20,15 @@ state is saved with ``tf.train.Checkpoint(model=model, optimizer=opt)``.
 
 from __future__ import annotations
 
+import functools
+
 import horovod.tensorflow as hvd
 import keras
 
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
 from .compressors import as_compressor
-from .exchange import engine, variable_name
+from .exchange import engine, plan, variable_name
 from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer", "WarmupCallback"]
@@ -39,6 +41,7 @@ class _DistributedOptimizer:
         local = self._hvdc_local
         have = [i for i, g in enumerate(grads) if g is not None]
         sent, sent_names = [grads[i] for i in have], [names[i] for i in have]
+        self._hvdc_engine.agree(lambda: self._hvdc_plan(sent, sent_names))  # once per set
         if local is not None:
             new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names, stats)
         else:
@@ -107,6 +110,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set)
     opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
                                local_sgd_warmup_steps, delay, buffers)
+    opt._hvdc_plan = functools.partial(
+        plan, "tensorflow.keras.DistributedOptimizer", comp, op, gradient_predivide_factor,
+        backward_passes_per_step, local_sgd=local_sgd, warmup=local_sgd_warmup_steps,
+        delay=delay, buffers=tuple(buffers))
     opt.hvd_compressor = comp  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt

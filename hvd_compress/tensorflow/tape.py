@@ -24,7 +24,7 @@ import tensorflow as tf
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
 from .compressors import TFCompressor, as_compressor, owned_by, spec_of
-from .exchange import engine, variable_name
+from .exchange import engine, plan, variable_name
 from .localsteps import LocalSGD, strategy
 
 __all__ = ["DistributedGradientTape"]
@@ -89,6 +89,7 @@ class _DistributedGradientTape(tf.GradientTape):
             name = variable_name(var, f"grad_{i}")
             pairs.append((i, grad, name))
         self._bind(list(flat_vars))  # all sources: which have a gradient may vary
+        self._engine.agree(lambda: self._plan(pairs))  # at the first exchange of these tensors
         if self._local is not None:
             # the variables and names finish_step() averages
             self._seen = ([flat_vars[i] for i, _, _ in pairs], [name for _, _, name in pairs])
@@ -103,6 +104,12 @@ class _DistributedGradientTape(tf.GradientTape):
             out[i] = value
         self.last_stats = stats
         return tf.nest.pack_sequence_as(grads, out)
+
+    def _plan(self, pairs):
+        op, predivide, local_sgd, warmup, delay, buffers = self._args
+        return plan("tensorflow.DistributedGradientTape", self._engine.comp, op, predivide,
+                    self._bpps, [g for _, g, _ in pairs], [n for _, _, n in pairs], local_sgd,
+                    warmup, delay, buffers, sparse_as_dense=bool(self._sparse_as_dense))
 
     def drain(self):
         """DGA in eager mode: wait for exchanges still in flight (call before the end)."""

@@ -14,6 +14,7 @@ from collections import deque
 import torch
 
 from ..localsteps import LocalSGDSchedule
+from .agreement import ready_engine
 
 
 class LocalSGD:
@@ -70,6 +71,7 @@ class LocalSGD:
     def _allreduce_in_place(self, named):
         """Tensors averaged in place, uncompressed, one collective each (all in flight)."""
         opt = self.opt
+        ready_engine(opt)  # the ranks' plans agree (checked once, before any collective)
         engine, stats = opt._dense_engine(), opt.comm_stats
         batches = [engine.send([t], [f"local.{k}"], stats) for k, t in named]
         engine.receive(batches, stats, outs=[[t] for _, t in named])

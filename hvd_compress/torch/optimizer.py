@@ -28,6 +28,7 @@ import torch
 
 from ..core import Exchange, build, new_stats
 from ..localsteps import check_wrapper_args
+from .agreement import ready_engine
 from .backend import TorchBackend
 from .collectives import HorovodTorch
 from .compressors import as_compressor, pair_dgc_with_momentum
@@ -140,8 +141,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = self._dga.keep(group, grads)
         names = [self._parameter_names[p] for p in group]
         tag = self._dga.tag if self._dga is not None else ""
-        self._engine.comp = self._compression.core  # rebuilt by bind()/with_param()
-        self._pending[group] = self._engine.send(grads, names, self.comm_stats, tag)
+        self._pending[group] = ready_engine(self).send(grads, names, self.comm_stats, tag)
 
     def _exchange_all(self, src):
         """Send every group's tensors in ``src`` and leave their averages there."""

@@ -1,0 +1,37 @@
+"""The PyTorch optimizer's exchange plan, which the ranks check at its first exchange
+(see :mod:`hvd_compress.core.agreement`)."""
+
+from __future__ import annotations
+
+import horovod.torch as hvd
+
+from ..core import agreement
+
+
+def ready_engine(opt):
+    """``opt``'s exchange engine, driving the compressor's current core (rebuilt by
+    ``bind()``/``with_param()``), once the ranks agreed on the optimizer's plan: one
+    small allgather at its first exchange (its tensors never change)."""
+    engine = opt._engine
+    engine.comp = opt._compression.core
+    engine.agree(lambda: optimizer_plan(opt), key="optimizer")
+    return engine
+
+
+def optimizer_plan(opt) -> dict:
+    """Compressor, op, settings, groups, and the parameters in the order they travel."""
+    names, local = opt._parameter_names, opt._local
+    return agreement.plan(
+        "torch.DistributedOptimizer", opt._compression.spec, agreement.op_name(opt.op, hvd),
+        opt.gradient_predivide_factor, opt.backward_passes_per_step,
+        [(names[p], p.shape, _dtype(p)) for group in opt._groups for p in group],
+        groups=[len(group) for group in opt._groups],
+        local_sgd=agreement.local_sgd(local is not None, local and local.schedule.period,
+                                      local and local.schedule.warmup),
+        delay=opt._dga.delay if opt._dga is not None else 0,
+        buffers=[[k, list(b.shape), _dtype(b)] for k, b in local.buffers] if local else [],
+        sparse_as_dense=bool(opt.sparse_as_dense))
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).replace("torch.", "")
