@@ -46,3 +46,13 @@ def test_join_with_an_allgather_compressor_fails_fast():
     with pytest.raises(LaunchError, match="exit code"):
         run_horovod("tests.workers.torch_patterns:join_uneven", np=2, timeout=120,
                     kwargs={"spec": "topk:ratio=0.3"})
+
+
+def test_ops_as_horovods():
+    for rank in run_horovod("tests.workers.torch_patterns:ops", np=2, timeout=120):
+        for op in ("Sum", "Min"):
+            for a, b in zip(rank[f"ours:{op}"], rank[f"horovod:{op}"]):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        assert rank["ours:Sum"] != rank["ours:Min"]
+        assert "op must be Average or Sum" in rank["refused:Min"]
+        assert "Adasum" in rank["refused:Adasum"]

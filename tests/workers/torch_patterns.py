@@ -75,3 +75,28 @@ def join_uneven(spec="none"):
         last = hvd.join()
         out[kind] = {"params": _params(model), "last": int(last)}
     return out
+
+
+def ops():
+    """op= as Horovod's: Sum and Min with none give Horovod's results; Min with a
+    compressor and Adasum are refused with ValueError (the message returned)."""
+    import horovod.torch as hvd
+    hvd.init()
+    out = {}
+    for op_name in ("Sum", "Min"):
+        op = getattr(hvd, op_name)
+        for kind in ("horovod", "ours"):
+            model = _model()
+            opt = _wrap(kind, model, "none", op=op)
+            x, y = _batch(hvd.rank(), 1)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            out[f"{kind}:{op_name}"] = _params(model)
+    for op_name, spec in (("Min", "topk:ratio=0.3"), ("Adasum", "none")):
+        try:
+            _wrap("ours", _model(), spec, op=getattr(hvd, op_name))
+            out[f"refused:{op_name}"] = None
+        except ValueError as exc:
+            out[f"refused:{op_name}"] = str(exc)
+    return out
