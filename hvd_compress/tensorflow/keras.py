@@ -24,12 +24,13 @@ import horovod.tensorflow as hvd
 import keras
 
 from ..frontend import new_stats
+from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from ..localsteps import check_wrapper_args
 from .compressors import as_compressor
 from .exchange import engine, variable_name
 from .localsteps import strategy
 
-__all__ = ["DistributedOptimizer", "WarmupCallback"]
+__all__ = ["DistributedOptimizer", "WarmupCallback", "callbacks"]
 
 
 class _DistributedOptimizer:
