@@ -27,11 +27,12 @@ import keras
 
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
+from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .compressors import as_compressor
 from .exchange import engine, plan, variable_name
 from .localsteps import strategy
 
-__all__ = ["DistributedOptimizer", "WarmupCallback"]
+__all__ = ["DistributedOptimizer", "WarmupCallback", "callbacks"]
 
 
 class _DistributedOptimizer:

@@ -34,6 +34,7 @@ from .collectives import HorovodTorch
 from .compressors import as_compressor, pair_dgc_with_momentum
 from .localsteps import DelayedAveraging, LocalSGD
 from .params import called_by_broadcast_optimizer_state, checked_names, make_groups
+from .sparse import SparseAware, densify
 
 __all__ = ["DistributedOptimizer"]
 
@@ -76,9 +77,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._compression.bind(hvd.rank(), process_set.size())
             if process_set.size() > 1:
                 self._register_hooks()
-        self._engine = Exchange(self._compression.core, HorovodTorch(process_set),
-                                average=op == hvd.Average, predivide=gradient_predivide_factor,
-                                op=op)
+        self._engine = SparseAware(Exchange(
+            self._compression.core, HorovodTorch(process_set), average=op == hvd.Average,
+            predivide=gradient_predivide_factor, op=op), process_set, op)
 
     # -- groups and hooks ------------------------------------------------------------------
     def _register_hooks(self):
@@ -124,15 +125,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:
             # Another rank may have a gradient for it (dynamic graphs): take part with zeros.
             p.grad = torch.zeros_like(p)
-        grad = p.grad
-        if grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise ValueError(f"parameter {self._parameter_names[p]!r} has a sparse gradient; "
-                                 "compressed exchange needs sparse_as_dense=True")
-            grad = grad.to_dense()
-            if self._compression.passthrough:  # as Horovod: the dense average lands in p.grad
-                p.grad = grad
-        return grad
+        grad, passthrough = p.grad, self._compression.passthrough
+        if grad.is_sparse and (self.sparse_as_dense or not passthrough):  # see .sparse
+            grad = densify(grad, self._parameter_names[p], not passthrough)
+        return grad  # (a sparse p.grad gets the average back sparse, as in Horovod)
 
     def _launch(self, group, src=None):
         """Encode and send ``group``'s gradients (or the tensors ``src`` maps them to)."""

@@ -1,0 +1,102 @@
+"""Bodies for tests/test_torch_patterns.py: Horovod's documented usage patterns with our
+optimizer next to Horovod's own, under horovodrun -np 2."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def _batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(6, 8, generator=g) * (3.0 if step % 2 else 1.0), \
+        torch.randint(0, 3, (6,), generator=g)
+
+
+def _wrap(kind, model, spec, **kwargs):
+    import horovod.torch as hvd
+
+    import hvd_compress.torch as hc
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    if kind == "horovod":
+        return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), **kwargs)
+    return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=spec, **kwargs)
+
+
+def _params(model):
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def clipping(steps=4, max_norm=0.2):
+    """Horovod's clipping pattern: synchronize(), clip the averaged gradients, step inside
+    skip_synchronize().  Per (optimizer, spec): the parameters after every step."""
+    import horovod.torch as hvd
+    hvd.init()
+    out = {}
+    for kind, spec in (("horovod", None), ("ours", "none"), ("ours", "topk:ratio=0.3")):
+        model = _model()
+        opt = _wrap(kind, model, spec)
+        log = []
+        for step in range(steps):
+            x, y = _batch(hvd.rank(), step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.synchronize()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            with opt.skip_synchronize():
+                opt.step()
+            log.append({"params": _params(model), "norm": float(norm)})
+        out[f"{kind}:{spec}"] = log
+    return out
+
+
+def join_uneven(spec="none"):
+    """Uneven data with hvd.join(): rank 1 has one batch fewer; the ranks that run out call
+    join() and the others' last exchange completes.  Returns the parameters and join's
+    result (the last rank to join)."""
+    import horovod.torch as hvd
+    hvd.init()
+    out = {}
+    for kind in ("horovod", "ours"):
+        if kind == "horovod" and spec != "none":
+            continue
+        model = _model()
+        opt = _wrap(kind, model, spec)
+        for step in range(3 - hvd.rank()):
+            x, y = _batch(hvd.rank(), step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        last = hvd.join()
+        out[kind] = {"params": _params(model), "last": int(last)}
+    return out
+
+
+def ops():
+    """op= as Horovod's: Sum and Min with none give Horovod's results; Min with a
+    compressor and Adasum are refused with ValueError (the message returned)."""
+    import horovod.torch as hvd
+    hvd.init()
+    out = {}
+    for op_name in ("Sum", "Min"):
+        op = getattr(hvd, op_name)
+        for kind in ("horovod", "ours"):
+            model = _model()
+            opt = _wrap(kind, model, "none", op=op)
+            x, y = _batch(hvd.rank(), 1)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            out[f"{kind}:{op_name}"] = _params(model)
+    for op_name, spec in (("Min", "topk:ratio=0.3"), ("Adasum", "none")):
+        try:
+            _wrap("ours", _model(), spec, op=getattr(hvd, op_name))
+            out[f"refused:{op_name}"] = None
+        except ValueError as exc:
+            out[f"refused:{op_name}"] = str(exc)
+    return out
