@@ -121,7 +121,7 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
 
 
 def test_keras_dgc_warmup_callback_retraces_when_the_density_changes():
-    """A traced step keeps the payload sizes of its trace: WarmupCallback traces it again
+    """A traced step keeps the payload sizes of its trace: CompressionWarmupCallback traces it again
     when DGC's density changes; a bare set_epoch leaves the stale trace and warns."""
     from hvd_compress.core import build
     spec = "dgc:ratio=0.01,warmup_epochs=2"

@@ -52,7 +52,7 @@ def epoch_callback(keras, comp):
     changes) and counts batches (``.steps``)."""
     import hvd_compress.tensorflow as hct
 
-    class Epochs(hct.keras.WarmupCallback):
+    class Epochs(hct.keras.CompressionWarmupCallback):
         steps = 0
         sized = 0  # sum over batches of the payload bytes per update in force (DGC's warm-up)
 

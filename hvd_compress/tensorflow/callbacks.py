@@ -1,4 +1,5 @@
-"""Horovod's Keras callbacks, for Keras 3: ``hvd_compress.tensorflow.keras.callbacks``.
+"""Horovod's Keras callbacks, for Keras 3, and our compressor's own:
+``hvd_compress.tensorflow.keras.callbacks``.
 
 Horovod 0.28.1's own (``horovod.tensorflow.keras.callbacks``) call Keras 2 APIs
 that Keras 3 removed (``keras.backend.get_value``/``set_value``/``constant``,
@@ -20,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+           "CompressionWarmupCallback"]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -138,3 +140,23 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose > 0 and hvd.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{float(np.asarray(self.model.optimizer.learning_rate)):g}.")
+
+
+class CompressionWarmupCallback(keras.callbacks.Callback):
+    """Sets DGC's warm-up epoch at the start of every epoch of ``fit`` and, when the
+    density changes, has Keras trace its train step again: a traced step keeps the
+    payload sizes (DGC's k) it was traced with.  ``compression``: our Keras
+    ``DistributedOptimizer`` or its compressor.  Does nothing for other compressors."""
+
+    def __init__(self, compression):
+        super().__init__()
+        self.compression = getattr(compression, "compression", compression)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        comp = self.compression
+        traced = comp.__dict__.pop("_traced", False)  # no warning: the retrace is here
+        if comp.set_epoch(epoch):
+            if traced:
+                self.model.make_train_function(force=True)
+        elif traced:
+            comp.__dict__["_traced"] = True

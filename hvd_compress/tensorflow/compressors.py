@@ -130,13 +130,13 @@ class TFCompressor(tf.Module, CompressorFrontend):
     def set_epoch(self, epoch: int) -> bool:
         """DGC's warm-up epoch; returns whether the payload sizes changed.  A step traced
         before keeps the sizes it was traced with, so it must be traced again (Keras:
-        :class:`hvd_compress.tensorflow.keras.WarmupCallback` does it); warns otherwise."""
+        :class:`hvd_compress.tensorflow.keras.CompressionWarmupCallback` does it); warns otherwise."""
         changed = CompressorFrontend.set_epoch(self, epoch)
         if changed and self.__dict__.get("_traced"):
             warn_once(f"retrace-{id(self)}",
                       f"{self.spec}: the density changed at epoch {epoch}, but a tf.function "
                       "traced before keeps the payload sizes of its trace; trace the step again "
-                      "(with Keras fit, use hvd_compress.tensorflow.keras.WarmupCallback)")
+                      "(with Keras fit, use hvd_compress.tensorflow.keras.CompressionWarmupCallback)")
         return changed
 
     @tf.autograph.experimental.do_not_convert

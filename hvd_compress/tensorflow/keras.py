@@ -23,16 +23,16 @@ from __future__ import annotations
 import functools
 
 import horovod.tensorflow as hvd
-import keras
 
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
+from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import as_compressor
 from .exchange import engine, plan, variable_name
 from .localsteps import strategy
 
-__all__ = ["DistributedOptimizer", "WarmupCallback", "callbacks"]
+__all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
 
 
 class _DistributedOptimizer:
@@ -118,24 +118,3 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     opt.hvd_compressor = comp  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt
-
-
-class WarmupCallback(keras.callbacks.Callback):
-    """Sets DGC's warm-up epoch at the start of every epoch of ``fit`` and, when the
-    density changes, has Keras trace its train step again: a traced step keeps the
-    payload sizes (DGC's k) it was traced with.  ``compression``: our Keras
-    ``DistributedOptimizer`` or its compressor.  Does nothing for other compressors."""
-
-    def __init__(self, compression):
-        super().__init__()
-        self.compression = getattr(compression, "compression", compression)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        comp = self.compression
-        traced = comp.__dict__.pop("_traced", False)  # no warning: the retrace is here
-        if comp.set_epoch(epoch):
-            if traced:
-                self.model.make_train_function(force=True)
-        elif traced:
-            comp.__dict__["_traced"] = True
-

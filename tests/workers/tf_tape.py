@@ -251,7 +251,7 @@ def state_ownership():
 
 def keras_dgc_warmup(spec="dgc:ratio=0.01,warmup_epochs=2", epochs=4):
     """Keras fit with DGC's warm-up: per epoch, the bytes the traced step sends
-    (``last_stats`` is written while tracing), with WarmupCallback and with a plain
+    (``last_stats`` is written while tracing), with CompressionWarmupCallback and with a plain
     set_epoch callback (which leaves the old trace in place, and must warn)."""
     import warnings
 
@@ -281,7 +281,7 @@ def keras_dgc_warmup(spec="dgc:ratio=0.01,warmup_epochs=2", epochs=4):
             def on_epoch_begin(self, epoch, logs=None):
                 comp.set_epoch(epoch)
 
-        first = hct.keras.WarmupCallback(opt) if mode == "callback" else Plain()
+        first = hct.keras.CompressionWarmupCallback(opt) if mode == "callback" else Plain()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[first, Record()])
