@@ -56,3 +56,14 @@ def test_ops_as_horovods():
         assert rank["ours:Sum"] != rank["ours:Min"]
         assert "op must be Average or Sum" in rank["refused:Min"]
         assert "Adasum" in rank["refused:Adasum"]
+
+
+def test_process_set():
+    runs = run_horovod("tests.workers.torch_patterns:process_set", np=3, timeout=180)
+    for rank in runs[:2]:
+        for a, b in zip(rank["ours:none"], rank["horovod:None"]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert runs[0]["ours:none"] == runs[1]["ours:none"]
+    assert runs[0]["ours:topk:ratio=0.3"] == runs[1]["ours:topk:ratio=0.3"]
+    assert runs[2]["ours:none"] == runs[2]["horovod:None"]  # alone: its own gradients
+    assert runs[2]["ours:none"] != runs[0]["ours:none"]

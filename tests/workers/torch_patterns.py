@@ -100,3 +100,22 @@ def ops():
         except ValueError as exc:
             out[f"refused:{op_name}"] = str(exc)
     return out
+
+
+def process_set(steps=3):
+    """np 3, a process set of ranks 0 and 1: they train with the set's averages (Horovod's
+    optimizer and ours with none and top-k); rank 2 trains alone, outside it."""
+    import horovod.torch as hvd
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    out = {}
+    for kind, spec in (("horovod", None), ("ours", "none"), ("ours", "topk:ratio=0.3")):
+        model = _model()
+        opt = _wrap(kind, model, spec, process_set=pair)
+        for step in range(steps):
+            x, y = _batch(hvd.rank(), step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        out[f"{kind}:{spec}"] = _params(model)
+    return out
