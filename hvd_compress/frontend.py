@@ -95,6 +95,16 @@ class CompressorFrontend:
     def summable(self) -> bool:
         return self.core.summable
 
+    def describe(self) -> str:
+        """The compression as checkpoints and plan checks record it."""
+        return str(self.spec)
+
+    def specs(self) -> list:
+        return [self.spec]
+
+    def passthrough_for(self, name: str, shape, dtype: str) -> bool:
+        return self.passthrough
+
     @property
     def passthrough(self) -> bool:
         """Uncompressed (``none``): Horovod's own averaging allreduce, nothing decoded."""

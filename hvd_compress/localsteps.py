@@ -56,7 +56,8 @@ def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_a
                        gradient_predivide_factor: float, backward_passes_per_step: int,
                        local_sgd: bool, warmup: int, delay: int, spec,
                        op_sums: bool = True) -> None:
-    """The argument checks every wrapper makes (torch optimizer, TF tape, Keras optimizer):
+    """The argument checks every wrapper makes (torch optimizer, TF tape, Keras optimizer);
+    ``spec``: the compression's spec, or the list of those a per-tensor plan uses:
     Horovod's own, ours, and :func:`check_local_args`.  ``op_sums``: the op is Average
     or Sum, the only ones a compressed exchange computes (Min, Max, Product need the
     values themselves: they go with ``none`` only)."""
@@ -66,10 +67,13 @@ def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_a
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op_is_adasum:
         raise ValueError(f"{wrapper} does not support op=Adasum; use {horovods} for Adasum")
-    if not op_sums and spec is not None and spec.name != "none":
-        raise ValueError(f"compression {str(spec)!r} averages or sums; op must be Average or "
-                         "Sum (other ops only with compression='none')")
-    check_local_args(local_sgd, backward_passes_per_step, warmup, delay, op_is_average, spec)
+    specs = [s for s in (spec if isinstance(spec, (list, tuple)) else [spec]) if s is not None]
+    for s in specs:
+        if not op_sums and s.name != "none":
+            raise ValueError(f"compression {str(s)!r} averages or sums; op must be Average or "
+                             "Sum (other ops only with compression='none')")
+    for s in specs or [None]:
+        check_local_args(local_sgd, backward_passes_per_step, warmup, delay, op_is_average, s)
 
 
 def check_local_args(local_sgd: bool, backward_passes_per_step: int, warmup: int, delay: int,

@@ -37,7 +37,7 @@ def broadcast_initial(hvd, model) -> None:
 def keras_optimizer(keras, hct, args, comp, model):
     """SGD wrapped in our Keras DistributedOptimizer; DGC keeps the momentum itself
     (except under local SGD, where each worker's own steps keep it)."""
-    dgc = comp.spec.parts[0].name == "dgc" and not args.local_sgd
+    dgc = runtools.uses_dgc(comp) and not args.local_sgd
     momentum = 0.0 if dgc else args.momentum
     return hct.keras.DistributedOptimizer(keras.optimizers.SGD(args.lr, momentum=momentum),
                                           compression=comp,
@@ -70,9 +70,14 @@ def epoch_callback(keras, comp):
     return Epochs(comp)
 
 
+def compression(hct, args):
+    """The compressor, or per-tensor policy, the flags ask for."""
+    return hct.as_compression(args.compression, args.min_numel, args.start_step)
+
+
 def bytes_per_update(comp, variables) -> int:
-    core = comp.core
-    return sum(core.payload_nbytes(core.meta_for(v.value, v.path)) for v in variables)
+    from hvd_compress.tensorflow.exchange import plan_rows
+    return sum(r["bytes"] for r in plan_rows(comp, variables))
 
 
 def bytes_sent(args, comp, variables, buffers, updates, final=True, per_update=None) -> int:
@@ -112,7 +117,9 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
     import time
 
     rank, size = hvd.rank(), hvd.size()
-    model.compile(optimizer=keras_optimizer(keras, hct, args, comp, model),
+    opt = keras_optimizer(keras, hct, args, comp, model)
+    runtools.print_plan(opt.plan(model.trainable_variables), args, rank)
+    model.compile(optimizer=opt,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     broadcast_initial(hvd, model)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from _common import broadcast_initial, bytes_sent, init
+from _common import broadcast_initial, bytes_sent, compression, init
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -32,8 +32,11 @@ def main(argv=None):
     rank, size = hvd.rank(), hvd.size()
     model = resnet(keras, args.width, args.blocks, args.image_size, args.num_classes)
     opt = keras.optimizers.SGD(args.lr, momentum=args.momentum)
-    comp = hct.compressor(args.compression)
+    comp = hct.compressor(args.compression) if args.horovod_tape else compression(hct, args)
     runtools.past_warmup(comp)
+    if not args.horovod_tape:
+        from hvd_compress.tensorflow.exchange import plan_rows
+        runtools.print_plan(plan_rows(comp, model.trainable_variables), args, rank)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(args.seed + rank)
     data = tf.constant(rng.standard_normal((args.batch_size, args.image_size, args.image_size, 3),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from _common import fit_and_report, init
+from _common import compression, fit_and_report, init
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -40,7 +40,7 @@ def main(argv=None):
     body = resnet(keras, args.width, args.blocks, 32, 10)
     model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.RandomFlip("horizontal"),
                               keras.layers.RandomTranslation(0.125, 0.125), body])
-    comp = hct.compressor(args.compression)
+    comp = compression(hct, args)
     fit_and_report(args, "train_cifar10", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from _common import fit_and_report, init
+from _common import compression, fit_and_report, init
 
 from hvd_compress.tools import runtools
 from hvd_compress.tools.datasets import digits_split
@@ -34,7 +34,7 @@ def main(argv=None):
         keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-    comp = hct.compressor(args.compression)
+    comp = compression(hct, args)
     fit_and_report(args, "train_digits", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start)
 
 

@@ -44,7 +44,9 @@ def make_optimizer(model, base, args, horovod_optimizer: bool = False):
                                       backward_passes_per_step=args.backward_passes_per_step,
                                       local_sgd=args.local_sgd,
                                       local_sgd_warmup_steps=args.local_sgd_warmup_steps,
-                                      named_buffers=model.named_buffers(), delay=args.delay)
+                                      named_buffers=model.named_buffers(), delay=args.delay,
+                                      min_numel=args.min_numel, start_step=args.start_step)
+        runtools.print_plan(opt.plan(), args, hvd.rank())
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     return opt
 

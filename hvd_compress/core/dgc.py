@@ -26,7 +26,10 @@ Per tensor with two or more dimensions, each step, on every rank:
 Tensors with fewer than two dimensions (biases, normalisation scales) are sent
 whole with momentum applied (``u = m*u + g``, sent as is; Nesterov ``u + g``),
 as the authors do (they compress only ``param.dim() > 1`` and apply momentum to
-the rest); ``compress_1d=true`` sparsifies them as well.  Momentum is linear, so
+the rest); ``compress_1d=true`` sparsifies them as well.  ``dense=true`` sends every
+tensor so, by allreduce (the payload is momentum-corrected values, which add
+up): what a per-tensor policy (:mod:`.policy`) sends the uncompressed tensors
+of a DGC plan with.  Momentum is linear, so
 applying it before the average, as here, equals applying it after.
 
 *Warm-up*: for the first ``warmup_epochs`` epochs the density is
@@ -129,9 +132,16 @@ class DGC(Sparsifier):
     def density(self, step: int) -> float:
         return self._density_at(self.current_epoch(step))
 
+    @property
+    def summable(self) -> bool:
+        """``dense=true`` sends momentum-corrected tensors whole: they add up."""
+        return bool(self.params.get("dense", False))
+
     def whole(self, meta) -> bool:
-        """Whether ``meta``'s tensor is sent whole (fewer than two dimensions)."""
-        return len(meta.shape) < 2 and not self.params["compress_1d"]
+        """Whether ``meta``'s tensor is sent whole (fewer than two dimensions, or
+        ``dense``)."""
+        return bool(self.params.get("dense", False)) or (
+            len(meta.shape) < 2 and not self.params["compress_1d"])
 
     def sends_indices(self, meta) -> bool:
         return not self.whole(meta)

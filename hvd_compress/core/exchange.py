@@ -101,13 +101,16 @@ class Loopback(Collectives):
 
 
 class _Part:
-    """Tensors of a batch that travel in one collective per round."""
+    """Tensors of a batch that travel in one collective per round: one compressor's
+    (``comp``), needing the same number of rounds, with payloads of one dtype."""
 
-    __slots__ = ("positions", "encs", "rounds", "tag", "final", "handle", "shapes")
+    __slots__ = ("positions", "encs", "rounds", "tag", "final", "handle", "shapes", "comp",
+                 "native")
 
-    def __init__(self, positions, encs, rounds, tag, final):
+    def __init__(self, positions, encs, rounds, tag, final, comp, native):
         self.positions, self.encs, self.rounds = positions, encs, rounds
         self.tag, self.final = tag, final
+        self.comp, self.native = comp, native
         self.handle = self.shapes = None
 
     @property
@@ -141,7 +144,9 @@ class Exchange:
 
     ``comp`` is a compressor (core, or a framework wrapper that binds its state)
     with ``B``, ``summable``, ``passthrough``, ``rounds``, ``encode``,
-    ``next_round``, ``aggregate`` and ``wire``.  ``average``: op=Average (the
+    ``next_round``, ``aggregate`` and ``wire`` -- or a per-tensor policy's router
+    (:mod:`.policy`) with ``B`` and ``pick(name, shape, dtype)``, which returns
+    each tensor's compressor.  ``average``: op=Average (the
     result is the mean over ranks); ``predivide``: Horovod's
     ``gradient_predivide_factor``; ``op``: the user's op, handed to the
     collective for uncompressed tensors."""
@@ -153,8 +158,6 @@ class Exchange:
         self.average = average
         self.predivide = float(predivide)
         self.op = op
-        #: uncompressed with the user's op: the collective reduces (Horovod's own way)
-        self.native = bool(getattr(comp, "passthrough", False)) and op is not None
         #: the plans the ranks agreed on (:meth:`agree`); a wrapper may share one set
         self.agreed = set()
 
@@ -169,19 +172,24 @@ class Exchange:
         names apart from other exchanges of the same tensors in flight; ``final=False``
         leaves the last round to the caller (Horovod's own optimizer); ``noises``
         (optional, one per tensor) is the stochastic rounding's noise."""
-        comp = self.comp
+        B = self.comp.B
+        pick = getattr(self.comp, "pick", None)
         t0 = time.perf_counter()
-        by_rounds: dict[int, tuple[list, list]] = {}
+        groups: dict[tuple, tuple] = {}
         for i, (x, name) in enumerate(zip(tensors, names)):
-            if self.average and self.predivide != 1.0 and not self.native:
+            comp = self.comp if pick is None else pick(name, B.shape(x), B.dtype_name(x))
+            native = self.native(comp)
+            if self.average and self.predivide != 1.0 and not native:
                 x = x * (1.0 / self.predivide)
             enc = comp.encode(x, name, noise=None if noises is None else noises[i])
-            positions, encs = by_rounds.setdefault(comp.rounds(enc.meta), ([], []))
+            rounds = comp.rounds(enc.meta)
+            key = (id(comp), rounds, B.dtype_name(enc.payload) if comp.summable else "")
+            _, _, positions, encs = groups.setdefault(key, (comp, rounds, [], []))
             positions.append(i)
             encs.append(enc)
         stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
-        parts = [_Part(pos, encs, rounds, tag, final)
-                 for rounds, (pos, encs) in by_rounds.items()]
+        parts = [_Part(pos, encs, rounds, tag, final, comp, self.native(comp))
+                 for comp, rounds, pos, encs in groups.values()]
         for part in parts:
             if part.more or final:
                 self._start(part, stats)
@@ -205,10 +213,14 @@ class Exchange:
                 received = self._wait(part, stats)
                 t0 = time.perf_counter()
                 for i, enc, got in zip(part.positions, part.encs, received):
-                    result[i] = self._finish(got, enc, None if out is None else out[i])
+                    result[i] = self._finish(part, got, enc, None if out is None else out[i])
                 stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
             results.append(result)
         return results[0] if single else results
+
+    def native(self, comp) -> bool:
+        """Uncompressed with the user's op: the collective reduces (Horovod's own way)."""
+        return bool(getattr(comp, "passthrough", False)) and self.op is not None
 
     def run(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
         """:meth:`send` then :meth:`receive`: the averaged (or summed) tensors."""
@@ -248,9 +260,9 @@ class Exchange:
         self._rounds(batch.parts, stats)
         return batch.encoded[0]
 
-    def wired(self, payload):
+    def wired(self, payload, comp=None):
         """A summable payload as the allreduce can carry it."""
-        return payload if self.coll.sums_bfloat16 else self.comp.wire(payload)
+        return payload if self.coll.sums_bfloat16 else (comp or self.comp).wire(payload)
 
     # -- internals -------------------------------------------------------------------------
     def _rounds(self, parts, stats: dict) -> None:
@@ -262,16 +274,16 @@ class Exchange:
             for part in more:
                 reduced = self._wait(part, stats)
                 t0 = time.perf_counter()
-                part.encs = [self.comp.next_round(e, r) for e, r in zip(part.encs, reduced)]
+                part.encs = [part.comp.next_round(e, r) for e, r in zip(part.encs, reduced)]
                 stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
                 if part.more or part.final:
                     self._start(part, stats)
 
     def _start(self, part: _Part, stats: dict) -> None:
-        comp = self.comp
+        comp = part.comp
         B = comp.B
         summable = comp.summable
-        payloads = [self.wired(e.payload) if summable else e.payload for e in part.encs]
+        payloads = [self.wired(e.payload, comp) if summable else e.payload for e in part.encs]
         part.shapes = [B.shape(p) for p in payloads]
         flat = B.reshape(payloads[0], (-1,)) if len(payloads) == 1 else \
             B.concat([B.reshape(p, (-1,)) for p in payloads])
@@ -279,7 +291,7 @@ class Exchange:
         stats["bytes_sent"] += sum(e.nbytes for e in part.encs)
         stats["collectives"] += 1
         t0 = time.perf_counter()
-        if self.native:  # exactly what Horovod's own optimizer does
+        if part.native:  # exactly what Horovod's own optimizer does
             pre, post = (1.0 / self.predivide, self.predivide) if self.average else (1.0, 1.0)
             part.handle = self.coll.allreduce(flat, name, op=self.op, prescale=pre, postscale=post)
         elif summable or part.more:
@@ -291,7 +303,7 @@ class Exchange:
     def _wait(self, part: _Part, stats: dict) -> list:
         """The received payload of each tensor of ``part`` (allgather: a list per tensor,
         one payload per rank in rank order)."""
-        B = self.comp.B
+        B = part.comp.B
         t0 = time.perf_counter()
         out = self.coll.wait(part.handle)
         part.handle = None
@@ -300,7 +312,7 @@ class Exchange:
         for shape in part.shapes:
             offsets.append(offsets[-1] + _numel(shape))
         spans = list(zip(offsets, offsets[1:]))
-        if self.comp.summable or part.more:
+        if part.comp.summable or part.more:
             return [B.reshape(out[a:b], shape) for (a, b), shape in zip(spans, part.shapes)]
         if isinstance(out, (list, tuple)):  # the collectives split the ranks' rows already
             rows = out
@@ -309,10 +321,10 @@ class Exchange:
             rows = [table[r] for r in range(self.size)]
         return [[row[a:b] for row in rows] for a, b in spans]
 
-    def _finish(self, got, enc, out):
-        comp = self.comp
+    def _finish(self, part, got, enc, out):
+        comp = part.comp
         B = comp.B
-        if self.native:  # the collective reduced as the user's op says
+        if part.native:  # the collective reduced as the user's op says
             result = B.reshape(got, enc.meta.shape)
             return result if out is None else B.icopy(out, result)
         result = comp.aggregate(got, enc, out=out)

@@ -193,6 +193,9 @@ for _alg in (
         "compress_1d": Param(bool, False, None,
                              "sparsify tensors of fewer than 2 dimensions too (default: sent "
                              "whole, with momentum, as the authors do)"),
+        "dense": Param(bool, False, None,
+                       "send every tensor whole with momentum, summed by allreduce (what the "
+                       "per-tensor policy's uncompressed tensors of a DGC plan travel with)"),
         "steps_per_epoch": Param(int, 0, _at_least(0),
                                  "steps per epoch for the warm-up (0: use set_epoch())"),
         "clip_norm": Param(float, 0.0, _at_least(0),

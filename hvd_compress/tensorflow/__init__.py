@@ -18,10 +18,11 @@ as numpy), in eager mode and inside ``tf.function``, with per-variable state in
 from ..frontend import class_names
 from . import compressors, keras  # noqa: E402  (hvd_compress.tensorflow.keras.DistributedOptimizer)
 from .backend import TensorFlowBackend
-from .compressors import TFCompressor, as_compressor, compressor
+from .compressors import TFCompressor, TFPolicy, as_compression, as_compressor, compressor
 from .tape import DistributedGradientTape
 
-__all__ = ["TensorFlowBackend", "TFCompressor", "compressor", "as_compressor",
+__all__ = ["TensorFlowBackend", "TFCompressor", "TFPolicy", "compressor", "as_compressor",
+           "as_compression",
            "DistributedGradientTape", "keras", *class_names()]
 
 

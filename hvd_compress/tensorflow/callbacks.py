@@ -154,9 +154,12 @@ class CompressionWarmupCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         comp = self.compression
-        traced = comp.__dict__.pop("_traced", False)  # no warning: the retrace is here
+        holders = [comp, *getattr(comp, "children", {}).values()]  # (a per-tensor policy's)
+        traced = {id(c): c.__dict__.pop("_traced", False) for c in holders}  # no warning here
         if comp.set_epoch(epoch):
-            if traced:
+            if any(traced.values()):
                 self.model.make_train_function(force=True)
-        elif traced:
-            comp.__dict__["_traced"] = True
+        else:
+            for c in holders:
+                if traced[id(c)]:
+                    c.__dict__["_traced"] = True

@@ -24,11 +24,13 @@ from .. import spec as specmod
 from ..core.base import Encoded, warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
+from ..pertensor import PolicyFrontend, policy_of
 from .backend import TensorFlowBackend
 
 BACKEND = TensorFlowBackend()
 
-__all__ = ["TFCompressor", "compressor", "as_compressor", *class_names()]
+__all__ = ["TFCompressor", "TFPolicy", "compressor", "as_compressor", "as_compression",
+           *class_names()]
 
 
 class TFCompressor(tf.Module, CompressorFrontend):
@@ -204,6 +206,90 @@ class TFCompressor(tf.Module, CompressorFrontend):
         return _tensor_name(tensor)
 
 
+class TFPolicy(PolicyFrontend, TFCompressor):
+    """A per-tensor policy on TensorFlow tensors (:mod:`hvd_compress.pertensor`): one
+    :class:`TFCompressor` per spec, tracked (a checkpoint of the tape's or optimizer's
+    holder saves them all), plus the accumulators and counters a wrapper keeps.  The
+    delayed start's step counter is a variable: :meth:`phased` picks the uncompressed
+    or the compressed exchange by it (``tf.cond`` inside a traced step)."""
+
+    def __init__(self, policy, given=None):
+        tf.Module.__init__(self, name="hvd_compress")
+        self._core, self._rank, self._world_size = None, None, None
+        self.tensor_state = {}
+        self._init_policy(policy, given)
+        self.compressors = {}  # spec text -> TFCompressor, tracked for checkpoints
+
+    def __repr__(self) -> str:
+        return f"TFPolicy({str(self.policy)!r})"
+
+    def _make_child(self, spec):
+        return compressor(spec)
+
+    def _child_protocol(self, child):
+        return child
+
+    def _child_added(self, key, comp) -> None:
+        self.compressors[key] = comp
+
+    @property
+    def core(self):
+        raise AttributeError("a per-tensor policy has one core per compressor: see .children")
+
+    def phased(self, exchange):
+        """``exchange()`` (a list of tensors), or, for the first ``start_step`` calls, the
+        same with every tensor uncompressed; counts the calls."""
+        n = self.policy.start_step
+        if n == 0:
+            return exchange()
+        step = self.counter("policy_steps")
+
+        def dense():
+            self.force_dense = True
+            try:
+                return exchange()
+            finally:
+                self.force_dense = False
+
+        if tf.executing_eagerly():
+            self.policy_step = int(step.numpy())
+            out = dense() if self.policy_step < n else exchange()
+        else:
+            self.policy_step = n  # the branches decide, not the Python counter
+            out = tf.cond(step < n, dense, exchange)
+        with tf.control_dependencies(list(out)):
+            bump = step.assign_add(1)
+        with tf.control_dependencies([bump]):
+            return [tf.identity(o) for o in out]
+
+    def state_dict(self) -> dict:
+        sd = self.policy_state()
+        sd["step"] = int(self.counter("policy_steps").numpy())
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.load_policy_state(sd)
+        self.counter("policy_steps").assign(int(sd.get("step", 0)))
+
+
+def as_compression(compression, min_numel: int, start_step: int):
+    """What a TF wrapper's ``compression=`` becomes: the compressor (a given object as it
+    is, a spec as a new one) where one spec goes to every tensor from the first step
+    (``min_numel=0``, ``start_step=0``, or ``none``), else a :class:`TFPolicy`."""
+    choice = compression
+    if compression is None or not (isinstance(compression, (str, TFCompressor, dict, list,
+                                                            tuple)) or callable(compression)):
+        choice = str(spec_of(compression))
+    elif callable(compression) and hasattr(compression, "compress"):  # Horovod's classes
+        choice = str(spec_of(compression))
+    if isinstance(choice, TFPolicy):
+        return choice
+    policy, given = policy_of(choice, TFCompressor, min_numel, start_step)
+    if policy.uniform or (policy.single is not None and policy.single.name == "none"):
+        return given if given is not None else compressor(policy.single)
+    return TFPolicy(policy, given)
+
+
 def _tensor_name(tensor) -> str:
     try:
         name = tensor.name  # graph tensors: the same graph, the same names on every rank
@@ -255,19 +341,21 @@ def as_compressor(compression) -> TFCompressor:
 _OWNED: dict = {}
 
 
-def owned_by(variables, spec) -> TFCompressor:
+def owned_by(variables, spec, make=None) -> TFCompressor:
     """The compressor that keeps ``spec``'s state for ``variables`` (made on first use).
 
     TensorFlow code makes a new tape every step; with a spec string the state --
     residuals, accumulators, counters, DGA's queue -- belongs to the variables the
     tape differentiates (as an optimizer's slots do), so successive tapes over
     one model share it and tapes over different models never do.  Held with a
-    weak reference to the first variable: it goes when the model goes."""
+    weak reference to the first variable: it goes when the model goes.  ``make``: how
+    to make it (then ``spec`` is any text naming what it makes)."""
     key_var = variables[0]
-    key = (id(key_var), str(specmod.parse(spec)), tuple(id(v) for v in variables))
+    key = (id(key_var), spec if make is not None else str(specmod.parse(spec)),
+           tuple(id(v) for v in variables))
     entry = _OWNED.get(key)
     if entry is None or entry[0]() is not key_var:
-        entry = (weakref.ref(key_var), as_compressor(spec))
+        entry = (weakref.ref(key_var), make() if make is not None else as_compressor(spec))
         _OWNED[key] = entry
         weakref.finalize(key_var, _OWNED.pop, key, None)  # the state goes with the model
     return entry[1]

@@ -67,12 +67,63 @@ def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
     return e
 
 
+def choice_text(compression):
+    """A wrapper's ``compression=`` other than a compressor object: text, a mapping or a
+    callable as given; None and Horovod's ``Compression.none/fp16`` as their spec text."""
+    from .compressors import spec_of
+    if isinstance(compression, (str, dict, list, tuple)) or \
+            (callable(compression) and not hasattr(compression, "compress")):
+        return compression
+    return str(spec_of(compression))
+
+
+def exchange_tensors(engine, grads, names, stats) -> list:
+    """One exchange of a tape's or Keras optimizer's gradients: each tensor in a
+    collective of its own, except a per-tensor plan's uncompressed tensors, which go
+    together in one (in the delayed start, every tensor)."""
+    from .compressors import TFPolicy
+    comp = engine.comp
+    if not isinstance(comp, TFPolicy):
+        return engine.run_each(grads, names, stats)
+
+    def run():
+        dense = comp.dense_spec()
+        together = [i for i, (g, n) in enumerate(zip(grads, names))
+                    if comp.spec_for(n, tuple(g.shape), tf.as_dtype(g.dtype).name) == dense]
+        alone = [i for i in range(len(grads)) if i not in set(together)]
+        order = ([together] if together else []) + [[i] for i in alone]
+        batches = [engine.send([grads[i] for i in ix], [names[i] for i in ix], stats)
+                   for ix in order]
+        out = [None] * len(grads)
+        for ix, res in zip(order, engine.receive(batches, stats)):
+            for i, r in zip(ix, res):
+                out[i] = r
+        return out
+
+    return comp.phased(run)
+
+
+def plan_rows(comp, variables) -> list:
+    """Per variable: name, shape, dtype, compressor (once compression runs) and payload
+    bytes per step (see :meth:`hvd_compress.pertensor.PolicyFrontend.plan`)."""
+    from ..core.base import TensorMeta
+    entries = [(variable_name(v), tuple(int(d) for d in v.shape), _dtype(v)) for v in variables]
+    if hasattr(comp, "policy"):
+        return comp.plan(entries)
+    return [{"name": n, "shape": s, "dtype": d, "compression": str(comp.spec),
+             "compressed": not comp.passthrough,
+             "bytes": int(comp.core.payload_nbytes(TensorMeta(n, s, d)))} for n, s, d in entries]
+
+
 def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_step,
          grads, names, local_sgd=False, warmup=0, delay=0, buffers=(), **more) -> dict:
     """The exchange plan of a tape or Keras optimizer (see :mod:`hvd_compress.core.agreement`):
     ``grads`` with their ``names``, as exchanged."""
+    if hasattr(comp, "policy"):  # each tensor's own compressor
+        more["plan"] = [str(comp.spec_for(n, tuple(_shape(g)), _dtype(g), dense=False))
+                        for g, n in zip(grads, names)]
     return agreement.plan(
-        wrapper, comp.spec, agreement.op_name(op, hvd), gradient_predivide_factor,
+        wrapper, comp.describe(), agreement.op_name(op, hvd), gradient_predivide_factor,
         backward_passes_per_step, [(n, _shape(g), _dtype(g)) for g, n in zip(grads, names)],
         local_sgd=agreement.local_sgd(local_sgd, backward_passes_per_step, warmup),
         delay=int(delay), buffers=[[variable_name(b), _shape(b), _dtype(b)] for b in buffers], **more)

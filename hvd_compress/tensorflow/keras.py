@@ -24,12 +24,13 @@ import functools
 
 import horovod.tensorflow as hvd
 
+from ..core.policy import DEFAULT_MIN_NUMEL
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
-from .compressors import as_compressor
-from .exchange import engine, plan, variable_name
+from .compressors import TFPolicy, as_compression
+from .exchange import choice_text, engine, exchange_tensors, plan, plan_rows, variable_name
 from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
@@ -42,11 +43,14 @@ class _DistributedOptimizer:
         local = self._hvdc_local
         have = [i for i, g in enumerate(grads) if g is not None]
         sent, sent_names = [grads[i] for i in have], [names[i] for i in have]
+        if isinstance(self._hvdc_engine.comp, TFPolicy):
+            self._hvdc_engine.comp.settle([(n, tuple(g.shape), g.dtype.name)
+                                           for g, n in zip(sent, sent_names)])
         self._hvdc_engine.agree(lambda: self._hvdc_plan(sent, sent_names))  # once per set
         if local is not None:
             new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names, stats)
         else:
-            new = self._hvdc_engine.run_each(sent, sent_names, stats)
+            new = exchange_tensors(self._hvdc_engine, sent, sent_names, stats)
         grads = list(grads)
         for i, g in zip(have, new):
             grads[i] = g
@@ -76,13 +80,19 @@ class _DistributedOptimizer:
     def compression(self):
         return self._hvdc_engine.comp
 
+    def plan(self, variables):
+        """Per variable (e.g. ``model.trainable_variables``): name, shape, dtype, the
+        compressor it travels with (once compression has started), payload bytes per step."""
+        return plan_rows(self._hvdc_engine.comp, variables)
+
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=None, sparse_as_dense=False, op=hvd.Average,
                          gradient_predivide_factor=1.0, backward_passes_per_step=1,
                          average_aggregated_gradients=True, num_groups=0, groups=None,
                          process_set=hvd.global_process_set, *, local_sgd=False,
-                         local_sgd_warmup_steps=0, buffers=(), delay=0):
+                         local_sgd_warmup_steps=0, buffers=(), delay=0,
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0):
     """Wrap a Keras 3 optimizer; arguments as ``horovod.tensorflow.keras.DistributedOptimizer``
     (``compression`` also takes a spec string or an hvd_compress compressor).
 
@@ -92,12 +102,17 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     floating-point ``buffers`` (pass ``model.non_trainable_variables`` for
     BatchNorm statistics); ``local_sgd_warmup_steps`` synchronous updates come
     first.  ``delay=D``: Delayed Gradient Averaging (see
-    :mod:`hvd_compress.localsteps`)."""
-    comp = as_compressor(compression)
+    :mod:`hvd_compress.localsteps`).  ``compression`` may also be a per-tensor choice,
+    with ``min_numel`` and ``start_step``, as for
+    :func:`hvd_compress.tensorflow.DistributedGradientTape`; ``opt.plan(variables)``
+    lists each variable's compressor and bytes."""
+    from .compressors import TFCompressor
+    comp = as_compression(compression if isinstance(compression, TFCompressor)
+                          else choice_text(compression), min_numel, start_step)
     check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
                        "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
-                       local_sgd, local_sgd_warmup_steps, delay, comp.spec,
+                       local_sgd, local_sgd_warmup_steps, delay, comp.specs(),
                        op_sums=op in (hvd.Average, hvd.Sum))
     config = optimizer.get_config()
     if backward_passes_per_step > 1 and not local_sgd:

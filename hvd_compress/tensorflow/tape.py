@@ -21,10 +21,11 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
-from .compressors import TFCompressor, as_compressor, owned_by, spec_of
-from .exchange import engine, plan, variable_name
+from .compressors import TFCompressor, TFPolicy, as_compression, owned_by
+from .exchange import choice_text, engine, exchange_tensors, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
 
 __all__ = ["DistributedGradientTape"]
@@ -34,11 +35,13 @@ class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
                  process_set, backward_passes_per_step=1, persistent=False,
                  watch_accessed_variables=True, local_sgd=False, local_sgd_warmup_steps=0,
-                 buffers=(), delay=0):
+                 buffers=(), delay=0, min_numel=DEFAULT_MIN_NUMEL, start_step=0):
         # As Horovod does: a tape of the user's tape class that takes over its recording.
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
-        self._compression = compression  # a TFCompressor, or a spec whose state the variables own
+        # a compressor or policy object, or a choice whose state the variables own
+        self._compression = compression
+        self._rule = (min_numel, start_step)
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._bpps = backward_passes_per_step
@@ -58,9 +61,20 @@ class _DistributedGradientTape(tf.GradientTape):
 
     def _bind(self, variables):
         """The engine and local-step strategy for the compressor that owns the state."""
-        comp = self._compression
-        if not isinstance(comp, TFCompressor):
-            comp = owned_by(variables, comp) if variables else as_compressor(comp)
+        comp, (min_numel, start_step) = self._compression, self._rule
+        if not isinstance(comp, TFPolicy):
+            given = comp if isinstance(comp, TFCompressor) else None
+
+            def make():
+                return as_compression(comp, min_numel, start_step)
+            if given is not None and Policy(given.spec, min_numel, start_step).uniform:
+                pass  # the compressor itself
+            elif variables:  # the policy (and its counters) belong to the variables
+                key = f"{Policy(given.spec if given else comp, min_numel, start_step)}" \
+                      f"@{id(given) if given is not None else ''}"
+                comp = owned_by(variables, key, make)
+            else:
+                comp = make()
         if self._engine is None or self._engine.comp is not comp:
             op, predivide, local_sgd, warmup, delay, buffers = self._args
             self._engine = engine(comp, op, predivide, self._process_set)
@@ -89,14 +103,17 @@ class _DistributedGradientTape(tf.GradientTape):
             name = variable_name(var, f"grad_{i}")
             pairs.append((i, grad, name))
         self._bind(list(flat_vars))  # all sources: which have a gradient may vary
+        comp = self._engine.comp
+        if isinstance(comp, TFPolicy):
+            comp.settle([(n, tuple(g.shape), g.dtype.name) for _, g, n in pairs])
         self._engine.agree(lambda: self._plan(pairs))  # at the first exchange of these tensors
         if self._local is not None:
             # the variables and names finish_step() averages
             self._seen = ([flat_vars[i] for i, _, _ in pairs], [name for _, _, name in pairs])
             results = self._local.gradients([g for _, g, _ in pairs], *self._seen, stats)
         elif self._bpps == 1:
-            results = self._engine.run_each([g for _, g, _ in pairs], [n for _, _, n in pairs],
-                                            stats)
+            results = self._exchange_now([g for _, g, _ in pairs], [n for _, _, n in pairs],
+                                         stats)
         else:
             results = self._accumulate(pairs, stats)
         out = list(flat)
@@ -104,6 +121,17 @@ class _DistributedGradientTape(tf.GradientTape):
             out[i] = value
         self.last_stats = stats
         return tf.nest.pack_sequence_as(grads, out)
+
+    def _exchange_now(self, grads, names, stats):
+        """One exchange: each tensor in a collective of its own, the uncompressed tensors of
+        a per-tensor plan together (in the delayed start, all of them)."""
+        return exchange_tensors(self._engine, grads, names, stats)
+
+    def plan(self, sources):
+        """Per variable of ``sources``: name, shape, dtype, the compressor it travels with
+        (once compression has started) and its payload bytes per step."""
+        self._bind(list(sources))
+        return plan_rows(self._engine.comp, sources)
 
     def _plan(self, pairs):
         op, predivide, local_sgd, warmup, delay, buffers = self._args
@@ -141,8 +169,8 @@ class _DistributedGradientTape(tf.GradientTape):
         do = tf.equal(passes % self._bpps, 0)
 
         def sync():
-            outs = self._engine.run_each([acc.read_value() for acc in accs],
-                                         [name for _, _, name in pairs], stats)
+            outs = self._exchange_now([acc.read_value() for acc in accs],
+                                      [name for _, _, name in pairs], stats)
             with tf.control_dependencies(outs):
                 resets = [acc.assign(tf.zeros_like(acc)) for acc in accs]
             with tf.control_dependencies(resets):
@@ -161,11 +189,18 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                             sparse_as_dense=False, op=hvd.Average, gradient_predivide_factor=1.0,
                             num_groups=0, groups=None, process_set=hvd.global_process_set,
                             backward_passes_per_step=1, *, local_sgd=False,
-                            local_sgd_warmup_steps=0, buffers=(), delay=0):
+                            local_sgd_warmup_steps=0, buffers=(), delay=0,
+                            min_numel=DEFAULT_MIN_NUMEL, start_step=0):
     """Wrap ``gradtape`` so ``gradient()`` returns compressed-exchanged averaged gradients.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1;
-    ``compression`` also takes any hvd_compress compressor or a spec string.
+    ``compression`` also takes any hvd_compress compressor or a spec string, or a
+    per-tensor choice -- a mapping from variable-name patterns to specs (``"pattern=
+    spec;..."`` as text) or a callable ``(name, shape, dtype) -> spec``; with
+    ``min_numel`` (tensors with fewer elements, or one dimension, go uncompressed, in
+    one allreduce; 0: off) and ``start_step`` (the first N exchanges uncompressed), as
+    :func:`hvd_compress.torch.DistributedOptimizer`.  ``tape.plan(variables)`` lists
+    each variable's compressor and bytes.
     ``device_dense``/``device_sparse`` and ``groups`` are accepted for
     compatibility (each variable is exchanged on its own).
 
@@ -184,12 +219,13 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for the first D steps).
     The step counter and DGA's ring of gradients live with the compressor.
     """
-    spec = spec_of(compression)
-    comp = compression if isinstance(compression, TFCompressor) else str(spec)
+    comp = compression if isinstance(compression, TFCompressor) else choice_text(compression)
+    specs = comp.specs() if isinstance(comp, TFCompressor) else \
+        Policy(comp, min_numel, start_step).known_specs()
     check_wrapper_args("hvd_compress.tensorflow.DistributedGradientTape",
                        "horovod.tensorflow.DistributedGradientTape", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
-                       local_sgd, local_sgd_warmup_steps, delay, spec,
+                       local_sgd, local_sgd_warmup_steps, delay, specs,
                        op_sums=op in (hvd.Average, hvd.Sum))
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
@@ -197,4 +233,4 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                backward_passes_per_step, persistent=gradtape._persistent,
                watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True),
                local_sgd=local_sgd, local_sgd_warmup_steps=local_sgd_warmup_steps,
-               buffers=buffers, delay=delay)
+               buffers=buffers, delay=delay, min_numel=min_numel, start_step=start_step)

@@ -43,17 +43,30 @@ def limit_kernel_threads(n: int) -> None:
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+def print_plan(rows, args, rank: int) -> None:
+    """Rank 0 prints the per-tensor plan at start (not with --quiet)."""
+    if rank == 0 and not args.quiet:
+        from ..pertensor import format_plan
+        print(format_plan(rows, args.start_step), flush=True)
+
+
+def uses_dgc(comp) -> bool:
+    return any(s.parts[0].name == "dgc" for s in comp.specs())
+
+
 def past_warmup(comp) -> None:
     """Put a compressor with a warm-up schedule (DGC) at its final sparsity: the synthetic
     benchmarks time the steady state, which a few steps of a fresh run never reach."""
-    epochs = [int(p.params.get("warmup_epochs", 0)) for p in comp.spec.parts]
+    epochs = [int(p.params.get("warmup_epochs", 0)) for s in comp.specs() for p in s.parts]
     if max(epochs, default=0) > 0:
         comp.set_epoch(max(epochs))
 
 
 def spec_arg(text: str) -> str:
+    """A spec, or the per-tensor mapping form ``pattern=spec;pattern=spec``."""
+    from ..core import policy
     try:
-        specmod.parse(text)
+        policy.Policy(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
     return text
@@ -119,7 +132,14 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
     ap = _ExampleParser(description=description)
     ap.add_argument("--compression", type=spec_arg, default="none", metavar="SPEC",
                     help="compressor spec, e.g. none, fp16, topk:ratio=0.01, dgc:ratio=0.001, "
-                         "onebit, 'topk:ratio=0.01+qsgd:levels=16' (default: none)")
+                         "onebit, 'topk:ratio=0.01+qsgd:levels=16', or per tensor "
+                         "'pattern=spec;pattern=spec' (first match wins, e.g. "
+                         "'*fc*=topk:ratio=0.01;*=fp16') (default: none)")
+    ap.add_argument("--min-numel", type=nonnegative_int, default=1024, metavar="N",
+                    help="tensors with fewer elements, or one dimension, travel uncompressed "
+                         "(default 1024; 0: compress every tensor)")
+    ap.add_argument("--start-step", type=nonnegative_int, default=0, metavar="N",
+                    help="send uncompressed for the first N optimizer steps (default 0)")
     ap.add_argument("--backward-passes-per-step", type=positive_int, default=1, metavar="N",
                     help="accumulate N backward passes locally before one exchange (default 1); "
                          "with --local-sgd: average the parameters every N local steps")

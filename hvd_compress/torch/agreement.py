@@ -21,8 +21,12 @@ def ready_engine(opt):
 def optimizer_plan(opt) -> dict:
     """Compressor, op, settings, groups, and the parameters in the order they travel."""
     names, local = opt._parameter_names, opt._local
+    comp = opt._compression
+    per_tensor = {}
+    if hasattr(comp, "policy"):  # each tensor's own compressor
+        per_tensor["plan"] = [r["compression"] for r in opt.plan()]
     return agreement.plan(
-        "torch.DistributedOptimizer", opt._compression.spec, agreement.op_name(opt.op, hvd),
+        "torch.DistributedOptimizer", comp.describe(), agreement.op_name(opt.op, hvd),
         opt.gradient_predivide_factor, opt.backward_passes_per_step,
         [(names[p], p.shape, _dtype(p)) for group in opt._groups for p in group],
         groups=[len(group) for group in opt._groups],
@@ -30,7 +34,7 @@ def optimizer_plan(opt) -> dict:
                                       local and local.schedule.warmup),
         delay=opt._dga.delay if opt._dga is not None else 0,
         buffers=[[k, list(b.shape), _dtype(b)] for k, b in local.buffers] if local else [],
-        sparse_as_dense=bool(opt.sparse_as_dense))
+        sparse_as_dense=bool(opt.sparse_as_dense), **per_tensor)
 
 
 def _dtype(t) -> str:

@@ -26,9 +26,11 @@ from .. import spec as specmod
 from ..core.base import warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
+from ..pertensor import PolicyFrontend, policy_of
 from .backend import TorchBackend
 
-__all__ = ["TorchCompressor", "compressor", "as_compressor", *class_names()]
+__all__ = ["TorchCompressor", "TorchPolicy", "compressor", "as_compressor", "as_compression",
+           *class_names()]
 
 BACKEND = TorchBackend()
 
@@ -94,6 +96,57 @@ class TorchCompressor(CompressorFrontend):
 
     def _contract_name(self, tensor) -> str:
         return _horovod_param_name() or _shape_name(tensor)
+
+
+class TorchPolicy(PolicyFrontend):
+    """A per-tensor policy on torch tensors (:mod:`hvd_compress.pertensor`): what the
+    optimizer's ``compression`` is unless one spec goes to every tensor from the start."""
+
+    BACKEND = BACKEND
+
+    def __init__(self, policy, given=None):
+        self._init_policy(policy, given)
+        self._rank, self._world_size = None, None
+
+    def __repr__(self) -> str:
+        return f"TorchPolicy({str(self.policy)!r})"
+
+    def _make_child(self, spec):
+        comp = compressor(spec)
+        return comp if self._rank is None else comp.bind(self._rank, self._world_size)
+
+    def _child_protocol(self, child):
+        return child.core
+
+    def bind(self, rank: int, world_size: int) -> "TorchPolicy":
+        self._rank, self._world_size = rank, world_size
+        for comp in self._children.values():
+            comp.bind(rank, world_size)
+        return self
+
+    @property
+    def core(self):
+        """The exchange engine drives the policy itself (its :meth:`pick`)."""
+        return self
+
+    def state_dict(self) -> dict:
+        return _plain(self.policy_state(), to_torch=True)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.load_policy_state(_plain(state, to_torch=False))
+
+
+def as_compression(compression, min_numel: int, start_step: int):
+    """What a torch wrapper's ``compression=`` becomes: the compressor itself where one spec
+    goes to every tensor from the first step (``min_numel=0``, ``start_step=0``), else a
+    :class:`TorchPolicy`."""
+    if isinstance(compression, TorchPolicy):
+        return compression
+    policy, given = policy_of(choice_of(compression if compression is not None else "none"),
+                              TorchCompressor, min_numel, start_step)
+    if policy.uniform or (policy.single is not None and policy.single.name == "none"):
+        return given if given is not None else compressor(policy.single)
+    return TorchPolicy(policy, given)
 
 
 def _plain(obj, to_torch: bool):
@@ -169,9 +222,19 @@ def as_compressor(compression) -> TorchCompressor:
     return compressor(horovod_builtin_spec(compression))
 
 
-def pair_dgc_with_momentum(optimizer, comp):
+def choice_of(compression):
+    """``compression=`` with Horovod's ``Compression.none/fp16`` read as their specs."""
+    if compression is None or isinstance(compression, (str, TorchCompressor, dict, list, tuple)) \
+            or (callable(compression) and not hasattr(compression, "compress")):
+        return compression
+    return horovod_builtin_spec(compression)
+
+
+def pair_dgc_with_momentum(optimizer, comp, entries=()):
     """DGC applies momentum itself (momentum correction): move the wrapped optimizer's
-    momentum into it, so that it is not applied twice."""
+    momentum into it, so that it is not applied twice (a policy: over ``entries``)."""
+    if isinstance(comp, TorchPolicy):
+        return _pair_policy(optimizer, comp, entries)
     if comp.spec.parts[0].name != "dgc":
         return
     moms = {g.get("momentum", 0.0) for g in optimizer.param_groups}
@@ -187,6 +250,44 @@ def pair_dgc_with_momentum(optimizer, comp):
     nesterov = any(g.get("nesterov", False) for g in optimizer.param_groups)
     if nesterov:
         comp.with_param(0, "nesterov", True)
+    for g in optimizer.param_groups:
+        g["momentum"] = 0.0
+        if "nesterov" in g:
+            g["nesterov"] = False
+    warnings.warn(f"DGC applies momentum {m} itself (momentum correction); the wrapped "
+                  "optimizer's momentum was set to 0 so that it is not applied twice")
+
+
+def _pair_policy(optimizer, comp: TorchPolicy, entries):
+    """:func:`pair_dgc_with_momentum` for a policy over ``entries`` (``(name, shape,
+    dtype)``): every DGC spec it chooses takes the optimizer's momentum (the policy's
+    uncompressed tensors then carry it too)."""
+    from ..core import policy as policymod
+    chosen = [comp.policy.spec_for(*e) for e in entries] + comp.policy.known_specs()
+    if not any(s.parts[0].name == "dgc" for s in chosen):
+        return
+    moms = {g.get("momentum", 0.0) for g in optimizer.param_groups} - {0, 0.0}
+    if not moms:
+        return
+    if len(moms) > 1:
+        raise ValueError(f"DGC applies momentum in the compressor, for all parameters alike; the "
+                         f"wrapped optimizer has several momentum values {sorted(moms)}")
+    m = float(moms.pop())
+    nesterov = any(g.get("nesterov", False) for g in optimizer.param_groups)
+
+    def give(spec):
+        if spec.parts[0].name != "dgc":
+            return spec
+        first = specmod.CompressorSpec("dgc", {**spec.parts[0].params, "momentum": m,
+                                                "nesterov": nesterov or
+                                                spec.parts[0].params["nesterov"]})
+        return specmod.Spec((first, *spec.parts[1:]))
+
+    comp.policy = policymod.rewrite(comp.policy, give)
+    if comp._given is not None and comp._given.spec.parts[0].name == "dgc":
+        comp._given.with_param(0, "momentum", m)
+        if nesterov:
+            comp._given.with_param(0, "nesterov", True)
     for g in optimizer.param_groups:
         g["momentum"] = 0.0
         if "nesterov" in g:

@@ -27,11 +27,13 @@ import horovod.torch as hvd
 import torch
 
 from ..core import Exchange, build, new_stats
+from ..core.policy import DEFAULT_MIN_NUMEL
 from ..localsteps import check_wrapper_args
+from ..pertensor import format_plan
 from .agreement import ready_engine
 from .backend import TorchBackend
 from .collectives import HorovodTorch
-from .compressors import as_compressor, pair_dgc_with_momentum
+from .compressors import TorchPolicy, as_compression, pair_dgc_with_momentum
 from .localsteps import DelayedAveraging, LocalSGD
 from .params import called_by_broadcast_optimizer_state, checked_names, make_groups
 from .sparse import SparseAware, densify
@@ -67,7 +69,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Empty parameters carry nothing to exchange.
         self._requires_update = [p for g in self.param_groups for p in g["params"]
                                  if p.requires_grad and p.numel() > 0]
+        if isinstance(compression, TorchPolicy):
+            entries = self._entries(self._requires_update)
+            if not local_sgd:  # (local steps keep their own momentum)
+                pair_dgc_with_momentum(self, compression, entries)
+            compression.settle(entries)
+            check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
+                               "horovod.torch.DistributedOptimizer", op == hvd.Average,
+                               op == hvd.Adasum, gradient_predivide_factor,
+                               backward_passes_per_step, local_sgd, local_sgd_warmup_steps,
+                               delay, [compression.policy.spec_for(*e) for e in entries],
+                               op_sums=op in (hvd.Average, hvd.Sum))
         self._groups = make_groups(self._requires_update, self._parameter_names, groups)
+        if isinstance(compression, TorchPolicy) and groups is None:
+            self._groups = self._fuse_uncompressed(self._groups)
         self._p_to_group = {p: g for g in self._groups for p in g}
         self.comm_stats = new_stats()
         self.comm_totals = new_stats()
@@ -80,6 +95,43 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._engine = SparseAware(Exchange(
             self._compression.core, HorovodTorch(process_set), average=op == hvd.Average,
             predivide=gradient_predivide_factor, op=op), process_set, op)
+
+    # -- the per-tensor plan ---------------------------------------------------------------
+    def _entries(self, params):
+        return [(self._parameter_names[p], tuple(p.shape), str(p.dtype).replace("torch.", ""))
+                for p in params]
+
+    def _fuse_uncompressed(self, groups):
+        """One group for every parameter the policy sends uncompressed (one allreduce per
+        step, launched once the last of them is ready), the others as they were."""
+        comp, dense = self._compression, []
+        rest = []
+        for group in groups:
+            (dense if len(group) == 1 and not comp.compresses(*self._entries(group)[0])
+             else rest).append(group)
+        if len(dense) < 2:
+            return groups
+        return [tuple(p for (p,) in dense)] + rest
+
+    def plan(self) -> list:
+        """Per parameter, in exchange order: name, shape, dtype, the compressor it travels
+        with (once compression has started) and its payload bytes per step."""
+        params = [p for g in self._groups for p in g]
+        if isinstance(self._compression, TorchPolicy):
+            return self._compression.plan(self._entries(params))
+        core = self._compression.core
+        from ..core.base import TensorMeta
+        return [{"name": n, "shape": s, "dtype": d, "compression": str(self._compression.spec),
+                 "compressed": not self._compression.passthrough,
+                 "bytes": int(core.payload_nbytes(TensorMeta(n, s, d)))}
+                for n, s, d in self._entries(params)]
+
+    def print_plan(self, file=None) -> str:
+        """Print (and return) :meth:`plan` as a table."""
+        start = getattr(self._compression, "policy", None)
+        text = format_plan(self.plan(), start.start_step if start is not None else 0)
+        print(text, file=file, flush=True)
+        return text
 
     # -- groups and hooks ------------------------------------------------------------------
     def _register_hooks(self):
@@ -125,7 +177,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:
             # Another rank may have a gradient for it (dynamic graphs): take part with zeros.
             p.grad = torch.zeros_like(p)
-        grad, passthrough = p.grad, self._compression.passthrough
+        grad = p.grad
+        passthrough = self._compression.passthrough_for(*self._entries([p])[0])
         if grad.is_sparse and (self.sparse_as_dense or not passthrough):  # see .sparse
             grad = densify(grad, self._parameter_names[p], not passthrough)
         return grad  # (a sparse p.grad gets the average back sparse, as in Horovod)
@@ -137,6 +190,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = self._dga.keep(group, grads)
         names = [self._parameter_names[p] for p in group]
         tag = self._dga.tag if self._dga is not None else ""
+        if isinstance(self._compression, TorchPolicy):  # the delayed start counts these
+            self._compression.policy_step = self._optimizer_steps
         self._pending[group] = ready_engine(self).send(grads, names, self.comm_stats, tag)
 
     def _exchange_all(self, src):
@@ -265,7 +320,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         sd = super(self.__class__, self).state_dict()
         sd["hvd_compress"] = {"compressor": self._compression.state_dict(),
-                              "spec": str(self._compression.spec),
+                              "spec": self._compression.describe(),
                               "optimizer_steps": self._optimizer_steps}
         if self._local is not None:
             sd["hvd_compress"].update(self._local.state_dict())
@@ -281,9 +336,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reset_passes()
         super(self.__class__, self).load_state_dict(state_dict)
         if ours is not None:
-            if ours["spec"] != str(self._compression.spec):
+            if ours["spec"] != self._compression.describe():
                 raise ValueError(f"checkpoint was made with compression {ours['spec']!r}, "
-                                 f"this optimizer uses {str(self._compression.spec)!r}")
+                                 f"this optimizer uses {self._compression.describe()!r}")
             self._compression.load_state_dict(ours["compressor"])
             self._optimizer_steps = ours.get("optimizer_steps", 0)
             if self._local is not None:
@@ -298,12 +353,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=hvd.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=hvd.global_process_set, *,
-                         local_sgd=False, local_sgd_warmup_steps=0, named_buffers=None, delay=0):
+                         local_sgd=False, local_sgd_warmup_steps=0, named_buffers=None, delay=0,
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0):
     """Wrap ``optimizer`` so gradients are compressed, exchanged and averaged across ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer`` 0.28.1, with
     ``compression`` also taking any hvd_compress compressor or a spec string
-    (``"topk:ratio=0.01"``).  The returned object is an instance of the wrapped
+    (``"topk:ratio=0.01"``), or a per-tensor choice (:mod:`hvd_compress.core.policy`):
+    an ordered mapping from parameter-name patterns to specs (first match wins;
+    ``"pattern=spec;..."`` as text) or a callable ``(name, shape, dtype) -> spec``.
+    ``min_numel`` (default 1,024): tensors with fewer elements, or fewer than two
+    dimensions, travel uncompressed, all in one allreduce per step (``0``: off).
+    ``start_step=N``: the first N steps send every gradient uncompressed.
+    ``optimizer.plan()`` / ``print_plan()`` show each tensor's compressor and bytes.
+    The returned object is an instance of the wrapped
     optimizer's class; ``optimizer.comm_stats`` accumulates the current step's
     bytes and times, ``optimizer.last_stats`` holds the last synchronized step's,
     and ``optimizer.comm_totals`` the sums since creation.
@@ -330,14 +393,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
             groups = num_groups
-    comp = as_compressor(compression)
+    comp = as_compression(compression, min_numel, start_step)
     check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
                        "horovod.torch.DistributedOptimizer", op == hvd.Average, op == hvd.Adasum,
                        gradient_predivide_factor, backward_passes_per_step, local_sgd,
-                       local_sgd_warmup_steps, delay, comp.spec,
+                       local_sgd_warmup_steps, delay, comp.specs(),
                        op_sums=op in (hvd.Average, hvd.Sum))
-    if not local_sgd:  # local steps keep their own momentum; DGC then compresses changes
-        pair_dgc_with_momentum(optimizer, comp)
+    if not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
+        pair_dgc_with_momentum(optimizer, comp)  # local steps keep their own momentum
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,

@@ -1,0 +1,162 @@
+"""Per-tensor compression policy (issue 16): the rule, mappings, callables, the delayed
+start, DGC's momentum on uncompressed tensors, and the plan both frameworks print."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_compress import spec as specmod
+from hvd_compress.core import policy as pm
+from tests.harness import run_horovod
+
+
+def test_mapping_text_is_told_from_a_spec():
+    assert not pm.is_mapping_text("topk:ratio=0.01")
+    assert not pm.is_mapping_text("none")
+    assert not pm.is_mapping_text("topk:ratio=0.01+qsgd:levels=4")
+    assert pm.is_mapping_text("fc*=topk:ratio=0.01")
+    assert pm.is_mapping_text("*=none;")
+    rules = pm.parse_text("*embedding*=topk:ratio=0.001; *=fp16")
+    assert [(p, str(s)) for p, s in rules] == [
+        ("*embedding*", str(specmod.parse("topk:ratio=0.001"))), ("*", "fp16")]
+    for bad in ("=fp16", "fc*=", "fc*=nosuch", ";"):
+        with pytest.raises(ValueError):
+            pm.parse_text(bad)
+
+
+def test_small_tensor_rule_and_first_match():
+    p = pm.Policy({"fc1.*": "topk:ratio=0.1", "fc*": "onebit"}, min_numel=100)
+    assert p.spec_for("fc1.weight", (24, 144), "float32").name == "topk"
+    assert p.spec_for("fc2.weight", (5, 24), "float32").name == "onebit"  # 120 >= 100
+    assert p.spec_for("fc2.bias", (5,), "float32").name == "none"        # one dimension
+    assert p.spec_for("conv.weight", (4, 1, 3, 3), "float32").name == "none"  # 36 < 100
+    assert p.spec_for("other", (50, 50), "float32").name == "none"        # no pattern
+    off = pm.Policy("topk:ratio=0.1", min_numel=0)
+    assert off.uniform and off.spec_for("b", (5,), "float32").name == "topk"
+    seen = []
+
+    def choose(name, shape, dtype):
+        seen.append((name, shape, dtype))
+        return "qsgd:levels=4" if name.startswith("a") else None
+    c = pm.Policy(choose, min_numel=10)
+    assert c.spec_for("a", (4, 4), "float32").name == "qsgd"
+    assert c.spec_for("b", (4, 4), "float32").name == "none"
+    assert c.spec_for("a", (2, 2), "float32").name == "none"  # the rule runs first
+    assert ("a", (4, 4), "float32") in seen
+    with pytest.raises(ValueError, match="returned"):
+        pm.Policy(lambda *a: "nosuch", min_numel=0).spec_for("x", (4, 4), "float32")
+    for bad in ({"min_numel": -1}, {"start_step": -2}, {"min_numel": 1.5}):
+        with pytest.raises(ValueError):
+            pm.Policy("none", **bad)
+
+
+def test_dgc_plans_carry_momentum_to_uncompressed_tensors():
+    d = pm.dense_spec([specmod.parse("dgc:ratio=0.01,momentum=0.8,nesterov=true")])
+    assert d.name == "dgc" and d.parts[0].params["dense"] is True
+    assert d.parts[0].params["momentum"] == 0.8 and d.parts[0].params["nesterov"] is True
+    assert pm.dense_spec([specmod.parse("dgc:momentum=0")]).name == "none"
+    assert pm.dense_spec([specmod.parse("topk")]).name == "none"
+    with pytest.raises(ValueError, match="without momentum"):
+        pm.dense_spec([specmod.parse("dgc"), specmod.parse("topk")])
+
+
+def test_dgc_dense_is_momentum_sgd_summed():
+    """``dgc:dense=true`` sends u = m*u + g whole, summable (numpy reference)."""
+    import numpy as np
+
+    from hvd_compress.core import build
+    c = build("dgc:momentum=0.5,dense=true")
+    assert c.summable
+    u = np.zeros(6, "float32")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        g = rng.standard_normal(6).astype("float32")
+        u = 0.5 * u + g
+        enc = c.encode(g.reshape(2, 3), "t")
+        assert enc.nbytes == 24
+        np.testing.assert_array_equal(c.aggregate(enc.payload, enc).ravel(), u)
+
+
+def _torch_digits_plan():
+    import horovod.torch as hvd
+    import torch
+
+    import hvd_compress.torch as hc
+    hvd.init()
+    m = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.Conv2d(16, 32, 3, padding=1),
+                            torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.Linear(64, 10))
+    opt = hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                  named_parameters=m.named_parameters(),
+                                  compression="topk:ratio=0.01")
+    return opt
+
+
+def test_plan_is_the_same_in_both_frameworks():
+    """The digits model's plan under the default rule: the same tensors compressed, with
+    the same bytes, in PyTorch and TensorFlow (names and layouts differ)."""
+    import keras
+
+    import hvd_compress.tensorflow as hct
+    opt = _torch_digits_plan()
+    t_rows = opt.plan()
+    text = opt.print_plan(file=open("/dev/null", "w"))
+    assert "compressed" in text
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, padding="same"),
+        keras.layers.Conv2D(32, 3, padding="same"), keras.layers.MaxPooling2D(2),
+        keras.layers.Flatten(), keras.layers.Dense(64), keras.layers.Dense(10)])
+    kopt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                          compression="topk:ratio=0.01")
+    k_rows = kopt.plan(model.trainable_variables)
+
+    def summary(rows):
+        return sorted((r["compressed"], r["bytes"], len(r["shape"])) for r in rows)
+    assert summary(t_rows) == summary(k_rows)
+    # conv2 (4,608) and fc1 (32,768) compressed; conv1 (144), fc2 (640), biases not
+    assert sum(r["compressed"] for r in t_rows) == 2
+
+
+@pytest.fixture(scope="module")
+def torch_results():
+    return run_horovod("tests.workers.policy:torch_checks", np=2)
+
+
+@pytest.fixture(scope="module")
+def tf_results():
+    return run_horovod("tests.workers.policy:tf_checks", np=2)
+
+
+def test_torch_mixed_plan_matches_the_reference(torch_results):
+    for r in torch_results:
+        assert r["plan"]["fc1.weight"] == "topk" and r["plan"]["fc2.weight"] == "onebit"
+        assert r["plan"]["conv.weight"] == "none" and r["plan"]["fc1.bias"] == "none"
+        assert r["mixed_max_err"] < 1e-6
+
+
+def test_torch_uncompressed_tensors_share_one_collective(torch_results):
+    for r in torch_results:
+        assert r["compressed"] == 2
+        assert r["collectives"] == [3, 3, 3]  # topk, onebit, and one for the rest
+
+
+def test_torch_policy_checkpoint_resumes_bit_identically(torch_results):
+    assert all(r["resume_identical"] for r in torch_results)
+
+
+def test_torch_start_step(torch_results):
+    for r in torch_results:
+        assert r["start_equal_dense"]
+        assert r["start_then_fresh_err"] < 1e-6
+        assert r["start_sent_compressed"]
+
+
+def test_torch_dgc_plan_keeps_momentum_on_small_tensors(torch_results):
+    for r in torch_results:
+        assert r["dgc_dense_err"] < 1e-6 and r["dgc_dense_moved"] > 1e-3
+
+
+def test_tf_mixed_plan_matches_the_reference(tf_results):
+    for r in tf_results:
+        assert r["tf_plan"] == {"big": "topk", "mid": "onebit", "vec": "none", "tiny": "none"}
+        assert r["tf_collectives"] == 3
+        assert r["tf_mixed_max_err"] < 1e-6
