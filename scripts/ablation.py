@@ -17,7 +17,6 @@ in percentage points, per cell) and prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -146,18 +145,8 @@ def main(argv=None) -> int:
             ap.error(f"--ratios: a density must be in (0, 1], got {ratio}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = plan(args)
-    progress = runtools.Progress(len(runs), "ablation", enabled=not args.quiet)
-    rows = []
-    for i, run in enumerate(runs):
-        rows.append(run_one(args, run, out))
-        acc = rows[-1]["test_accuracy"]
-        progress.update(i + 1, f"{run['framework']} {run['compression']} seed {run['seed']}: "
-                        f"{rows[-1]['status'] if acc is None else f'{100 * float(acc):.1f}%'}")
-    with open(out / "ablation.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    rows = runtools.launch_seeds(plan(args), "ablation", lambda run: run_one(args, run, out),
+                                 args.quiet, out, COLUMNS)
     table = cells(rows)
     text = markdown(table, args.epochs, args.np) + "\n" + \
         "\n".join(verdict(table, args.framework, args.ratios)) + "\n"

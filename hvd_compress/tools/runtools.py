@@ -206,6 +206,25 @@ def add_cifar_args(ap: argparse.ArgumentParser) -> None:
                     help="use only the first N training images (0: all)")
 
 
+def launch_seeds(runs: list[dict], label: str, one, quiet: bool, out, columns) -> list[dict]:
+    """Scripts that launch one digits run per (framework, compression, seed): ``one(run)``
+    returns each run's row (``status``, ``test_accuracy``...), with progress shown; the
+    rows are written to ``out/<label>.csv`` with ``columns`` and returned."""
+    import csv
+    progress = Progress(len(runs), label, enabled=not quiet)
+    rows = []
+    for i, run in enumerate(runs):
+        rows.append(one(run))
+        acc = rows[-1]["test_accuracy"]
+        progress.update(i + 1, f"{run['framework']} {run['compression']} seed {run['seed']}: "
+                        f"{rows[-1]['status'] if acc is None else f'{100 * float(acc):.1f}%'}")
+    with open(out / f"{label}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
 class Progress:
     """A one-line progress display on rank 0 (plain lines when not a terminal)."""
 

@@ -237,19 +237,29 @@ def pair_dgc_with_momentum(optimizer, comp, entries=()):
         return _pair_policy(optimizer, comp, entries)
     if comp.spec.parts[0].name != "dgc":
         return
-    moms = {g.get("momentum", 0.0) for g in optimizer.param_groups}
-    moms.discard(0.0)
-    moms.discard(0)
-    if not moms:
+    found = _optimizer_momentum(optimizer)
+    if found is None:
         return
+    m, nesterov = found
+    comp.with_param(0, "momentum", m)
+    if nesterov:
+        comp.with_param(0, "nesterov", True)
+    _take_momentum(optimizer, m)
+
+
+def _optimizer_momentum(optimizer):
+    """``(momentum, nesterov)`` of the wrapped optimizer, None without momentum."""
+    moms = {g.get("momentum", 0.0) for g in optimizer.param_groups} - {0, 0.0}
+    if not moms:
+        return None
     if len(moms) > 1:
         raise ValueError(f"DGC applies momentum in the compressor, for all parameters alike; the "
                          f"wrapped optimizer has several momentum values {sorted(moms)}")
-    m = moms.pop()
-    comp.with_param(0, "momentum", float(m))
-    nesterov = any(g.get("nesterov", False) for g in optimizer.param_groups)
-    if nesterov:
-        comp.with_param(0, "nesterov", True)
+    return float(moms.pop()), any(g.get("nesterov", False) for g in optimizer.param_groups)
+
+
+def _take_momentum(optimizer, m: float) -> None:
+    """The wrapped optimizer's momentum to 0 (DGC applies it), with a warning."""
     for g in optimizer.param_groups:
         g["momentum"] = 0.0
         if "nesterov" in g:
@@ -266,14 +276,10 @@ def _pair_policy(optimizer, comp: TorchPolicy, entries):
     chosen = [comp.policy.spec_for(*e) for e in entries] + comp.policy.known_specs()
     if not any(s.parts[0].name == "dgc" for s in chosen):
         return
-    moms = {g.get("momentum", 0.0) for g in optimizer.param_groups} - {0, 0.0}
-    if not moms:
+    found = _optimizer_momentum(optimizer)
+    if found is None:
         return
-    if len(moms) > 1:
-        raise ValueError(f"DGC applies momentum in the compressor, for all parameters alike; the "
-                         f"wrapped optimizer has several momentum values {sorted(moms)}")
-    m = float(moms.pop())
-    nesterov = any(g.get("nesterov", False) for g in optimizer.param_groups)
+    m, nesterov = found
 
     def give(spec):
         if spec.parts[0].name != "dgc":
@@ -288,9 +294,4 @@ def _pair_policy(optimizer, comp: TorchPolicy, entries):
         comp._given.with_param(0, "momentum", m)
         if nesterov:
             comp._given.with_param(0, "nesterov", True)
-    for g in optimizer.param_groups:
-        g["momentum"] = 0.0
-        if "nesterov" in g:
-            g["nesterov"] = False
-    warnings.warn(f"DGC applies momentum {m} itself (momentum correction); the wrapped "
-                  "optimizer's momentum was set to 0 so that it is not applied twice")
+    _take_momentum(optimizer, m)
