@@ -53,7 +53,7 @@ def test_torch_optimizer_rejects_bad_combinations():
     with pytest.raises(ValueError, match="one-round compressor"):
         hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 named_parameters=model.named_parameters(),
-                                compression="powersgd:rank=1", delay=2)
+                                compression="powersgd:rank=1", delay=2, min_numel=0)
 
 
 @pytest.mark.multiprocess

@@ -75,6 +75,6 @@ def test_tf_wrappers_reject_bad_combinations():
     import hvd_compress.tensorflow as hct
     with pytest.raises(ValueError, match="one-round compressor"):
         hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="powersgd:rank=1",
-                                       delay=1)
+                                       delay=1, min_numel=0)
     with pytest.raises(ValueError, match="cannot be combined"):
-        hct.DistributedGradientTape(tf.GradientTape(), local_sgd=True, delay=1)
+        hct.DistributedGradientTape(tf.GradientTape(), local_sgd=True, delay=1, min_numel=0)

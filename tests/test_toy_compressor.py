@@ -78,7 +78,7 @@ def torch_worker(steps=6):
     rank = hvd.rank()
     w = torch.nn.Parameter(torch.full((5,), 0.5))
     opt = hc.DistributedOptimizer(torch.optim.SGD([w], lr=LR), named_parameters=[("w", w)],
-                                  compression=hc.ToySign())
+                                  compression=hc.ToySign(), min_numel=0)
     losses, first = [], None
     for step in range(steps):
         x, y = (torch.from_numpy(a) for a in _data(rank, step))
@@ -113,7 +113,7 @@ def tf_worker(steps=6):
         local = tape.gradient(loss, [w])[0]
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((tf.linalg.matvec(x, w) - y) ** 2)
-        tape = hct.DistributedGradientTape(tape, compression="toysign")
+        tape = hct.DistributedGradientTape(tape, compression="toysign", min_numel=0)
         (g,) = tape.gradient(loss, [w])
         w.assign_sub(LR * g)
         if step == 0:

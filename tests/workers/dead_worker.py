@@ -37,7 +37,7 @@ def train_torch(die_at: int, steps: int, spec: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters(), compression=spec)
+                                  named_parameters=model.named_parameters(), compression=spec, min_numel=0)
     for step in range(steps):
         _die(hvd.rank(), step, die_at)
         x, y = torch.randn(8, 16), torch.randint(0, 2, (8,))
@@ -62,7 +62,7 @@ def train_tf(die_at: int, steps: int, spec: str) -> None:
         x = tf.random.normal([8, 16])
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.matmul(x, w) ** 2)
-        tape = hct.DistributedGradientTape(tape, compression=spec)
+        tape = hct.DistributedGradientTape(tape, compression=spec, min_numel=0)
         (g,) = tape.gradient(loss, [w])
         w.assign_sub(0.01 * g)
         _say(hvd.rank(), step)

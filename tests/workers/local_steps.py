@@ -52,7 +52,7 @@ def local_sgd(spec="none", period=4, steps=12, warmup=0):
                                   named_parameters=model.named_parameters(), compression=spec,
                                   backward_passes_per_step=period, local_sgd=True,
                                   local_sgd_warmup_steps=warmup,
-                                  named_buffers=model.named_buffers())
+                                  named_buffers=model.named_buffers(), min_numel=0)
     hand = HandLocalSGD(*_lin(model), size, period, warmup)
     mine = hand.hands[rank]
     log = []
@@ -82,7 +82,7 @@ def dga(spec="none", delay=2, steps=8):
     model, sync_model = Tiny(bn=False), Tiny(bn=False)
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                   named_parameters=model.named_parameters(), compression=spec,
-                                  delay=delay)
+                                  delay=delay, min_numel=0)
     sync = hvd.DistributedOptimizer(torch.optim.SGD(sync_model.parameters(), lr=LR),
                                     named_parameters=sync_model.named_parameters(), )
     hand = HandDGA(*_lin(model), size, delay)

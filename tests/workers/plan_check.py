@@ -66,7 +66,7 @@ def torch_cases() -> dict:
         net = model(extra)
         opt = hc.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
                                       named_parameters=net.named_parameters(), compression=spec,
-                                      backward_passes_per_step=bpps, **kwargs)
+                                      backward_passes_per_step=bpps, **kwargs, min_numel=0)
         for step in range(steps):
             for micro in range(bpps):
                 g = torch.Generator().manual_seed(100 * rank + 10 * step + micro)
@@ -141,7 +141,7 @@ def tf_cases() -> dict:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum((tf.matmul(x, vs[0]) + vs[1]) ** 2)
                 loss += sum(tf.reduce_sum(v) for v in vs[2:])
-            tape = hct.DistributedGradientTape(tape, compression=spec, **kwargs)
+            tape = hct.DistributedGradientTape(tape, compression=spec, **kwargs, min_numel=0)
             grads = tape.gradient(loss, vs)
             for v, g in zip(vs, grads):
                 v.assign_sub(0.01 * g)
@@ -156,7 +156,7 @@ def tf_cases() -> dict:
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2)])
         opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=spec,
-                                             **kwargs)
+                                             **kwargs, min_numel=0)
         model.compile(optimizer=opt, loss="mse")
         x = np.random.default_rng(rank).normal(size=(4 * steps, 6)).astype("float32")
         model.fit(x, x[:, :2], batch_size=4, epochs=1, verbose=0, shuffle=False)

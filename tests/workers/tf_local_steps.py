@@ -57,7 +57,7 @@ def _runner(api, model, spec, traced, **local):
     comp = hct.TFCompressor(spec)  # its own state (counter, anchors, rings)
     if api == "keras":
         opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(LR), compression=comp,
-                                             buffers=model.buffers, **local)
+                                             buffers=model.buffers, **local, min_numel=0)
         opt.build(model.trainable_variables)
 
         def step(x, y):
@@ -75,7 +75,7 @@ def _runner(api, model, spec, traced, **local):
             with tf.GradientTape() as tape:
                 loss = model.loss(x, y)
             tape = hct.DistributedGradientTape(tape, compression=comp, buffers=model.buffers,
-                                               **local)
+                                               **local, min_numel=0)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply(grads, model.trainable_variables)
             tape.finish_step()

@@ -31,7 +31,7 @@ def keras_callbacks(spec="topk:ratio=0.5", epochs=3, batch=8, n=32):
         keras.utils.set_random_seed(rank)  # different initial weights on every rank
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
         opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5),
-                                             compression=spec)
+                                             compression=spec, min_numel=0)
         model.compile(optimizer=opt, loss="mse")
         lrs = []
 

@@ -68,7 +68,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
             with tf.GradientTape() as tape2:
                 loss2 = loss_fn(y, model(x))
             dtape = hct.DistributedGradientTape(tape2, compression=comp,
-                                                backward_passes_per_step=bpps)
+                                                backward_passes_per_step=bpps, min_numel=0)
             return local, dtape.gradient(loss2, model.trainable_variables)
 
         fn = tf.function(step_fn) if traced else step_fn
@@ -180,7 +180,7 @@ def keras_checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
     model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(4)])
     opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.5),
-                                         compression=hct.compressor(spec))
+                                         compression=hct.compressor(spec), min_numel=0)
     opt.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
@@ -223,7 +223,7 @@ def state_ownership():
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x))
         tape = hct.DistributedGradientTape(tape, compression=compression,
-                                           backward_passes_per_step=bpps)
+                                           backward_passes_per_step=bpps, min_numel=0)
         tape.gradient(loss, model.trainable_variables)
         return tape
 
@@ -234,8 +234,8 @@ def state_ownership():
     # backward_passes_per_step: two models' passes are counted apart
     acc = "onebit"
     first_a, first_b, second_a = step(a, acc, 2), step(b, acc, 2), step(a, acc, 2)
-    o1 = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=spec)
-    o2 = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=spec)
+    o1 = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=spec, min_numel=0)
+    o2 = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=spec, min_numel=0)
     state = ta1.compression.tensor_state
     kernel = next(k for k in state if k.startswith("dense/kernel"))
     steps = [int(v.numpy()) for v in state[kernel].values()
@@ -269,7 +269,7 @@ def keras_dgc_warmup(spec="dgc:ratio=0.01,warmup_epochs=2", epochs=4):
         model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(40),
                                   keras.layers.Dense(4)])
         comp = hct.compressor(spec)
-        opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=comp)
+        opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=comp, min_numel=0)
         model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(True))
         seen = []
 

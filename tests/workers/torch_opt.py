@@ -88,7 +88,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
         model = make_model()
         opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(),
-                                      compression=spec, backward_passes_per_step=bpps)
+                                      compression=spec, backward_passes_per_step=bpps, min_numel=0)
         log = record_noise(opt)
         ref = Reference(str(opt.compression.spec), size)
         worst = 0.0
@@ -136,7 +136,7 @@ def checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
     torch.manual_seed(0)
     model = make_model()
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.0),
-                                  named_parameters=model.named_parameters(), compression=spec)
+                                  named_parameters=model.named_parameters(), compression=spec, min_numel=0)
     start = 0
     if phase == "resume":
         ckpt = torch.load(f"{path}.rank{rank}", weights_only=False)
@@ -214,7 +214,7 @@ def state_survives_missing_grads(spec="topk:ratio=0.1", steps=6):
     rank, size = hvd.rank(), hvd.size()
     model = make_model()
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                  named_parameters=model.named_parameters(), compression=spec)
+                                  named_parameters=model.named_parameters(), compression=spec, min_numel=0)
     core = opt.compression.core
     total_in = {n: np.zeros(p.numel()) for n, p in model.named_parameters()}
     total_out = {n: np.zeros(p.numel()) for n, p in model.named_parameters()}
@@ -259,7 +259,7 @@ def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1")):
         model = make_model()
         opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                       named_parameters=model.named_parameters(),
-                                      compression=spec)
+                                      compression=spec, min_numel=0)
         for step in range(2):
             opt.zero_grad()
             loss_fn(model, *batch(rank, step)).backward()
@@ -270,7 +270,7 @@ def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1")):
         model = make_model()
         opt = hc.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                       named_parameters=model.named_parameters(),
-                                      compression=spec)
+                                      compression=spec, min_numel=0)
         if rank == 0:
             ckpt = torch.load(path)  # weights_only=True: tensors and plain values only
             model.load_state_dict(ckpt["model"])

@@ -25,7 +25,7 @@ def _wrap(kind, model, spec, **kwargs):
     if kind == "horovod":
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), **kwargs)
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                   compression=spec, **kwargs)
+                                   compression=spec, **kwargs, min_numel=0)
 
 
 def _params(model):

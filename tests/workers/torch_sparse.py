@@ -42,7 +42,7 @@ def sparse_embeddings(steps=4):
                 opt = hvd.DistributedOptimizer(base, **kwargs)
             else:
                 comp = "topk:ratio=0.2" if spec == "topk" else "none"
-                opt = hc.DistributedOptimizer(base, compression=comp, **kwargs)
+                opt = hc.DistributedOptimizer(base, compression=comp, **kwargs, min_numel=0)
             log = []
             for step in range(steps):
                 g = torch.Generator().manual_seed(100 * step + rank)
