@@ -28,7 +28,8 @@ def test_small_tensor_rule_and_first_match():
     p = pm.Policy({"fc1.*": "topk:ratio=0.1", "fc*": "onebit"}, min_numel=100)
     assert p.spec_for("fc1.weight", (24, 144), "float32").name == "topk"
     assert p.spec_for("fc2.weight", (5, 24), "float32").name == "onebit"  # 120 >= 100
-    assert p.spec_for("fc2.bias", (5,), "float32").name == "none"        # one dimension
+    assert p.spec_for("fc2.bias", (5,), "float32").name == "none"        # 5 < 100
+    assert p.spec_for("fc1.bias", (2000,), "float32").name == "topk"     # a large vector
     assert p.spec_for("conv.weight", (4, 1, 3, 3), "float32").name == "none"  # 36 < 100
     assert p.spec_for("other", (50, 50), "float32").name == "none"        # no pattern
     off = pm.Policy("topk:ratio=0.1", min_numel=0)
@@ -160,3 +161,8 @@ def test_tf_mixed_plan_matches_the_reference(tf_results):
         assert r["tf_plan"] == {"big": "topk", "mid": "onebit", "vec": "none", "tiny": "none"}
         assert r["tf_collectives"] == 3
         assert r["tf_mixed_max_err"] < 1e-6
+
+
+def test_tf_policy_checkpoint_resumes_bit_identically(tf_results):
+    for r in tf_results:
+        assert r["tf_resume_identical"] and r["tf_policy_steps"] == 4

@@ -8,15 +8,17 @@ line the mapping is written ``"pattern=spec;pattern=spec"``
 (``"*embedding*=topk:ratio=0.001;*=fp16"``, see :func:`parse_text`).
 
 **Small tensors travel uncompressed** (``min_numel``, default 1,024): a tensor
-with fewer than ``min_numel`` elements, or with fewer than two dimensions, is
-sent as it is, whatever the choice says, as the DGC reference implementation
-(``param.dim() > 1`` only) and CGX (one dimension or fewer than 1,024 elements)
-do.  Such a tensor (a bias, a normalisation scale, a tiny layer) is a few
-kilobytes at most; compressing it saves next to nothing on the wire, costs an
-encode and a collective of its own, and -- with a sparsifier at 0.1%, which
-keeps k = 1 of a 16-element bias -- starves it.  ``min_numel=0`` turns the rule
-off (every tensor then gets its choice).  The wrappers send all of a step's
-uncompressed tensors in one allreduce.
+with fewer than ``min_numel`` elements is sent as it is, whatever the choice
+says -- CGX's threshold (CGX also skips every one-dimensional tensor, and the
+DGC reference every tensor of fewer than two dimensions).  Such a tensor (a
+bias, a normalisation scale, a tiny layer) is 4 KB at most; compressing it
+saves next to nothing on the wire, costs an encode and a collective of its
+own, and -- with a sparsifier at 0.1%, which keeps k = 1 of a 16-element bias
+-- starves it.  The rule is on size alone: a large vector (a classifier's
+80,000-element bias) is worth compressing like any large tensor (DGC still
+sends vectors whole, as its authors do, unless ``compress_1d``).
+``min_numel=0`` turns the rule off (every tensor then gets its choice).  The
+wrappers send all of a step's uncompressed tensors in one allreduce.
 
 **Delayed start** (``start_step=N``): the first N optimizer steps send every
 tensor uncompressed, then the plan applies, its compressors starting from empty
@@ -107,7 +109,7 @@ class Policy:
         n = 1
         for d in shape:
             n *= int(d)
-        return len(shape) < 2 or n < self.min_numel
+        return n < self.min_numel
 
     def choice(self, name: str, shape, dtype: str):
         """The spec chosen for a tensor, before the small-tensor rule (parsed)."""

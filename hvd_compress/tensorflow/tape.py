@@ -197,7 +197,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     ``compression`` also takes any hvd_compress compressor or a spec string, or a
     per-tensor choice -- a mapping from variable-name patterns to specs (``"pattern=
     spec;..."`` as text) or a callable ``(name, shape, dtype) -> spec``; with
-    ``min_numel`` (tensors with fewer elements, or one dimension, go uncompressed, in
+    ``min_numel`` (tensors with fewer elements go uncompressed, all in
     one allreduce; 0: off) and ``start_step`` (the first N exchanges uncompressed), as
     :func:`hvd_compress.torch.DistributedOptimizer`.  ``tape.plan(variables)`` lists
     each variable's compressor and bytes.

@@ -136,7 +136,7 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
                          "'pattern=spec;pattern=spec' (first match wins, e.g. "
                          "'*fc*=topk:ratio=0.01;*=fp16') (default: none)")
     ap.add_argument("--min-numel", type=nonnegative_int, default=1024, metavar="N",
-                    help="tensors with fewer elements, or one dimension, travel uncompressed "
+                    help="tensors with fewer elements travel uncompressed "
                          "(default 1024; 0: compress every tensor)")
     ap.add_argument("--start-step", type=nonnegative_int, default=0, metavar="N",
                     help="send uncompressed for the first N optimizer steps (default 0)")

@@ -362,8 +362,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     (``"topk:ratio=0.01"``), or a per-tensor choice (:mod:`hvd_compress.core.policy`):
     an ordered mapping from parameter-name patterns to specs (first match wins;
     ``"pattern=spec;..."`` as text) or a callable ``(name, shape, dtype) -> spec``.
-    ``min_numel`` (default 1,024): tensors with fewer elements, or fewer than two
-    dimensions, travel uncompressed, all in one allreduce per step (``0``: off).
+    ``min_numel`` (default 1,024): tensors with fewer elements travel uncompressed,
+    all in one allreduce per step (``0``: off).
     ``start_step=N``: the first N steps send every gradient uncompressed.
     ``optimizer.plan()`` / ``print_plan()`` show each tensor's compressor and bytes.
     The returned object is an instance of the wrapped

@@ -202,5 +202,32 @@ def tf_checks():
             errs += [float(np.linalg.norm(g.numpy() - want[n]) / np.linalg.norm(want[n]))
                      for g, n in zip(got, names)]
     res["tf_mixed_max_err"] = max(errs)
+
+    # checkpoint: a policy's compressors and its delayed-start counter round-trip through
+    # tf.train.Checkpoint, restored before first use (deferred), and resume bit-identically
+    import tempfile
+
+    def train(comp, variables, steps, start):
+        out = []
+        for step in range(start, start + steps):
+            local = grads_at(step)
+            with tf.GradientTape() as tape:
+                loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, local)])
+            tape = hct.DistributedGradientTape(tape, compression=comp)
+            out = [g.numpy() for g in tape.gradient(loss, variables)]
+        return out
+
+    def fresh():
+        return [tf.Variable(np.ones(s, "float32"), name=n) for n, s in shapes.items()]
+
+    first = hct.as_compression(mapping, 100, 1)
+    va = fresh()
+    train(first, va, 2, 0)
+    path = tf.train.Checkpoint(c=first).write(tempfile.mkdtemp() + f"/rank{rank}")
+    second = hct.as_compression(mapping, 100, 1)
+    tf.train.Checkpoint(c=second).read(path)
+    a, b = train(first, va, 2, 2), train(second, fresh(), 2, 2)
+    res["tf_resume_identical"] = all(np.array_equal(x, y) for x, y in zip(a, b))
+    res["tf_policy_steps"] = int(second.counter("policy_steps").numpy())
     hvd.allreduce(tf.constant(0.0), name="policy.done")  # every rank finishes together
     return res
