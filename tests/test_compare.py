@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -326,3 +327,18 @@ def test_predict_on_runs_the_model_made_validates_exactly():
     assert any("200mbit runs predicted without any 200mbit run" in line and "3/3" in line for line in say)
     assert "eta = 0.900" in md and "eta = 0.800" in md
     assert "`fp16` +250.0" in md
+
+
+def test_per_tensor_flags_reach_every_run_and_mappings_are_accepted():
+    from hvd_compress.tools import compare as cmp
+    args = cmp.parser().parse_args(["--out", "x", "--compression", "none", "*fc*=topk;*=fp16",
+                                    "--min-numel", "0", "--start-step", "5"])
+    run = {"framework": "torch", "example": "digits", "compression": args.compression[1]}
+    cmd = cmp.example_command(args, run, Path("r.json"))
+    assert cmd[cmd.index("--min-numel") + 1] == "0" and cmd[cmd.index("--start-step") + 1] == "5"
+    assert cmd[cmd.index("--compression") + 1] == "*fc*=topk;*=fp16"
+    assert "--min-numel" not in cmp.example_command(cmp.parser().parse_args(["--out", "x"]),
+                                                    run, Path("r.json"))
+    assert cmp._collective("*fc*=topk;*=fp16") == "allgather"
+    assert cmp._collective("*fc*=randomk;*=fp16") == "allreduce"
+    assert cmp._messages("*=powersgd") == 2.0

@@ -3,6 +3,9 @@ start, DGC's momentum on uncompressed tensors, and the plan both frameworks prin
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 
 from hvd_compress import spec as specmod
@@ -78,43 +81,66 @@ def test_dgc_dense_is_momentum_sgd_summed():
         np.testing.assert_array_equal(c.aggregate(enc.payload, enc).ravel(), u)
 
 
-def _torch_digits_plan():
+def _torch_plan(compression, min_numel=pm.DEFAULT_MIN_NUMEL):
     import horovod.torch as hvd
     import torch
 
     import hvd_compress.torch as hc
     hvd.init()
-    m = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.Conv2d(16, 32, 3, padding=1),
-                            torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.Linear(64, 10))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(  # biases, BatchNorm, a tiny layer and a big one
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Flatten(),
+        torch.nn.Linear(32 * 8 * 8, 64), torch.nn.Linear(64, 4), torch.nn.Linear(4, 4))
     opt = hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                   named_parameters=m.named_parameters(),
-                                  compression="topk:ratio=0.01")
+                                  compression=compression, min_numel=min_numel)
     return opt
 
 
-def test_plan_is_the_same_in_both_frameworks():
-    """The digits model's plan under the default rule: the same tensors compressed, with
-    the same bytes, in PyTorch and TensorFlow (names and layouts differ)."""
+def _keras_plan(compression, min_numel=pm.DEFAULT_MIN_NUMEL):
     import keras
 
     import hvd_compress.tensorflow as hct
-    opt = _torch_digits_plan()
-    t_rows = opt.plan()
-    text = opt.print_plan(file=open("/dev/null", "w"))
-    assert "compressed" in text
     model = keras.Sequential([
         keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, padding="same"),
-        keras.layers.Conv2D(32, 3, padding="same"), keras.layers.MaxPooling2D(2),
-        keras.layers.Flatten(), keras.layers.Dense(64), keras.layers.Dense(10)])
-    kopt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1),
-                                          compression="topk:ratio=0.01")
-    k_rows = kopt.plan(model.trainable_variables)
+        keras.layers.BatchNormalization(), keras.layers.Conv2D(32, 3, padding="same"),
+        keras.layers.Flatten(), keras.layers.Dense(64), keras.layers.Dense(4),
+        keras.layers.Dense(4)])
+    opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
+                                         min_numel=min_numel)
+    return opt.plan(model.trainable_variables)
 
-    def summary(rows):
-        return sorted((r["compressed"], r["bytes"], len(r["shape"])) for r in rows)
+
+def _by_size(name, shape, dtype):
+    n = 1
+    for d in shape:
+        n *= d
+    return "qsgd:levels=4" if n > 10000 else ("onebit" if len(shape) > 1 else None)
+
+
+@pytest.mark.parametrize("compression,min_numel,compressed", [
+    ("topk:ratio=0.01", pm.DEFAULT_MIN_NUMEL, 2),  # conv2 (4,608) and the big layer (131,072)
+    ({"0.*": "fp16", "2.*": "fp16", "*conv2d*": "fp16", "*": "onebit"}, pm.DEFAULT_MIN_NUMEL, 2),
+    (_by_size, 0, 5),                              # the rule off: every matrix gets a choice
+    ("topk:ratio=0.01", 0, 12),                    # the rule off: every tensor compressed
+])
+def test_plan_is_the_same_in_both_frameworks(compression, min_numel, compressed):
+    """One model's plan: the same tensors compressed, with the same compressor and bytes,
+    in PyTorch and Keras (names and layouts differ), under the
+    default rule, a mapping, a callable and the rule off."""
+    opt = _torch_plan(compression, min_numel)
+    t_rows = opt.plan()
+    with open(os.devnull, "w") as sink:
+        assert f"{compressed} compressed" in opt.print_plan(file=sink)
+    k_rows = _keras_plan(compression, min_numel)
+
+    def summary(rows):  # (1-bit scales per column: its bytes follow each framework's layout)
+        return sorted((r["compressed"], r["compression"].split(":")[0],
+                       None if r["compression"].startswith("onebit") else r["bytes"],
+                       int(np.prod(r["shape"]))) for r in rows)
     assert summary(t_rows) == summary(k_rows)
-    # conv2 (4,608) and fc1 (32,768) compressed; conv1 (144), fc2 (640), biases not
-    assert sum(r["compressed"] for r in t_rows) == 2
+    assert sum(r["compressed"] for r in t_rows) == compressed
 
 
 @pytest.fixture(scope="module")

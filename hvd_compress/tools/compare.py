@@ -44,7 +44,6 @@ import sys
 import time
 from pathlib import Path
 
-from .. import spec as specmod
 from . import costmodel, netcap, runtools
 
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
@@ -125,6 +124,9 @@ def example_command(args, run: dict, json_path: Path) -> list[str]:
     script = examples_dir(run["framework"]) / EXAMPLES[run["example"]]
     extra = shlex.split(args.example_args if args.example_args is not None
                         else DEFAULT_EXAMPLE_ARGS[run["example"]])
+    for flag in ("min_numel", "start_step"):  # the per-tensor policy's knobs, when given
+        if getattr(args, flag, None) is not None:
+            extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     return [sys.executable, str(script), *extra, "--compression", run["compression"],
             "--json", str(json_path), "--quiet"]
 
@@ -222,7 +224,7 @@ def speedups(rows: list[dict]) -> dict:
     """run key -> images/s over none's at the same framework, example, np, bandwidth."""
     base = {}
     for r in ok_rows(rows):
-        if specmod.parse(r["compression"]).name == "none":
+        if all(s.name == "none" for s in _specs(r["compression"])):
             base[(r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""))] = \
                 _f(r, "images_per_sec")
     out = {}
@@ -368,15 +370,22 @@ def _save(fig, path: Path) -> str:
 
 
 # -- the cost model on measured rows -------------------------------------------------------
+def _specs(text: str) -> list:
+    """The specs a ``--compression`` value names (a mapping: each of its rules')."""
+    from ..core.policy import Policy
+    return Policy(text).known_specs()
+
+
 def _collective(spec: str) -> str:
     from ..core import build
-    return costmodel.ALLREDUCE if build(spec).summable else costmodel.ALLGATHER
+    summable = all(build(s).summable for s in _specs(spec))
+    return costmodel.ALLREDUCE if summable else costmodel.ALLGATHER
 
 
 def _messages(spec: str) -> float:
     """Latency-bound messages per step: Horovod fuses a step's tensors into one
     collective per cycle, so one per round (PowerSGD: two), not one per tensor."""
-    return 2.0 if specmod.parse(spec).name == "powersgd" else 1.0
+    return 2.0 if any(s.name == "powersgd" for s in _specs(spec)) else 1.0
 
 
 def _rate(r: dict) -> float:
@@ -562,7 +571,8 @@ def parser() -> argparse.ArgumentParser:
         prog="hvd-compress-compare", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compression", nargs="+", type=runtools.spec_arg, default=DEFAULT_COMPRESSIONS,
-                    metavar="SPEC", help="compressor specs (default: %(default)s)")
+                    metavar="SPEC", help="compressor specs, or per-tensor mappings "
+                    "'pattern=spec;pattern=spec' (default: %(default)s)")
     ap.add_argument("--np", nargs="+", type=runtools.positive_int, default=[1, 2],
                     help="worker counts (default: 1 2)")
     ap.add_argument("--bandwidth", nargs="+", default=[UNCAPPED, "1gbit", "200mbit"], metavar="RATE",
@@ -577,6 +587,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--example-args", default=None, metavar="ARGS",
                     help="arguments for the example instead of the defaults (one quoted string); "
                          "defaults: " + "; ".join(f"{k}: {v}" for k, v in DEFAULT_EXAMPLE_ARGS.items()))
+    ap.add_argument("--min-numel", type=runtools.nonnegative_int, default=None, metavar="N",
+                    help="passed to every run: tensors with fewer elements travel uncompressed "
+                         "(the examples' default 1024; 0: compress every tensor)")
+    ap.add_argument("--start-step", type=runtools.nonnegative_int, default=None, metavar="N",
+                    help="passed to every run: uncompressed for the first N steps (default 0)")
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
     ap.add_argument("--resume", action="store_true",
                     help="keep the successful runs already in DIR/results.csv; run the rest")
