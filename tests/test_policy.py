@@ -192,3 +192,8 @@ def test_tf_mixed_plan_matches_the_reference(tf_results):
 def test_tf_policy_checkpoint_resumes_bit_identically(tf_results):
     for r in tf_results:
         assert r["tf_resume_identical"] and r["tf_policy_steps"] == 4
+
+
+def test_tf_start_step_in_a_traced_step(tf_results):
+    for r in tf_results:
+        assert max(r["tf_start_step_errs"]) < 1e-6

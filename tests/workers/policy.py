@@ -229,5 +229,31 @@ def tf_checks():
     a, b = train(first, va, 2, 2), train(second, fresh(), 2, 2)
     res["tf_resume_identical"] = all(np.array_equal(x, y) for x, y in zip(a, b))
     res["tf_policy_steps"] = int(second.counter("policy_steps").numpy())
+
+    # start_step=2 inside tf.function (tf.cond on the counter): two exchanges equal `none`,
+    # the third is a fresh top-k's first
+    comp = hct.as_compression("topk:ratio=0.1", 100, 2)
+    vs = fresh()
+
+    @tf.function
+    def traced(*local):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(vs, local)])
+        return hct.DistributedGradientTape(tape, compression=comp).gradient(loss, vs)
+
+    diffs = []
+    for step in range(3):
+        local = grads_at(step)
+        got = [g.numpy() for g in traced(*[tf.constant(g) for g in local])]
+        every = hvd.allgather_object(dict(zip(names, local)))
+        if step < 2:
+            want = {n: sum(e[n] for e in every) / size for n in names}
+        else:
+            specs3 = {f"{n}:0": ("topk:ratio=0.1" if int(np.prod(s)) >= 100 else "none")
+                      for n, s in shapes.items()}
+            refs3 = {s: Reference(s, size) for s in set(specs3.values())}
+            want = _reference_step(refs3, specs3, every, dict(zip(names, shapes.values())))
+        diffs.append(max(float(np.max(np.abs(g - want[n]))) for g, n in zip(got, names)))
+    res["tf_start_step_errs"] = diffs
     hvd.allreduce(tf.constant(0.0), name="policy.done")  # every rank finishes together
     return res
