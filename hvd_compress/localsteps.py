@@ -55,7 +55,7 @@ class LocalSGDSchedule:
 def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_adasum: bool,
                        gradient_predivide_factor: float, backward_passes_per_step: int,
                        local_sgd: bool, warmup: int, delay: int, spec,
-                       op_sums: bool = True) -> None:
+                       op_sums: bool = True, start_step: int = 0) -> None:
     """The argument checks every wrapper makes (torch optimizer, TF tape, Keras optimizer);
     ``spec``: the compression's spec, or the list of those a per-tensor plan uses:
     Horovod's own, ours, and :func:`check_local_args`.  ``op_sums``: the op is Average
@@ -67,6 +67,10 @@ def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_a
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op_is_adasum:
         raise ValueError(f"{wrapper} does not support op=Adasum; use {horovods} for Adasum")
+    if start_step and (local_sgd or delay):
+        raise ValueError("start_step delays compressed gradient averaging; it cannot be combined "
+                         "with local_sgd (use local_sgd_warmup_steps: synchronous steps first) "
+                         "or delay")
     specs = [s for s in (spec if isinstance(spec, (list, tuple)) else [spec]) if s is not None]
     for s in specs:
         if not op_sums and s.name != "none":

@@ -81,9 +81,16 @@ class PolicyFrontend:
                 self.policy.known_specs())
 
     def dense_spec(self):
-        if self._dense is None:
-            self._dense = policymod.dense_spec(self.policy.known_specs())
-        return self._dense
+        """The spec uncompressed tensors travel with: fixed by :meth:`settle` (from every
+        tensor's choice); before it, from the specs known without tensors."""
+        if self._dense is not None:
+            return self._dense
+        return policymod.dense_spec(self.policy.known_specs())
+
+    def reset_plan(self) -> None:
+        """Forget the settled plan (the policy was rewritten)."""
+        self._dense = None
+        self._children.clear()
 
     def dense_phase(self) -> bool:
         return self.force_dense or self.policy_step < self.policy.start_step

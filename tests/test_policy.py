@@ -197,3 +197,68 @@ def test_tf_policy_checkpoint_resumes_bit_identically(tf_results):
 def test_tf_start_step_in_a_traced_step(tf_results):
     for r in tf_results:
         assert max(r["tf_start_step_errs"]) < 1e-6
+
+
+def test_torch_policy_follows_the_optimizers_momentum_and_refusals():
+    """Review fixes: the uncompressed tensors' spec is settled after DGC took the
+    optimizer's momentum (any momentum, Nesterov; a callable's choice too); start_step
+    with local SGD is refused; a checkpoint of one compressor (0.1) loads into a policy."""
+    import horovod.torch as hvd
+    import torch
+
+    import hvd_compress.torch as hc
+    hvd.init()
+
+    def opt_for(compression, momentum=0.95, nesterov=True, **kw):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 4))
+        return hc.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov),
+            named_parameters=m.named_parameters(), compression=compression, **kw), m
+
+    for choice in ("dgc:ratio=0.01", lambda n, s, d: "dgc:ratio=0.01" if len(s) > 1 else None):
+        with pytest.warns(UserWarning, match="DGC applies momentum 0.95"):
+            opt, _ = opt_for(choice)
+        rows = {r["name"]: r["compression"] for r in opt.plan()}
+        assert "momentum=0.95,nesterov=true" in rows["0.weight"]       # 2,048: DGC
+        assert "momentum=0.95,nesterov=true" in rows["1.weight"]       # 128: uncompressed
+        assert "dense=true" in rows["1.weight"] and rows["0.bias"] == rows["1.weight"]
+        assert all(g["momentum"] == 0.0 for g in opt.param_groups)
+    with pytest.raises(ValueError, match="start_step"):
+        opt_for("topk", momentum=0.0, nesterov=False, start_step=3, local_sgd=True)
+    old, m = opt_for("topk:ratio=0.1", momentum=0.0, nesterov=False, min_numel=0)
+    old.compression.core.encode(torch.ones(32, 64), "0.weight")  # some residual state
+    sd = old.state_dict()
+    new, _ = opt_for("topk:ratio=0.1", momentum=0.0, nesterov=False)
+    new.load_state_dict(sd)
+    child = new.compression.child(new.compression.policy.single)
+    assert torch.equal(torch.as_tensor(child.core.states["0.weight"]["residual"]),
+                       torch.as_tensor(old.compression.core.states["0.weight"]["residual"]))
+
+
+def test_tf_given_compressor_keeps_the_wrappers_counters():
+    """A compressor object given to the tape keeps its accumulators and counters even when
+    the default rule wraps it in a policy (a checkpoint of that object holds them)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    comp = hct.compressor("topk:ratio=0.1")
+    v = [tf.Variable(tf.ones([40, 30]), name="w"), tf.Variable(tf.ones([5]), name="b")]
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v[0] * v[0]) + tf.reduce_sum(v[1])
+        tape = hct.DistributedGradientTape(tape, compression=comp, backward_passes_per_step=2)
+        tape.gradient(loss, v)
+    assert isinstance(tape.compression, hct.TFPolicy)
+    assert int(comp.pass_counter().numpy()) == 2
+    assert set(comp.__dict__["_accs"]) == {v[0].name, v[1].name}
+    with pytest.raises(ValueError, match="start_step"):
+        hct.DistributedGradientTape(tf.GradientTape(), compression="topk", start_step=2,
+                                    delay=1)
+
+
+def test_torch_ranks_agree_on_the_delayed_start_after_a_rank0_resume(torch_results):
+    assert [r["resumed_steps"] for r in torch_results] == [3, 3]
+    assert torch_results[0]["resumed_collectives"] == torch_results[1]["resumed_collectives"] == 3

@@ -44,7 +44,8 @@ def keras_optimizer(keras, hct, args, comp, model):
                                           backward_passes_per_step=args.backward_passes_per_step,
                                           local_sgd=args.local_sgd,
                                           local_sgd_warmup_steps=args.local_sgd_warmup_steps,
-                                          buffers=model.non_trainable_variables, delay=args.delay)
+                                          buffers=model.non_trainable_variables, delay=args.delay,
+                                          min_numel=args.min_numel, start_step=args.start_step)
 
 
 def epoch_callback(keras, comp):

@@ -165,19 +165,22 @@ def dense_spec(specs) -> "specmod.Spec":
     mixes DGC carrying momentum with another compressor."""
     specs = [s for s in specs if s.name != "none"]
     dgc = [s for s in specs if s.parts[0].name == "dgc"]
-    moms = {(float(s.parts[0].params["momentum"]), bool(s.parts[0].params["nesterov"]))
+    moms = {(float(s.parts[0].params["momentum"]), bool(s.parts[0].params["nesterov"]),
+             float(s.parts[0].params["clip_norm"]))
             for s in dgc if float(s.parts[0].params["momentum"]) > 0}
     if not moms:
         return NONE
     if len(moms) > 1:
-        raise ValueError(f"DGC specs with different momentum in one plan: {sorted(moms)}")
+        raise ValueError("DGC specs with different momentum, Nesterov or clip_norm in one plan: "
+                         f"{sorted(moms)}")
     others = [str(s) for s in specs if s.parts[0].name != "dgc"]
     if others:
         raise ValueError(f"a plan mixing DGC (which applies momentum itself) with {others} "
                          "would leave those tensors without momentum; give DGC momentum=0 "
                          "(and the wrapped optimizer its momentum), or use DGC alone")
-    m, nesterov = moms.pop()
-    return specmod.parse(f"dgc:momentum={m:g},nesterov={str(nesterov).lower()},dense=true")
+    m, nesterov, clip = moms.pop()
+    return specmod.parse(f"dgc:momentum={m:g},nesterov={str(nesterov).lower()},"
+                         f"clip_norm={clip:g},dense=true")
 
 
 def rewrite(policy: Policy, fn) -> Policy:

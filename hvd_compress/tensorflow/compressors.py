@@ -236,6 +236,18 @@ class TFPolicy(PolicyFrontend, TFCompressor):
     def core(self):
         raise AttributeError("a per-tensor policy has one core per compressor: see .children")
 
+    def accumulator(self, name: str, like):
+        """With a compressor object given, its accumulators (so a checkpoint of that object
+        holds them, as before the policy existed); else the policy's own."""
+        if self._given is not None:
+            return self._given.accumulator(name, like)
+        return TFCompressor.accumulator(self, name, like)
+
+    def counter(self, key: str):
+        if self._given is not None:
+            return self._given.counter(key)
+        return TFCompressor.counter(self, key)
+
     def phased(self, exchange):
         """``exchange()`` (a list of tensors), or, for the first ``start_step`` calls, the
         same with every tensor uncompressed; counts the calls."""

@@ -113,7 +113,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                        "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
                        local_sgd, local_sgd_warmup_steps, delay, comp.specs(),
-                       op_sums=op in (hvd.Average, hvd.Sum))
+                       op_sums=op in (hvd.Average, hvd.Sum),
+                       start_step=getattr(getattr(comp, "policy", None), "start_step", 0))
     config = optimizer.get_config()
     if backward_passes_per_step > 1 and not local_sgd:
         config["gradient_accumulation_steps"] = backward_passes_per_step

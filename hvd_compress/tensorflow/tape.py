@@ -71,7 +71,8 @@ class _DistributedGradientTape(tf.GradientTape):
                 pass  # the compressor itself
             elif variables:  # the policy (and its counters) belong to the variables
                 key = f"{Policy(given.spec if given else comp, min_numel, start_step)}" \
-                      f"@{id(given) if given is not None else ''}"
+                      f"@{id(given) if given is not None else ''}" \
+                      f"@{id(comp) if callable(comp) and given is None else ''}"
                 comp = owned_by(variables, key, make)
             else:
                 comp = make()
@@ -226,7 +227,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                        "horovod.tensorflow.DistributedGradientTape", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
                        local_sgd, local_sgd_warmup_steps, delay, specs,
-                       op_sums=op in (hvd.Average, hvd.Sum))
+                       op_sums=op in (hvd.Average, hvd.Sum), start_step=start_step)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,

@@ -118,6 +118,10 @@ class TorchPolicy(PolicyFrontend):
     def _child_protocol(self, child):
         return child.core
 
+    def _child_added(self, key, comp) -> None:
+        if self._rank is not None:  # (the user's own object too)
+            comp.bind(self._rank, self._world_size)
+
     def bind(self, rank: int, world_size: int) -> "TorchPolicy":
         self._rank, self._world_size = rank, world_size
         for comp in self._children.values():
@@ -290,6 +294,7 @@ def _pair_policy(optimizer, comp: TorchPolicy, entries):
         return specmod.Spec((first, *spec.parts[1:]))
 
     comp.policy = policymod.rewrite(comp.policy, give)
+    comp.reset_plan()
     if comp._given is not None and comp._given.spec.parts[0].name == "dgc":
         comp._given.with_param(0, "momentum", m)
         if nesterov:

@@ -60,6 +60,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                named_buffers) if local_sgd else None
         self._dga = DelayedAveraging(self, delay) if delay else None
         self._optimizer_steps = 0
+        self._step_unsure = True  # (see _agree_on_step)
         self._allreduce_delay = {v: self._passes() for _, v in named_parameters}
         self._pending = {}          # group -> Batch in flight
         self._ready = {}            # group -> parameters ready this step
@@ -79,7 +80,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                op == hvd.Adasum, gradient_predivide_factor,
                                backward_passes_per_step, local_sgd, local_sgd_warmup_steps,
                                delay, [compression.policy.spec_for(*e) for e in entries],
-                               op_sums=op in (hvd.Average, hvd.Sum))
+                               op_sums=op in (hvd.Average, hvd.Sum),
+                               start_step=compression.policy.start_step)
         self._groups = make_groups(self._requires_update, self._parameter_names, groups)
         if isinstance(compression, TorchPolicy) and groups is None:
             self._groups = self._fuse_uncompressed(self._groups)
@@ -112,6 +114,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if len(dense) < 2:
             return groups
         return [tuple(p for (p,) in dense)] + rest
+
+    def _agree_on_step(self):
+        """With a delayed start, every rank must be on the same side of it: at the first
+        exchange (and after a load) the ranks take the largest step count any of them
+        has (Horovod's resume pattern loads the checkpoint on rank 0 only)."""
+        if not self._step_unsure or not self._compression.policy.start_step:
+            return
+        self._step_unsure = False
+        got = hvd.allreduce(torch.tensor([self._optimizer_steps], dtype=torch.int64),
+                            op=hvd.Max, name="hvd_compress.policy_step",
+                            process_set=self.process_set)
+        self._optimizer_steps = int(got[0])
 
     def plan(self) -> list:
         """Per parameter, in exchange order: name, shape, dtype, the compressor it travels
@@ -191,6 +205,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         names = [self._parameter_names[p] for p in group]
         tag = self._dga.tag if self._dga is not None else ""
         if isinstance(self._compression, TorchPolicy):  # the delayed start counts these
+            self._agree_on_step()
             self._compression.policy_step = self._optimizer_steps
         self._pending[group] = ready_engine(self).send(grads, names, self.comm_stats, tag)
 
@@ -336,10 +351,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reset_passes()
         super(self.__class__, self).load_state_dict(state_dict)
         if ours is not None:
-            if ours["spec"] != self._compression.describe():
+            comp = self._compression
+            single = getattr(comp, "policy", None) and comp.policy.single
+            if single is not None and ours["spec"] == str(single):
+                # a checkpoint of 0.1 (one compressor, no policy): its state is that spec's
+                comp.child(single).load_state_dict(ours["compressor"])
+            elif ours["spec"] != comp.describe():
                 raise ValueError(f"checkpoint was made with compression {ours['spec']!r}, "
-                                 f"this optimizer uses {self._compression.describe()!r}")
-            self._compression.load_state_dict(ours["compressor"])
+                                 f"this optimizer uses {comp.describe()!r}")
+            else:
+                comp.load_state_dict(ours["compressor"])
+            self._step_unsure = True
             self._optimizer_steps = ours.get("optimizer_steps", 0)
             if self._local is not None:
                 self._local.load_state_dict(ours)
@@ -398,7 +420,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                        "horovod.torch.DistributedOptimizer", op == hvd.Average, op == hvd.Adasum,
                        gradient_predivide_factor, backward_passes_per_step, local_sgd,
                        local_sgd_warmup_steps, delay, comp.specs(),
-                       op_sums=op in (hvd.Average, hvd.Sum))
+                       op_sums=op in (hvd.Average, hvd.Sum), start_step=start_step)
     if not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
         pair_dgc_with_momentum(optimizer, comp)  # local steps keep their own momentum
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),

@@ -146,6 +146,18 @@ def torch_checks():
     res["dgc_dense_err"] = max(float(torch.max(torch.abs(a - b)))
                                for a, b in zip(md.parameters(), ms.parameters()))
     res["dgc_dense_moved"] = float(torch.max(torch.abs(md.fc2.bias - make_model().fc2.bias)))
+
+    # 5. Horovod's resume pattern (rank 0 loads, the others do not) with a delayed start:
+    #    the ranks agree on the step count, so all are past start_step (no mixed phases)
+    m3, o3 = fresh()  # start_step=1
+    if rank == 0:
+        m3.load_state_dict(saved["model"])
+        o3.load_state_dict(saved["opt"])  # 2 steps done
+    hvd.broadcast_parameters(m3.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(o3, root_rank=0)
+    run(m3, o3, 1, 2)
+    res["resumed_steps"] = o3._optimizer_steps
+    res["resumed_collectives"] = o3.last_stats["collectives"]
     hvd.barrier()
     return res
 
