@@ -17,8 +17,8 @@ from .core import build, registry
 from .core.base import Encoded
 from .core.exchange import Exchange, new_stats
 
-__all__ = ["CompressorFrontend", "horovod_builtin_spec", "new_stats", "named_class", "compressor",
-           "class_names"]
+__all__ = ["CompressorFrontend", "horovod_builtin_spec", "choice_of", "new_stats", "named_class",
+           "compressor", "class_names"]
 
 
 def horovod_builtin_spec(compression) -> str:
@@ -30,6 +30,19 @@ def horovod_builtin_spec(compression) -> str:
         return "fp16"
     raise TypeError(f"compression must be an hvd_compress compressor, a spec string like "
                     f"'topk:ratio=0.01', or horovod's Compression.none/fp16; got {compression!r}")
+
+
+def choice_of(compression):
+    """A wrapper's ``compression=`` as the per-tensor policy reads it: None as ``"none"``,
+    Horovod's ``Compression.none/fp16`` as their spec text, anything else (a spec, a
+    mapping, a callable, a compressor or policy object) as it is."""
+    if compression is None:
+        return "none"
+    if isinstance(compression, (str, dict, list, tuple, CompressorFrontend)) or \
+            hasattr(compression, "policy") or \
+            (callable(compression) and not hasattr(compression, "compress")):
+        return compression
+    return horovod_builtin_spec(compression)
 
 
 class CompressorFrontend:
@@ -104,6 +117,16 @@ class CompressorFrontend:
 
     def passthrough_for(self, name: str, shape, dtype: str) -> bool:
         return self.passthrough
+
+    def plan(self, entries) -> list:
+        """Per tensor (``entries``: ``(name, shape, dtype)``), as a per-tensor policy's
+        :meth:`~hvd_compress.pertensor.PolicyFrontend.plan`: every one with this spec."""
+        from .core.base import TensorMeta
+        core = self.core
+        return [{"name": n, "shape": tuple(int(d) for d in s), "dtype": d,
+                 "compression": str(self.spec), "compressed": not self.passthrough,
+                 "bytes": int(core.payload_nbytes(TensorMeta(n, tuple(int(x) for x in s), d)))}
+                for n, s, d in entries]
 
     @property
     def passthrough(self) -> bool:

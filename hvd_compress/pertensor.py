@@ -15,16 +15,24 @@ from . import spec as specmod
 from .core import policy as policymod
 from .core.base import TensorMeta
 
-__all__ = ["PolicyFrontend", "format_plan", "policy_of"]
+__all__ = ["PolicyFrontend", "format_plan", "resolve"]
 
 
-def policy_of(compression, frontend_cls, min_numel, start_step):
-    """``(Policy, given)`` for what a wrapper's ``compression=`` took: a compressor object
-    of ``frontend_cls`` (``given``, reused for its spec), a spec or mapping text, a
-    mapping, or a callable."""
-    if isinstance(compression, frontend_cls):
-        return policymod.Policy(compression.spec, min_numel, start_step), compression
-    return policymod.Policy(compression, min_numel, start_step), None
+def resolve(compression, min_numel, start_step, frontend_cls, policy_cls, make):
+    """What a wrapper's ``compression=`` becomes (both frameworks): a policy object as it
+    is; the compressor itself (a given object of ``frontend_cls``, or ``make(spec)``)
+    where one spec goes to every tensor from the first step (``min_numel=0``,
+    ``start_step=0``) or it is ``none``; else a ``policy_cls`` over it, reusing a given
+    object for its spec."""
+    from .frontend import choice_of
+    choice = choice_of(compression)
+    if isinstance(choice, PolicyFrontend):
+        return choice
+    given = choice if isinstance(choice, frontend_cls) else None
+    policy = policymod.Policy(given.spec if given is not None else choice, min_numel, start_step)
+    if policy.uniform or (policy.single is not None and policy.single.name == "none"):
+        return given if given is not None else make(policy.single)
+    return policy_cls(policy, given)
 
 
 class PolicyFrontend:

@@ -24,7 +24,7 @@ from .. import spec as specmod
 from ..core.base import Encoded, warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
-from ..pertensor import PolicyFrontend, policy_of
+from ..pertensor import PolicyFrontend, resolve
 from .backend import TensorFlowBackend
 
 BACKEND = TensorFlowBackend()
@@ -288,18 +288,7 @@ def as_compression(compression, min_numel: int, start_step: int):
     """What a TF wrapper's ``compression=`` becomes: the compressor (a given object as it
     is, a spec as a new one) where one spec goes to every tensor from the first step
     (``min_numel=0``, ``start_step=0``, or ``none``), else a :class:`TFPolicy`."""
-    choice = compression
-    if compression is None or not (isinstance(compression, (str, TFCompressor, dict, list,
-                                                            tuple)) or callable(compression)):
-        choice = str(spec_of(compression))
-    elif callable(compression) and hasattr(compression, "compress"):  # Horovod's classes
-        choice = str(spec_of(compression))
-    if isinstance(choice, TFPolicy):
-        return choice
-    policy, given = policy_of(choice, TFCompressor, min_numel, start_step)
-    if policy.uniform or (policy.single is not None and policy.single.name == "none"):
-        return given if given is not None else compressor(policy.single)
-    return TFPolicy(policy, given)
+    return resolve(compression, min_numel, start_step, TFCompressor, TFPolicy, compressor)
 
 
 def _tensor_name(tensor) -> str:

@@ -67,16 +67,6 @@ def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
     return e
 
 
-def choice_text(compression):
-    """A wrapper's ``compression=`` other than a compressor object: text, a mapping or a
-    callable as given; None and Horovod's ``Compression.none/fp16`` as their spec text."""
-    from .compressors import spec_of
-    if isinstance(compression, (str, dict, list, tuple)) or \
-            (callable(compression) and not hasattr(compression, "compress")):
-        return compression
-    return str(spec_of(compression))
-
-
 def exchange_tensors(engine, grads, names, stats) -> list:
     """One exchange of a tape's or Keras optimizer's gradients: each tensor in a
     collective of its own, except a per-tensor plan's uncompressed tensors, which go
@@ -106,13 +96,8 @@ def exchange_tensors(engine, grads, names, stats) -> list:
 def plan_rows(comp, variables) -> list:
     """Per variable: name, shape, dtype, compressor (once compression runs) and payload
     bytes per step (see :meth:`hvd_compress.pertensor.PolicyFrontend.plan`)."""
-    from ..core.base import TensorMeta
-    entries = [(variable_name(v), tuple(int(d) for d in v.shape), _dtype(v)) for v in variables]
-    if hasattr(comp, "policy"):
-        return comp.plan(entries)
-    return [{"name": n, "shape": s, "dtype": d, "compression": str(comp.spec),
-             "compressed": not comp.passthrough,
-             "bytes": int(comp.core.payload_nbytes(TensorMeta(n, s, d)))} for n, s, d in entries]
+    return comp.plan([(variable_name(v), tuple(int(d) for d in v.shape), _dtype(v))
+                      for v in variables])
 
 
 def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_step,

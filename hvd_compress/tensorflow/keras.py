@@ -30,7 +30,7 @@ from ..localsteps import check_wrapper_args
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import TFPolicy, as_compression
-from .exchange import choice_text, engine, exchange_tensors, plan, plan_rows, variable_name
+from .exchange import engine, exchange_tensors, plan, plan_rows, variable_name
 from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
@@ -106,9 +106,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     with ``min_numel`` and ``start_step``, as for
     :func:`hvd_compress.tensorflow.DistributedGradientTape`; ``opt.plan(variables)``
     lists each variable's compressor and bytes."""
-    from .compressors import TFCompressor
-    comp = as_compression(compression if isinstance(compression, TFCompressor)
-                          else choice_text(compression), min_numel, start_step)
+    comp = as_compression(compression, min_numel, start_step)
     check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
                        "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,

@@ -22,10 +22,10 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..core.policy import DEFAULT_MIN_NUMEL, Policy
-from ..frontend import new_stats
+from ..frontend import choice_of, new_stats
 from ..localsteps import check_wrapper_args
 from .compressors import TFCompressor, TFPolicy, as_compression, owned_by
-from .exchange import choice_text, engine, exchange_tensors, plan, plan_rows, variable_name
+from .exchange import engine, exchange_tensors, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
 
 __all__ = ["DistributedGradientTape"]
@@ -220,7 +220,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for the first D steps).
     The step counter and DGA's ring of gradients live with the compressor.
     """
-    comp = compression if isinstance(compression, TFCompressor) else choice_text(compression)
+    comp = choice_of(compression)
     specs = comp.specs() if isinstance(comp, TFCompressor) else \
         Policy(comp, min_numel, start_step).known_specs()
     check_wrapper_args("hvd_compress.tensorflow.DistributedGradientTape",

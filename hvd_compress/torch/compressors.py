@@ -26,7 +26,7 @@ from .. import spec as specmod
 from ..core.base import warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
-from ..pertensor import PolicyFrontend, policy_of
+from ..pertensor import PolicyFrontend, resolve
 from .backend import TorchBackend
 
 __all__ = ["TorchCompressor", "TorchPolicy", "compressor", "as_compressor", "as_compression",
@@ -144,13 +144,7 @@ def as_compression(compression, min_numel: int, start_step: int):
     """What a torch wrapper's ``compression=`` becomes: the compressor itself where one spec
     goes to every tensor from the first step (``min_numel=0``, ``start_step=0``), else a
     :class:`TorchPolicy`."""
-    if isinstance(compression, TorchPolicy):
-        return compression
-    policy, given = policy_of(choice_of(compression if compression is not None else "none"),
-                              TorchCompressor, min_numel, start_step)
-    if policy.uniform or (policy.single is not None and policy.single.name == "none"):
-        return given if given is not None else compressor(policy.single)
-    return TorchPolicy(policy, given)
+    return resolve(compression, min_numel, start_step, TorchCompressor, TorchPolicy, compressor)
 
 
 def _plain(obj, to_torch: bool):
@@ -224,14 +218,6 @@ def as_compressor(compression) -> TorchCompressor:
     if isinstance(compression, str):
         return compressor(compression)
     return compressor(horovod_builtin_spec(compression))
-
-
-def choice_of(compression):
-    """``compression=`` with Horovod's ``Compression.none/fp16`` read as their specs."""
-    if compression is None or isinstance(compression, (str, TorchCompressor, dict, list, tuple)) \
-            or (callable(compression) and not hasattr(compression, "compress")):
-        return compression
-    return horovod_builtin_spec(compression)
 
 
 def pair_dgc_with_momentum(optimizer, comp, entries=()):

@@ -75,13 +75,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not local_sgd:  # (local steps keep their own momentum)
                 pair_dgc_with_momentum(self, compression, entries)
             compression.settle(entries)
-            check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
-                               "horovod.torch.DistributedOptimizer", op == hvd.Average,
-                               op == hvd.Adasum, gradient_predivide_factor,
-                               backward_passes_per_step, local_sgd, local_sgd_warmup_steps,
-                               delay, [compression.policy.spec_for(*e) for e in entries],
-                               op_sums=op in (hvd.Average, hvd.Sum),
-                               start_step=compression.policy.start_step)
+            _check_args([compression.policy.spec_for(*e) for e in entries], op,
+                        gradient_predivide_factor, backward_passes_per_step, local_sgd,
+                        local_sgd_warmup_steps, delay, compression.policy.start_step)
         self._groups = make_groups(self._requires_update, self._parameter_names, groups)
         if isinstance(compression, TorchPolicy) and groups is None:
             self._groups = self._fuse_uncompressed(self._groups)
@@ -130,15 +126,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def plan(self) -> list:
         """Per parameter, in exchange order: name, shape, dtype, the compressor it travels
         with (once compression has started) and its payload bytes per step."""
-        params = [p for g in self._groups for p in g]
-        if isinstance(self._compression, TorchPolicy):
-            return self._compression.plan(self._entries(params))
-        core = self._compression.core
-        from ..core.base import TensorMeta
-        return [{"name": n, "shape": s, "dtype": d, "compression": str(self._compression.spec),
-                 "compressed": not self._compression.passthrough,
-                 "bytes": int(core.payload_nbytes(TensorMeta(n, s, d)))}
-                for n, s, d in self._entries(params)]
+        return self._compression.plan(self._entries([p for g in self._groups for p in g]))
 
     def print_plan(self, file=None) -> str:
         """Print (and return) :meth:`plan` as a table."""
@@ -371,6 +359,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._compression
 
 
+def _check_args(specs, op, gradient_predivide_factor, backward_passes_per_step, local_sgd,
+                local_sgd_warmup_steps, delay, start_step):
+    """The wrapper's argument checks over ``specs`` (those known when it is made; a
+    per-tensor policy's chosen ones again once the parameters are named)."""
+    check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
+                       "horovod.torch.DistributedOptimizer", op == hvd.Average, op == hvd.Adasum,
+                       gradient_predivide_factor, backward_passes_per_step, local_sgd,
+                       local_sgd_warmup_steps, delay, specs,
+                       op_sums=op in (hvd.Average, hvd.Sum), start_step=start_step)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=hvd.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -416,11 +415,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         if groups is None:
             groups = num_groups
     comp = as_compression(compression, min_numel, start_step)
-    check_wrapper_args("hvd_compress.torch.DistributedOptimizer",
-                       "horovod.torch.DistributedOptimizer", op == hvd.Average, op == hvd.Adasum,
-                       gradient_predivide_factor, backward_passes_per_step, local_sgd,
-                       local_sgd_warmup_steps, delay, comp.specs(),
-                       op_sums=op in (hvd.Average, hvd.Sum), start_step=start_step)
+    _check_args(comp.specs(), op, gradient_predivide_factor, backward_passes_per_step,
+                local_sgd, local_sgd_warmup_steps, delay, start_step)
     if not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
         pair_dgc_with_momentum(optimizer, comp)  # local steps keep their own momentum
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
