@@ -34,7 +34,8 @@ from hvd_compress.core import build  # noqa: E402
 
 DEFAULT_NUMEL = 25_557_032
 DEFAULT_SPECS = ["none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad", "onebit",
-                 "threshold", "powersgd"]
+                 "threshold", "powersgd", "signsgd", "signum", "efsignsgd", "natural", "uniform",
+                 "eightbit"]
 FRAMEWORKS = ("numpy", "torch", "tensorflow")
 
 

@@ -23,7 +23,8 @@ def test_json_keys_and_ratios():
     assert doc["framework"] == "numpy" and doc["numel"] == 200003 and doc["copy_ms"] >= 0
     by_name = {r["compression"]: r for r in doc["results"]}
     assert set(by_name) == {"none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad",
-                            "onebit", "threshold", "powersgd"}
+                            "onebit", "threshold", "powersgd", "signsgd", "signum", "efsignsgd",
+                            "natural", "uniform", "eightbit"}
     for r in doc["results"]:
         assert set(r) >= {"compression", "encode_ms", "decode_ms", "payload_bytes", "ratio"}
         assert r["encode_ms"] >= 0 and r["decode_ms"] >= 0
@@ -36,6 +37,10 @@ def test_json_keys_and_ratios():
     assert by_name["randomk"]["payload_bytes"] == 4 * 2001
     assert by_name["dgc"]["payload_bytes"] == 8 * 201  # past warm-up: 0.1%
     assert by_name["qsgd"]["ratio"] >= 7.8
+    assert by_name["signsgd"]["payload_bytes"] == by_name["efsignsgd"]["payload_bytes"] == -(-n // 8) + 4
+    assert by_name["natural"]["payload_bytes"] == n + -(-n // 8)
+    assert by_name["uniform"]["payload_bytes"] == -(-4 * n // 8) + 8 * -(-n // 512)
+    assert by_name["eightbit"]["payload_bytes"] == n + 4
 
 
 def test_torch_and_tensorflow_report_the_same_payloads_as_numpy():

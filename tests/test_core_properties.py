@@ -16,12 +16,16 @@ ALL_SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
              "qsgd:levels=7",
              "qsgd:levels=16,bucket=64", "terngrad", "onebit", "threshold:tau=0.01",
              "powersgd:rank=2", "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16",
-             "dgc:ratio=0.05+terngrad", "topk:ratio=0.2+onebit", "topk:ratio=0.2+threshold:tau=0.1"]
+             "dgc:ratio=0.05+terngrad", "topk:ratio=0.2+onebit", "topk:ratio=0.2+threshold:tau=0.1",
+             "signsgd", "signum", "efsignsgd", "natural", "uniform",
+             "uniform:bits=2,bucket=16,stochastic=false", "eightbit", "topk:ratio=0.1+natural",
+             "randomk:ratio=0.1+uniform:bits=8"]
 # Compressors with error feedback (or DGC's equivalent memory with momentum 0).
 EF_SPECS = ["topk:ratio=0.1", "randomk:ratio=0.1", "onebit", "threshold:tau=0.01",
             "qsgd:levels=3,ef=true", "terngrad:ef=true", "topk:ratio=0.1+qsgd:levels=16",
             "randomk:ratio=0.2+fp16", "topk:ratio=0.2+onebit", "dgc:ratio=0.05,momentum=0",
-            "powersgd:rank=1"]
+            "powersgd:rank=1", "efsignsgd", "uniform:ef=true,stochastic=false", "eightbit:ef=true",
+            "natural:ef=true", "topk:ratio=0.2+efsignsgd"]
 
 shapes = st.one_of(
     st.just(()), st.just((1,)),

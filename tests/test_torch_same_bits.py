@@ -28,7 +28,11 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "topk:ratio=0.003", "randomk:
          "qsgd:levels=7", "qsgd:levels=16,bucket=64", "qsgd:levels=1", "terngrad", "terngrad:clip=0",
          "onebit", "threshold:tau=0.01", "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16",
          "dgc:ratio=0.05+terngrad", "topk:ratio=0.2+onebit", "topk:ratio=0.2+bf16",
-         "dgc:ratio=0.05+threshold:tau=0.1"]
+         "dgc:ratio=0.05+threshold:tau=0.1",
+         "signsgd", "signum", "signsgd:vote=false", "efsignsgd", "natural", "uniform",
+         "uniform:bits=3,bucket=64,stochastic=false", "uniform:bits=8,ef=true", "eightbit",
+         "eightbit:ef=true", "topk:ratio=0.1+natural", "topk:ratio=0.2+efsignsgd",
+         "randomk:ratio=0.1+uniform:bits=2", "dgc:ratio=0.05+eightbit"]
 SHAPES = [(1,), (7,), (40, 30), (6, 3, 3, 3), (70001,)]
 
 
@@ -48,7 +52,7 @@ def _noise_len(comp, meta):
 def test_same_payload_bytes_and_decode_as_numpy(spec, shape, device, path):
     ref, tor = build(spec, NUMPY), build(spec, BACKENDS[path])
     rng = np.random.default_rng(zlib.crc32(repr((spec, shape)).encode()))
-    needs_noise = ref.spec.parts[-1].name in ("qsgd", "terngrad")
+    needs_noise = ref.draws_noise
     for step in range(3):  # several steps: residuals, DGC memory, step-keyed indices
         x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
         meta = ref.meta_for(x, "w")

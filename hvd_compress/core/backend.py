@@ -234,6 +234,11 @@ class NumpyBackend:
         """``table[idx]`` for small integer ``idx`` (uint8 codes or int64): rows of a table."""
         return table[idx]
 
+    def bucketize(self, x, edges):
+        """For each element of ``x``, how many of the sorted ``edges`` are ``<= x`` (int64):
+        the index of its interval ``edges[i-1] <= x < edges[i]``."""
+        return np.searchsorted(edges, x, side="right").astype(np.int64)
+
     def nonzero(self, mask):
         """Positions of the True entries (int64, increasing); host backends only."""
         return np.flatnonzero(mask).astype(np.int64)

@@ -135,6 +135,12 @@ class Compressor:
     def rounds(self, meta: TensorMeta) -> int:
         return 1
 
+    @property
+    def draws_noise(self) -> bool:
+        """Whether encoding draws uniform noise (stochastic rounding), which
+        ``encode(noise=)`` may supply instead."""
+        return getattr(self, "noise", None) is not None
+
     def meta_for(self, x, name: str = "") -> TensorMeta:
         B = self.B
         dtype = B.dtype_name(x)

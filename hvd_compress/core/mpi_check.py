@@ -35,7 +35,9 @@ DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01"
                  "randomk:ratio=0.05,unbiased=true", "dgc:ratio=0.001", "qsgd:levels=7",
                  "qsgd:levels=16,bucket=128", "terngrad", "onebit", "threshold:tau=0.001",
                  "powersgd:rank=2", "topk:ratio=0.05+qsgd:levels=16", "randomk:ratio=0.05+fp16",
-                 "dgc:ratio=0.01+onebit")
+                 "dgc:ratio=0.01+onebit", "signsgd", "signum", "signsgd:vote=false", "efsignsgd",
+                 "natural", "uniform", "uniform:bits=8,stochastic=false", "eightbit",
+                 "topk:ratio=0.05+natural")
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (100, 57), "fc.bias": (57,), "odd": (1001,)}
 
 
@@ -129,8 +131,8 @@ def check(specs=DEFAULT_SPECS, steps: int = 3, seed: int = 0, scale: float = 1e-
                     err = float(np.max(np.abs(total.astype(np.float64) - ref)))
                     max_err = max(max_err, err)
                     if not err <= tol:
-                        failures.append(f"{name} step {step}: aggregate differs from the sum of "
-                                        f"decoded payloads by {err:.3g} (tolerance {tol:.3g})")
+                        failures.append(f"{name} step {step}: aggregate differs from the reference "
+                                        f"(decoded payloads summed) by {err:.3g} (tolerance {tol:.3g})")
                     if total.shape != x.shape or total.dtype != x.dtype:
                         failures.append(f"{name}: aggregate has shape {total.shape} {total.dtype}")
                     digests = comm.allgather(total.tobytes())
@@ -162,14 +164,16 @@ def _bytes(payload) -> int:
 
 
 def _reference(comp, payloads, enc) -> np.ndarray:
-    """Sum over ranks of each payload decoded on its own (float64)."""
+    """Sum over ranks of each payload decoded on its own (float64); for a majority vote
+    (signSGD, Signum), the number of ranks times the sign of that sum."""
     meta = enc.meta
     if comp.spec.name == "powersgd" and enc.ctx.p_hat is not None:
         p_hat = enc.ctx.p_hat.astype(np.float64)
         return sum(p_hat @ q.astype(np.float64).T for q in payloads).reshape(meta.shape)
     if comp.spec.name == "powersgd":
         return sum(p.astype(np.float64) for p in payloads).reshape(meta.shape)
-    return sum(comp.decode(p, meta, enc.ctx).astype(np.float64) for p in payloads)
+    total = sum(comp.decode(p, meta, enc.ctx).astype(np.float64) for p in payloads)
+    return np.sign(total) * len(payloads) if getattr(comp, "vote", False) else total
 
 
 def main(argv=None) -> int:

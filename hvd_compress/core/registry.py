@@ -19,9 +19,14 @@ from typing import Any, Callable
 from .backend import NUMPY
 from .base import Compressor
 from .dgc import DGC
+from .levels import EightBitCodec, NaturalCodec, UniformCodec
 from .powersgd import PowerSGD
-from .quantizers import Cast16, Identity, QuantizerCompressor
+from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
+from .signs import EFSignCodec, SignCodec, SignCompressor
 from .sparsifiers import RandomK, TopK
+
+CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, NaturalCodec, UniformCodec,
+                                   EightBitCodec)})
 
 __all__ = ["Param", "Algorithm", "register", "get", "algorithms", "defaults", "build"]
 
@@ -161,6 +166,7 @@ def _randomk_ef(params: dict) -> None:
 
 
 _SEED = Param(int, 0, _at_least(0), "seed of the compressor's own random streams")
+_VOTE = Param(bool, True, None, "majority vote sign(sum of signs) (false: the mean of signs)")
 _RATIO = Param(float, 0.01, _in_open_closed(0, 1), "fraction k/n of elements kept")
 
 for _alg in (
@@ -224,6 +230,38 @@ for _alg in (
         "tau": Param(float, 0.01, _positive(), "threshold; values sent as +tau, -tau or 0"),
         "ef": Param(bool, True, None, "residual kept (Strom 2015)"),
     }, doc="2-bit threshold quantization with residual (Strom 2015)."),
+    Algorithm("signsgd", "SignSGD", SignCompressor, args={"codec_name": "signsgd", "name": "signsgd"},
+              params={"vote": _VOTE},
+              doc="signSGD with majority vote (Bernstein et al. 2018, 2019): 1 bit per element."),
+    Algorithm("signum", "Signum", SignCompressor, args={"codec_name": "signsgd", "name": "signum"},
+              params={
+        "momentum": Param(float, 0.9, _in_closed_open(0, 1), "momentum beta kept in the compressor"),
+        "vote": _VOTE,
+    }, doc="Signum (Bernstein et al. 2018): the sign of a momentum, majority vote; pair with "
+           "SGD without momentum."),
+    Algorithm("efsignsgd", "EFSignSGD", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "efsignsgd"}, params={
+        "ef": Param(bool, True, None, "error feedback (the method's point: nothing lost)"),
+    }, doc="EF-signSGD (Karimireddy et al. 2019): ||v||_1/n * sign(v) with error feedback."),
+    Algorithm("natural", "Natural", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "natural"}, params={
+        "ef": Param(bool, False, None, "error feedback (natural compression is unbiased: off)"),
+        "seed": _SEED,
+    }, doc="Natural compression (Horvath et al. 2019): unbiased rounding to a power of two, "
+           "9 bits."),
+    Algorithm("uniform", "Uniform", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "uniform"}, params={
+        "bits": Param(int, 4, ((lambda v: 1 <= v <= 8), "in [1, 8]"), "bits per element"),
+        "bucket": Param(int, 512, _at_least(1), "elements per bucket sharing one min and scale"),
+        "stochastic": Param(bool, True, None,
+                            "stochastic rounding (unbiased); false: the nearest level"),
+        "ef": Param(bool, False, None, "error feedback"),
+        "seed": _SEED,
+    }, doc="Uniform max-min quantization in buckets (CGX; Bagua ByteGrad)."),
+    Algorithm("eightbit", "EightBit", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "eightbit"}, params={
+        "ef": Param(bool, False, None, "error feedback"),
+    }, doc="8-bit approximation, the dynamic tree type (Dettmers 2016)."),
     Algorithm("powersgd", "PowerSGD", PowerSGD, params={
         "rank": Param(int, 2, _at_least(1), "rank r of the approximation"),
         "ef": Param(bool, True, None, "error feedback"),

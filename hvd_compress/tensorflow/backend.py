@@ -222,6 +222,9 @@ class TensorFlowBackend:
     def gather(self, x, idx):
         return tf.gather(x, idx)
 
+    def bucketize(self, x, edges):
+        return tf.searchsorted(edges, x, side="right", out_type=tf.int64)
+
     def lookup(self, table, idx):
         return tf.gather(table, tf.cast(idx, tf.int32))
 
@@ -314,6 +317,8 @@ class TensorFlowBackend:
         if x.dtype == target:
             return x
         size_in, size_out = x.dtype.size, target.size
+        if size_in == size_out:  # e.g. float32 -> int32: element for element
+            return tf.bitcast(x, target)
         if size_in > size_out:  # e.g. float32 -> uint8: [n, 4] -> [4n]
             return tf.reshape(tf.bitcast(x, target), [-1])
         return tf.bitcast(tf.reshape(x, [-1, size_out // size_in]), target)

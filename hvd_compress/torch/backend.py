@@ -216,6 +216,9 @@ class TorchBackend:
             flat = flat.int()  # uint8 codes index rows (a uint8 index would be a mask)
         return table.index_select(0, flat).reshape(*idx.shape, *table.shape[1:])
 
+    def bucketize(self, x, edges):
+        return torch.searchsorted(edges, x, right=True)
+
     def nonzero(self, mask):
         return torch.nonzero(mask).reshape(-1)
 

@@ -12,7 +12,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:ratio=0.05",
          "qsgd:levels=7", "terngrad", "onebit", "threshold:tau=0.001", "powersgd:rank=2",
-         "topk:ratio=0.1+qsgd:levels=16"]
+         "topk:ratio=0.1+qsgd:levels=16", "signsgd", "signum", "efsignsgd", "natural", "uniform",
+         "eightbit"]
 
 
 class _Model:
@@ -72,7 +73,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
             return local, dtape.gradient(loss2, model.trainable_variables)
 
         fn = tf.function(step_fn) if traced else step_fn
-        stochastic = comp.core.spec.parts[-1].name in ("qsgd", "terngrad")
+        stochastic = comp.core.draws_noise
         worst = None if stochastic and traced else 0.0
         sent = {}  # name -> this rank's payload (stochastic compressors, eagerly)
         if stochastic and not traced:

@@ -17,7 +17,8 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
          "randomk:ratio=0.2,unbiased=true", "dgc:ratio=0.05,momentum=0.9", "qsgd:levels=7",
          "terngrad", "onebit", "threshold:tau=0.001", "powersgd:rank=2",
          "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16", "randomk:ratio=0.1+bf16",
-         "dgc:ratio=0.05+onebit"]
+         "dgc:ratio=0.05+onebit", "signsgd", "signum", "efsignsgd", "natural", "uniform",
+         "eightbit"]
 
 
 class Net(torch.nn.Module):

@@ -1,0 +1,114 @@
+"""Sign compressors: signSGD, Signum (majority vote) and EF-signSGD.
+
+Payload (``n`` values): ``scale float32[1]``, then ``signs 1-bit x n`` (bit 1: the
+value is >= 0, so 0 counts as positive, as GRACE and the papers' code do).
+A value decodes to ``+scale`` or ``-scale``.
+
+- **signSGD** (Bernstein et al., ICML 2018, "signSGD: Compressed Optimisation
+  for Non-Convex Problems"; majority vote: Bernstein et al., ICLR 2019): each
+  rank sends ``sign(g)``; the ranks' signs are combined by majority vote,
+  ``sign(sum_r sign(g_r))``.  ``vote=false`` averages the signs instead.  The
+  scale is 1 (the float field only carries NaN for a non-finite step).
+- **Signum** (same paper): the sign of a momentum kept in the compressor,
+  ``m <- beta*m + (1-beta)*g`` (``momentum=beta``, 0.9 in the paper; ``m``
+  starts at 0 and is checkpointed), combined by majority vote.
+- **EF-signSGD** (Karimireddy et al., ICML 2019, "Error Feedback Fixes SignSGD"):
+  ``p = g + e``, send ``(||p||_1 / n) * sign(p)``, keep ``e = p - sent``: the
+  scaled sign with error feedback (nothing lost).  The ranks' values are averaged.
+
+The vote is the mean of the ranks' updates in the engine's terms: the aggregate
+(a sum over ranks) is ``p * sign(sum of signs)``, so the average the optimizer
+applies is the vote itself.  A tie (as many + as -, common with two workers) votes
+0, not + as GRACE's ``>= 0`` would: with two ranks that disagree half the time, a
+tie counted as + would push every such coordinate the same way each step.
+"""
+
+from __future__ import annotations
+
+from .base import Encoded, nan_flag, zero_nonfinite
+from .bitpack import Segment, pack_codes, unpack_values
+from .quantizers import Codec, QuantizerCompressor, _flagged
+
+
+class SignCodec(Codec):
+    """``scale`` and one sign bit per value; ``scaled``: the scale is ``||v||_1 / n``
+    (EF-signSGD) rather than 1 (signSGD, Signum)."""
+
+    name = "signsgd"
+    scaled = False
+
+    def layout(self, n, cols=1):
+        return [Segment("scale", "float32", 1), Segment("signs", "uint8", -(-n // 8))]
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        n = B.shape(v)[0]
+        if self.scaled:  # the L1 norm summed in float64: every framework gets the same bits
+            scale = B.cast(B.div(B.sum64(B.abs(v)), float(n)), "float32")
+        else:
+            scale = B.scalar(1.0, like=v)
+        return {"scale": B.reshape(_flagged(scale, flag), (1,)), "signs": pack_codes(B, v >= 0, 1)}
+
+    def decode_values(self, B, fields, n, cols=1):
+        scale = B.reshape(fields["scale"], (1,))
+        return unpack_values(B, fields["signs"], 1, n, B.concat([-scale, scale]))
+
+
+class EFSignCodec(SignCodec):
+    name = "efsignsgd"
+    scaled = True
+
+
+class SignCompressor(QuantizerCompressor):
+    """signSGD and Signum: one sign bit per value, majority vote (``vote``) or the mean
+    of signs; ``momentum`` > 0 sends the sign of the compressor's momentum (Signum)."""
+
+    def __init__(self, codec_name="signsgd", params=None, backend=None, rank=0, world_size=1,
+                 name="signsgd", **kw):
+        super().__init__(codec_name, params, backend, rank, world_size, **kw)
+        self.name = name
+        self.beta = float(self.params.get("momentum", 0.0))
+        self.vote = bool(self.params.get("vote", True))
+
+    def _init_state(self, meta, like):
+        return {"momentum": self.B.zeros((meta.numel,), "float32", like=like)} if self.beta else {}
+
+    def _momentum(self, g, st):
+        """``beta * m + (1 - beta) * g`` (a new tensor)."""
+        return st["momentum"] * self.beta + g * (1.0 - self.beta)
+
+    def _encode_fused(self, g, meta, st, noise):
+        # a fast path knows error feedback, not the momentum
+        return None if self.beta else super()._encode_fused(g, meta, st, noise)
+
+    def _encode_host(self, g, meta, st, noise) -> Encoded:
+        B = self.B
+        if not self.beta:
+            return super()._encode_host(g, meta, st, noise)
+        m = self._momentum(g, st)
+        if not bool(B.all_finite(m)):  # NaN/Inf in g (or an overflow): state untouched
+            return self._encode(B.where(B.isfinite(m), m, 0.0), meta, st, noise,
+                                B.scalar(float("nan"), like=g))
+        st["momentum"] = m
+        return self._encode(m, meta, st, noise, None)
+
+    def _encode_device(self, g, meta, st, noise) -> Encoded:
+        B = self.B
+        if not self.beta:
+            return super()._encode_device(g, meta, st, noise)
+        m = self._momentum(g, st)
+        finite = B.all_finite(m)
+        old = st["momentum"]
+        st["momentum"] = B.cond(finite, lambda: m, lambda: old)
+        return self._encode(zero_nonfinite(B, m, finite), meta, st, noise, nan_flag(B, finite, g))
+
+    def aggregate(self, received, enc: Encoded, out=None):
+        if not self.vote:
+            return super().aggregate(received, enc, out)
+        B, meta = self.B, enc.meta
+        total = None
+        for p in received:
+            d = self._decode(p, meta, enc.ctx)
+            total = d if total is None else total + d
+        # the vote; ``total * 0`` keeps a NaN step NaN (a sign of NaN may be 0)
+        vote = B.sign(total) + total * 0.0
+        return self._finish(vote * float(len(received)), meta, out)
