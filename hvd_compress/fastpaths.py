@@ -132,6 +132,79 @@ def _qsgd(k, B, codec, v, noise, ef):
     return fields
 
 
-_BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
+def _sign(k, B, codec, v, noise, ef):
+    n = B.shape(v)[0]
+    vh = B.host_view(v)
+    # the chain's float64 L1 sum divided by n, rounded to float32 (1 for signSGD)
+    scale = np.float32(k.abs_sum(vh) / n) if codec.scaled else np.float32(1.0)
+    out = _codes(n, 1)
+    k.onebit_pack(vh, scale, -scale, out, ef)  # with ef: v -= +-scale
+    return {"scale": B.asarray([scale], "float32", like=v), "signs": B.from_host(out)}
 
-set_host_fast_paths(host_encoder)
+
+def _natural(k, B, codec, v, noise, ef):
+    n = B.shape(v)[0]
+    exps, signs = np.empty(n, np.uint8), _codes(n, 1)
+    k.natural_codes(B.host_view(v), B.host_view(noise), codec.powers, exps, signs, ef)
+    return {"exps": B.from_host(exps), "signs": B.from_host(signs)}
+
+
+def _uniform(k, B, codec, v, noise, ef):
+    n, bits, d = B.shape(v)[0], codec.bits, codec.d
+    vh = B.host_view(v)
+    lo, hi = (B.from_host(t) for t in k.bucket_minmax(vh, d))
+    scale, inv = codec.scales(B, lo, hi)
+    pack = bits if 8 % bits == 0 else 8  # other widths: one code a byte, packed after
+    out = _codes(n, pack)
+    u = B.host_view(noise) if codec.needs_noise else np.empty(0, np.float32)
+    k.uniform_codes(vh, B.host_view(inv), B.host_view(lo * inv), u, np.float32(codec.levels), d,
+                    codec.needs_noise, pack, out, B.host_view(lo), B.host_view(scale), ef)
+    codes = B.from_host(out)
+    return {"mins": lo, "scales": scale, "codes": codes if pack == bits else pack_codes(B, codes, bits)}
+
+
+def _eightbit(k, B, codec, v, noise, ef):
+    s = B.absmax(v)
+    out = np.empty(B.shape(v)[0], np.uint8)
+    k.eightbit_codes(B.host_view(v), np.float32(B.to_numpy(codec.inverse(B, s))), codec.edges,
+                     codec.levels, np.float32(B.to_numpy(s)), out, ef)
+    return {"scale": B.reshape(B.cast(s, "float32"), (1,)), "codes": B.from_host(out)}
+
+
+_BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd,
+           "signsgd": _sign, "efsignsgd": _sign, "natural": _natural, "uniform": _uniform,
+           "eightbit": _eightbit}
+
+
+def host_decoder(B, codec, cols: int):
+    """A host backend's fused decoder for ``codec`` -- ``(fields, n) -> float32[n]``, the
+    chain's bits -- or None: turned off, numba missing, or a codec without one."""
+    body = _DECODERS.get(codec.name)
+    if body is None or not requested() or (codec.name == "uniform" and 8 % codec.bits):
+        return None
+    k = _kernels()
+    if not k:
+        return None
+
+    def decode(fields, n):
+        out = np.empty(n, np.float32)
+        body(k, B, codec, {key: B.host_view(a) for key, a in fields.items()}, out)
+        return B.from_host(out)
+    return decode
+
+
+def _natural_decode(k, B, codec, f, out):
+    k.natural_decode(f["exps"], f["signs"], codec.powers, out)
+
+
+def _uniform_decode(k, B, codec, f, out):
+    k.uniform_decode(f["codes"], codec.bits, codec.d, f["mins"], f["scales"], out)
+
+
+def _eightbit_decode(k, B, codec, f, out):
+    k.eightbit_decode(f["codes"], codec.levels, np.float32(f["scale"][0]), out)
+
+
+_DECODERS = {"natural": _natural_decode, "uniform": _uniform_decode, "eightbit": _eightbit_decode}
+
+set_host_fast_paths(host_encoder, host_decoder)

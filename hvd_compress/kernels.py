@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
     AVAILABLE = False
 
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
-           "terngrad_pack", "qsgd_codes"]
+           "terngrad_pack", "qsgd_codes", "abs_sum", "natural_codes", "natural_decode",
+           "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "eightbit_decode"]
 
 
 def enabled() -> bool:
@@ -144,5 +145,138 @@ if AVAILABLE:
                     code = s - lv if x < 0 else s + lv
                     b |= code << (4 * j)
             out[q] = b
+
+    @_jit
+    def abs_sum(v):
+        """Sum of |v| accumulated in float64 (EF-signSGD's scale)."""
+        s = 0.0
+        for i in prange(v.shape[0]):
+            s += abs(np.float64(v[i]))
+        return s
+
+    @_jit
+    def natural_codes(v, noise, table, exps, signs, subtract):
+        """Natural compression: ``exps[i]`` the float32 exponent field of ``v[i]`` rounded
+        up where ``noise[i] < mantissa / 2^23`` (at most 254), the sign bits (1: negative)
+        packed 8 a byte; with ``subtract``, ``v -= +-table[exp]``."""
+        n = v.shape[0]
+        bits = v.view(np.int32)
+        unit = np.float32(2.0 ** -23)
+        for q in prange(signs.shape[0]):
+            b = 0
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    w = bits[i]
+                    e = (w >> 23) & 0xFF
+                    if noise[i] < np.float32(w & 0x7FFFFF) * unit:
+                        e += 1
+                    e = min(e, 254)
+                    exps[i] = e
+                    if w < 0:
+                        b |= 1 << j
+                        if subtract:
+                            v[i] = v[i] - table[e] * np.float32(-1.0)
+                    elif subtract:
+                        v[i] = v[i] - table[e] * np.float32(1.0)
+            signs[q] = b
+
+    @_jit
+    def natural_decode(exps, signs, table, out):
+        """``out[i] = +-table[exps[i]]``, the sign from bit i of ``signs`` (1: negative)."""
+        n = out.shape[0]
+        for q in prange(signs.shape[0]):
+            b = signs[q]
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    m = table[exps[i]]
+                    out[i] = m * np.float32(-1.0) if (b >> j) & 1 else m * np.float32(1.0)
+
+    @_jit
+    def bucket_minmax(v, d):
+        """(min, max) of each bucket of ``d`` values (float32; ``v`` finite)."""
+        n = v.shape[0]
+        nb = (n + d - 1) // d
+        lo = np.empty(nb, np.float32)
+        hi = np.empty(nb, np.float32)
+        for b in prange(nb):
+            a = b * d
+            mn = v[a]
+            mx = v[a]
+            for i in range(a + 1, min(n, a + d)):
+                x = v[i]
+                if x < mn:
+                    mn = x
+                if x > mx:
+                    mx = x
+            lo[b] = mn
+            hi[b] = mx
+        return lo, hi
+
+    @_jit
+    def uniform_codes(v, inv, loinv, noise, levels, d, stochastic, bits, out, lo, scale, subtract):
+        """Max-min codes ``min(floor(clip(v*inv - lo*inv, 0, L) + u), L)`` (``u`` the noise,
+        or 0.5), packed ``8/bits`` a byte (``bits`` 1, 2, 4 or 8); with ``subtract``,
+        ``v -= code * scale + lo`` per bucket."""
+        n = v.shape[0]
+        per = 8 // bits
+        half = np.float32(0.5)
+        zero = np.float32(0.0)
+        for q in prange(out.shape[0]):
+            byte = 0
+            for j in range(per):
+                i = q * per + j
+                if i < n:
+                    k = i // d
+                    x = v[i] * inv[k] - loinv[k]
+                    x = min(max(x, zero), levels)
+                    y = np.floor(x + noise[i]) if stochastic else np.floor(x + half)
+                    c = np.int32(min(y, levels))
+                    byte |= c << (bits * j)
+                    if subtract:
+                        v[i] = v[i] - (np.float32(c) * scale[k] + lo[k])
+            out[q] = byte
+
+    @_jit
+    def uniform_decode(codes, bits, d, lo, scale, out):
+        """``out[i] = code_i * scale + lo`` per bucket of ``d``; codes packed ``8/bits`` a
+        byte (``bits`` 1, 2, 4 or 8)."""
+        n = out.shape[0]
+        per = 8 // bits
+        mask = (1 << bits) - 1
+        for q in prange(codes.shape[0]):
+            byte = np.int32(codes[q])
+            for j in range(per):
+                i = q * per + j
+                if i < n:
+                    k = i // d
+                    out[i] = np.float32((byte >> (bits * j)) & mask) * scale[k] + lo[k]
+
+    @_jit
+    def eightbit_codes(v, inv, edges, table, scale, out, subtract):
+        """``out[i]``: how many of the sorted ``edges`` are <= ``v[i] * inv`` (the nearest
+        level); with ``subtract``, ``v -= table[code] * scale``."""
+        m = edges.shape[0]
+        for i in prange(v.shape[0]):
+            r = v[i] * inv
+            a = 0
+            z = m
+            while a < z:
+                mid = (a + z) >> 1
+                if edges[mid] <= r:
+                    a = mid + 1
+                else:
+                    z = mid
+            out[i] = a
+            if subtract:
+                v[i] = v[i] - table[a] * scale
+
+    @_jit
+    def eightbit_decode(codes, table, scale, out):
+        for i in prange(out.shape[0]):
+            out[i] = table[codes[i]] * scale
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
+    abs_sum = natural_codes = natural_decode = bucket_minmax = uniform_codes = None
+    uniform_decode = eightbit_codes = eightbit_decode = None

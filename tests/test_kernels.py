@@ -14,7 +14,10 @@ from hvd_compress.torch import TorchBackend
 pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
 SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:ef=false",
          "terngrad", "terngrad:clip=0", "terngrad:ef=true", "qsgd:levels=7",
-         "qsgd:levels=16,bucket=64", "qsgd:levels=7,ef=true", "qsgd:levels=1,bucket=3"]
+         "qsgd:levels=16,bucket=64", "qsgd:levels=7,ef=true", "qsgd:levels=1,bucket=3",
+         "signsgd", "efsignsgd", "efsignsgd:ef=false", "natural", "natural:ef=true", "uniform",
+         "uniform:bits=8,stochastic=false,ef=true", "uniform:bits=3,bucket=7",
+         "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true"]
 SHAPES = [(1,), (5,), (9,), (1001,), (300, 7), (70001,)]
 
 
@@ -27,6 +30,8 @@ def _run(spec, backend, xs, noises, fused, monkeypatch):
             x, noise = torch.from_numpy(x), torch.from_numpy(noise)
         enc = comp.encode(x, "w", noise=noise if comp.codec.needs_noise else None)
         payloads.append(np.asarray(backend.to_numpy(enc.payload)).tobytes())
+        decoded = comp.aggregate([enc.payload], enc)  # the fused decoders too
+        payloads.append(np.asarray(backend.to_numpy(decoded)).tobytes())
     state = {k: np.asarray(backend.to_numpy(v)) for k, v in comp.states["w"].items()
              if not isinstance(v, (int, float, dict))}
     return payloads, state
@@ -63,17 +68,24 @@ def test_the_fused_path_is_taken(monkeypatch):
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
 def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
-    for name in ("threshold", "onebit", "terngrad", "qsgd"):
+    for name in ("threshold", "onebit", "terngrad", "qsgd", "signsgd", "efsignsgd", "natural",
+                 "uniform", "eightbit"):
         assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
+    for name in ("natural", "uniform", "eightbit"):
+        assert backend.fused_decoder(make_codec(name, {}), 1) is not None, name
+    assert backend.fused_decoder(make_codec("uniform", {"bits": 3}), 1) is None  # the chain
+    assert backend.fused_decoder(make_codec("qsgd", {}), 1) is None
     assert backend.fused_encoder(make_codec("onebit", {}), 5) is None  # by columns: the chain
     assert backend.fused_encoder(make_codec("fp16", {}), 1) is None
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
     assert backend.fused_encoder(make_codec("qsgd", {}), 1) is None
+    assert backend.fused_decoder(make_codec("natural", {}), 1) is None
 
 
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
 @pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
-                                  "qsgd:levels=16", "onebit:ef=false"])
+                                  "qsgd:levels=16", "onebit:ef=false", "efsignsgd", "natural:ef=true",
+                                  "uniform:ef=true", "eightbit:ef=true", "signsgd"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
     """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths"]
+__all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths", "host_fast_decoders"]
 
 _NP_DTYPES = {
     "float16": np.float16, "float32": np.float32, "float64": np.float64,
@@ -218,6 +218,16 @@ class NumpyBackend:
         its compiled kernels when ``hvd_compress`` is imported; the core never imports
         it), or None."""
         provider = _HOST_FAST_PATHS
+        return None if provider is None else provider(self, codec, cols)
+
+    def fused_decoder(self, codec, cols: int, like=None):
+        """A quantizer codec's whole decoding as one fast path, or None: then the codec's
+        chain (``decode_values``) runs.  The callable takes ``(fields, n)`` -- the
+        payload's fields as :func:`~hvd_compress.core.bitpack.split_segments` gives them
+        -- and returns the ``n`` decoded float32 values, the chain's bits.  The core
+        asks in one place (``QuantizerCompressor._decode``); here the host decoder
+        provider of :func:`set_host_fast_paths`, or None."""
+        provider = _HOST_FAST_DECODERS
         return None if provider is None else provider(self, codec, cols)
 
     def fused_unpack(self, data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
@@ -419,19 +429,27 @@ NUMPY = NumpyBackend()
 # encoder or None`` (see NumpyBackend.fused_encoder), or None.  Filled from outside the
 # core, which holds only the reference chains.
 _HOST_FAST_PATHS = None
+_HOST_FAST_DECODERS = None  # the same for decoders (see NumpyBackend.fused_decoder)
 
 
-def set_host_fast_paths(provider):
-    """Install ``provider`` as the host backends' source of fused encoders (None: none);
-    returns the previous one."""
-    global _HOST_FAST_PATHS
-    previous, _HOST_FAST_PATHS = _HOST_FAST_PATHS, provider
+def set_host_fast_paths(provider, decoders=None):
+    """Install ``provider`` as the host backends' source of fused encoders and
+    ``decoders`` as their source of fused decoders (None: none); returns the previous
+    pair."""
+    global _HOST_FAST_PATHS, _HOST_FAST_DECODERS
+    previous = (_HOST_FAST_PATHS, _HOST_FAST_DECODERS)
+    _HOST_FAST_PATHS, _HOST_FAST_DECODERS = provider, decoders
     return previous
 
 
 def host_fast_paths():
     """The installed host provider, or None (the torch backend serves CPU tensors from it)."""
     return _HOST_FAST_PATHS
+
+
+def host_fast_decoders():
+    """The installed host decoder provider, or None."""
+    return _HOST_FAST_DECODERS
 
 
 def selection_sample(n: int, k: int):

@@ -71,6 +71,8 @@ class NaturalCodec(Codec):
 
     name = "natural"
     needs_noise = True
+    #: the value of each exponent code (0: zero, 255: NaN)
+    powers = np.asarray([0.0] + [2.0 ** (e - 127) for e in range(1, 255)] + [np.nan], np.float32)
 
     def layout(self, n, cols=1):
         return [Segment("exps", "uint8", n), Segment("signs", "uint8", -(-n // 8))]
@@ -84,12 +86,9 @@ class NaturalCodec(Codec):
         return {"exps": exps, "signs": pack_codes(B, bits < 0, 1)}
 
     def decode_values(self, B, fields, n, cols=1):
-        table = B.asarray(_POWERS, "float32", like=fields["signs"])
+        table = B.asarray(self.powers, "float32", like=fields["signs"])
         mags = B.lookup(table, fields["exps"])
         return mags * unpack_values(B, fields["signs"], 1, n, [1.0, -1.0])
-
-
-_POWERS = [0.0] + [float(2.0 ** (e - 127)) for e in range(1, 255)] + [float("nan")]
 
 
 class UniformCodec(Codec):
@@ -119,16 +118,22 @@ class UniformCodec(Codec):
 
     def encode_values(self, B, v, flag, noise, cols=1):
         d, L = self.d, float(self.levels)
-        hi = _bucket_max(B, v, d)
         lo = -_bucket_max(B, -v, d)
-        rng = B.cast(hi, "float64") - B.cast(lo, "float64")
-        scale = B.cast(B.div(rng, L), "float32")
-        inv = B.cast(B.where(rng > 0, B.div(L, B.where(rng > 0, rng, 1.0)), 0.0), "float32")
+        scale, inv = self.scales(B, lo, _bucket_max(B, v, d))
         x = B.clip(_by_bucket(B, v, d, lambda blk, a, b: blk * a - b, inv, lo * inv), 0.0, L)
         x = B.floor(x + noise) if self.needs_noise else B.floor(x + 0.5)
         code = B.cast(B.minimum(x, L), "uint8")
         return {"mins": _flagged(lo, flag), "scales": _flagged(scale, flag),
                 "codes": pack_codes(B, code, self.bits)}
+
+    def scales(self, B, lo, hi):
+        """``(scale, inv)`` per bucket from its min and max: ``(hi - lo) / L`` and ``L / (hi
+        - lo)`` (0 for a constant bucket), from the range in float64, as float32."""
+        L = float(self.levels)
+        rng = B.cast(hi, "float64") - B.cast(lo, "float64")
+        scale = B.cast(B.div(rng, L), "float32")
+        inv = B.cast(B.where(rng > 0, B.div(L, B.where(rng > 0, rng, 1.0)), 0.0), "float32")
+        return scale, inv
 
     def decode_values(self, B, fields, n, cols=1):
         steps = unpack_values(B, fields["codes"], self.bits, n,
@@ -154,6 +159,7 @@ def dynamic_tree_levels() -> np.ndarray:
 
 
 _TREE = dynamic_tree_levels()
+#: the rounding boundaries: midpoints of neighbouring levels (float32)
 _TREE_EDGES = ((_TREE[:-1].astype(np.float64) + _TREE[1:]) / 2.0).astype(np.float32)
 
 
@@ -167,17 +173,24 @@ class EightBitCodec(Codec):
     """
 
     name = "eightbit"
+    levels = _TREE
+    edges = _TREE_EDGES
 
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", n)]
 
+    @staticmethod
+    def inverse(B, s):
+        """``1 / s`` for the scale ``s`` (0 when ``s`` is 0)."""
+        return B.where(s > 0, B.div(1.0, B.where(s > 0, s, 1.0)), 0.0)
+
     def encode_values(self, B, v, flag, noise, cols=1):
         s = B.absmax(v)
-        inv = B.where(s > 0, B.div(1.0, B.where(s > 0, s, 1.0)), 0.0)
-        edges = B.asarray(_TREE_EDGES, "float32", like=v)
+        inv = self.inverse(B, s)
+        edges = B.asarray(self.edges, "float32", like=v)
         code = B.cast(B.bucketize(v * inv, edges), "uint8")
         return {"scale": B.reshape(_flagged(B.cast(s, "float32"), flag), (1,)), "codes": code}
 
     def decode_values(self, B, fields, n, cols=1):
-        table = B.asarray(_TREE, "float32", like=fields["scale"])
+        table = B.asarray(self.levels, "float32", like=fields["scale"])
         return B.lookup(table, fields["codes"]) * fields["scale"]

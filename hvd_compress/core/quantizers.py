@@ -369,6 +369,9 @@ class QuantizerCompressor(Compressor):
     def _decode(self, payload, meta, ctx=None):
         n, cols = meta.numel, self._cols(meta)
         fields = split_segments(self.B, self.codec.layout(n, cols), payload)
+        fused = self.B.fused_decoder(self.codec, cols, like=payload)
+        if fused is not None:  # the backend's fast path: the chain's bits
+            return fused(fields, n)
         return self.codec.decode_values(self.B, fields, n, cols)
 
 

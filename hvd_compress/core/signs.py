@@ -106,9 +106,11 @@ class SignCompressor(QuantizerCompressor):
             return super().aggregate(received, enc, out)
         B, meta = self.B, enc.meta
         total = None
+        factor = float(len(received))
         for p in received:
             d = self._decode(p, meta, enc.ctx)
-            total = d if total is None else total + d
-        # the vote; ``total * 0`` keeps a NaN step NaN (a sign of NaN may be 0)
-        vote = B.sign(total) + total * 0.0
-        return self._finish(vote * float(len(received)), meta, out)
+            total = d if total is None else B.iadd(total, d)  # decoded arrays are fresh
+            # a rank's NaN scale (a non-finite step) makes the factor NaN: the sign of a
+            # NaN sum need not be NaN, and this costs no pass over the tensor
+            factor = factor + B.bitcast(p[:4], "float32")[0] * 0.0
+        return self._finish(B.imul(B.sign(total), factor), meta, out)

@@ -215,6 +215,10 @@ class TensorFlowBackend:
         visible, else None (the chain of TF ops); its ``finite`` is a 0-d tensor."""
         return fused_ops.encoder(codec, cols) if _host_only() else None
 
+    def fused_decoder(self, codec, cols, like=None):
+        """None: TensorFlow decodes with the chain (its unpacking is a compiled op)."""
+        return None
+
     def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):
         return fused_ops.unpack(data, bits, n, values, factors, d, cols) if _host_only() else None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..core.backend import host_fast_paths, selection_sample
+from ..core.backend import host_fast_decoders, host_fast_paths, selection_sample
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -190,6 +190,13 @@ class TorchBackend:
         if like is not None and not self.is_host(like):
             return None
         provider = host_fast_paths()
+        return None if provider is None else provider(self, codec, cols)
+
+    def fused_decoder(self, codec, cols, like=None):
+        """For CPU tensors, the host decoders (numba); None on devices."""
+        if like is not None and not self.is_host(like):
+            return None
+        provider = host_fast_decoders()
         return None if provider is None else provider(self, codec, cols)
 
     def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):
