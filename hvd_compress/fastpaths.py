@@ -171,9 +171,23 @@ def _eightbit(k, B, codec, v, noise, ef):
     return {"scale": B.reshape(B.cast(s, "float32"), (1,)), "codes": B.from_host(out)}
 
 
+_CHUNKS = 64  # SketchML's sums: fixed stretches, so the bits do not depend on the threads
+
+
+def _sketchml(k, B, codec, v, noise, ef):
+    vh = B.host_view(v)
+    codes = np.empty(B.shape(v)[0], codec.code_dtype)
+    edges = B.host_view(codec.edges(B, v))  # the chain's edges: a sorted sample
+    sums, counts = k.bucket_codes(vh, edges, codes, codec.q, _CHUNKS)
+    means = codec.means(B, B.from_host(sums), B.from_host(counts))
+    if ef:
+        k.lookup_subtract(vh, codes, B.host_view(means))
+    return {"means": means, "codes": B.from_host(codes)}
+
+
 _BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd,
            "signsgd": _sign, "efsignsgd": _sign, "natural": _natural, "uniform": _uniform,
-           "eightbit": _eightbit}
+           "eightbit": _eightbit, "sketchml": _sketchml}
 
 
 def host_decoder(B, codec, cols: int):
@@ -202,9 +216,14 @@ def _uniform_decode(k, B, codec, f, out):
 
 
 def _eightbit_decode(k, B, codec, f, out):
-    k.eightbit_decode(f["codes"], codec.levels, np.float32(f["scale"][0]), out)
+    k.lookup_scaled(f["codes"], codec.levels, np.float32(f["scale"][0]), out)
 
 
-_DECODERS = {"natural": _natural_decode, "uniform": _uniform_decode, "eightbit": _eightbit_decode}
+def _sketchml_decode(k, B, codec, f, out):
+    k.lookup_scaled(f["codes"], f["means"], np.float32(1.0), out)
+
+
+_DECODERS = {"natural": _natural_decode, "uniform": _uniform_decode, "eightbit": _eightbit_decode,
+             "sketchml": _sketchml_decode}
 
 set_host_fast_paths(host_encoder, host_decoder)

@@ -35,7 +35,8 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
 
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
            "terngrad_pack", "qsgd_codes", "abs_sum", "natural_codes", "natural_decode",
-           "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "eightbit_decode"]
+           "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
+           "bucket_codes", "lookup_subtract"]
 
 
 def enabled() -> bool:
@@ -273,10 +274,50 @@ if AVAILABLE:
                 v[i] = v[i] - table[a] * scale
 
     @_jit
-    def eightbit_decode(codes, table, scale, out):
+    def lookup_scaled(codes, table, scale, out):
+        """``out[i] = table[codes[i]] * scale`` (8-bit's decode; SketchML's with scale 1)."""
         for i in prange(out.shape[0]):
             out[i] = table[codes[i]] * scale
+
+    @_jit
+    def bucket_codes(v, edges, codes, q, chunks):
+        """SketchML: ``codes[i]`` how many of the sorted ``edges`` are <= ``v[i]``, and per
+        bucket the float64 sum and count of its values, returned as ``(sums, counts)``.
+        The sums are taken over ``chunks`` fixed stretches of ``v`` and then added in
+        order, so they do not depend on the number of threads."""
+        n = v.shape[0]
+        m = edges.shape[0]
+        size = (n + chunks - 1) // chunks
+        part_sums = np.zeros((chunks, q))
+        part_counts = np.zeros((chunks, q))
+        for c in prange(chunks):
+            for i in range(c * size, min(n, (c + 1) * size)):
+                x = v[i]
+                a = 0
+                z = m
+                while a < z:
+                    mid = (a + z) >> 1
+                    if edges[mid] <= x:
+                        a = mid + 1
+                    else:
+                        z = mid
+                codes[i] = a
+                part_sums[c, a] += np.float64(x)
+                part_counts[c, a] += 1.0
+        sums = np.zeros(q)
+        counts = np.zeros(q)
+        for c in range(chunks):
+            for b in range(q):
+                sums[b] += part_sums[c, b]
+                counts[b] += part_counts[c, b]
+        return sums, counts
+
+    @_jit
+    def lookup_subtract(v, codes, table):
+        """``v -= table[codes]`` in place (error feedback of a table codec)."""
+        for i in prange(v.shape[0]):
+            v[i] = v[i] - table[codes[i]]
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
     abs_sum = natural_codes = natural_decode = bucket_minmax = uniform_codes = None
-    uniform_decode = eightbit_codes = eightbit_decode = None
+    uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None

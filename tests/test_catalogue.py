@@ -13,7 +13,7 @@ from hvd_compress.core import Exchange, Loopback, build, new_stats, registry
 from hvd_compress.core.levels import dynamic_tree_levels
 from tests.test_core_properties import single_rank
 
-NEW = ["signsgd", "signum", "efsignsgd", "natural", "uniform", "eightbit"]
+NEW = ["signsgd", "signum", "efsignsgd", "natural", "uniform", "eightbit", "sketchml"]
 
 
 def _f32(v):
@@ -150,6 +150,25 @@ def test_eightbit_rounds_to_the_nearest_level_of_the_scaled_value():
     assert np.all(rel < 0.02)
 
 
+def test_sketchml_cuts_quantile_buckets_and_sends_their_means():
+    comp = build("sketchml:buckets=4")
+    x = np.array([8, 1, 7, 2, 6, 3, 5, 4], np.float32)
+    out, enc = single_rank(comp, x)
+    # sorted 1..8, edges at ranks 2, 4, 6: 3, 5, 7; a value's bucket: edges <= it
+    np.testing.assert_array_equal(comp.codec.edges(comp.B, x), [3, 5, 7])
+    assert enc.payload.tobytes() == (b"".join(_f32(m) for m in (1.5, 3.5, 5.5, 7.5))
+                                     + bytes([3, 0, 3, 0, 2, 1, 2, 1]))
+    np.testing.assert_array_equal(out, [7.5, 1.5, 7.5, 1.5, 5.5, 3.5, 5.5, 3.5])
+    # 300 buckets: 16-bit codes; a sample of 4 for the quantiles of 1000 values
+    big = build("sketchml:buckets=300,sample=4")
+    y = np.arange(1000, dtype=np.float32)
+    np.testing.assert_array_equal(big.codec.edges(big.B, y)[:3], [0, 0, 0])  # ranks 0
+    assert big.codec.edges(big.B, y)[-1] == 750.0  # sample 0, 250, 500, 750; rank 3
+    assert single_rank(big, y)[1].nbytes == 4 * 300 + 2 * 1000
+    # a constant tensor: one bucket, decoded exactly
+    np.testing.assert_array_equal(single_rank(comp, np.full(10, 0.25, np.float32))[0], 0.25)
+
+
 # -- statistical properties --------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", ["natural", "uniform:bits=2,bucket=16", "uniform:bits=4",
@@ -214,7 +233,8 @@ def test_specs_validate_their_parameters():
     assert specmod.parse("signum").parts[0].params["momentum"] == 0.9
     assert specmod.parse("efsignsgd").parts[0].params["ef"] is True
     for bad in ["uniform:bits=9", "uniform:bits=0", "uniform:bucket=0", "signum:momentum=1",
-                "signsgd:ef=true", "topk+signsgd", "natural:levels=3"]:
+                "signsgd:ef=true", "topk+signsgd", "natural:levels=3", "sketchml:buckets=1",
+                "sketchml:buckets=70000", "sketchml:sample=1"]:
         with pytest.raises(ValueError):
             specmod.parse(bad)
     assert specmod.parse("topk:ratio=0.1+uniform:bits=2").composed

@@ -17,7 +17,8 @@ SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:
          "qsgd:levels=16,bucket=64", "qsgd:levels=7,ef=true", "qsgd:levels=1,bucket=3",
          "signsgd", "efsignsgd", "efsignsgd:ef=false", "natural", "natural:ef=true", "uniform",
          "uniform:bits=8,stochastic=false,ef=true", "uniform:bits=3,bucket=7",
-         "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true"]
+         "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true",
+         "sketchml", "sketchml:buckets=7,ef=true", "sketchml:buckets=300,sample=50"]
 SHAPES = [(1,), (5,), (9,), (1001,), (300, 7), (70001,)]
 
 
@@ -69,9 +70,9 @@ def test_the_fused_path_is_taken(monkeypatch):
 def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
     for name in ("threshold", "onebit", "terngrad", "qsgd", "signsgd", "efsignsgd", "natural",
-                 "uniform", "eightbit"):
+                 "uniform", "eightbit", "sketchml"):
         assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
-    for name in ("natural", "uniform", "eightbit"):
+    for name in ("natural", "uniform", "eightbit", "sketchml"):
         assert backend.fused_decoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_decoder(make_codec("uniform", {"bits": 3}), 1) is None  # the chain
     assert backend.fused_decoder(make_codec("qsgd", {}), 1) is None
@@ -85,7 +86,7 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
 @pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
                                   "qsgd:levels=16", "onebit:ef=false", "efsignsgd", "natural:ef=true",
-                                  "uniform:ef=true", "eightbit:ef=true", "signsgd"])
+                                  "uniform:ef=true", "eightbit:ef=true", "signsgd", "sketchml:ef=true"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
     """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same

@@ -321,6 +321,8 @@ class NumpyBackend:
 
     def scatter_add(self, n: int, idx, values, dtype: str = "float32"):
         """Dense length-``n`` vector with ``values`` added at ``idx`` (duplicates add)."""
+        if dtype == "float64":  # bincount adds in index order in float64, as add.at would
+            return np.bincount(idx, weights=np.asarray(values, np.float64), minlength=n)
         out = np.zeros(n, dtype=_NP_DTYPES[dtype])
         np.add.at(out, idx, values)
         return out

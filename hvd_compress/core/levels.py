@@ -9,6 +9,7 @@ codec      fields
 natural    exps uint8[n] (float32 exponent field), signs 1-bit x n (1: negative)
 uniform    mins float32[ceil(n/d)], scales float32[ceil(n/d)], codes b-bit x n
 eightbit   scale float32[1] (max |v|), codes uint8[n] (index into the 256 levels)
+sketchml   means float32[q], codes uint8[n] (q <= 256) or uint16[n] (bucket index)
 =========  ==================================================================
 """
 
@@ -194,3 +195,56 @@ class EightBitCodec(Codec):
     def decode_values(self, B, fields, n, cols=1):
         table = B.asarray(self.levels, "float32", like=fields["scale"])
         return B.lookup(table, fields["codes"]) * fields["scale"]
+
+
+class SketchMLCodec(Codec):
+    """SketchML's quantile buckets (Jiang et al., SIGMOD 2018, "SketchML: Accelerating
+    Distributed Machine Learning with Data Sketches"): the values' ``q`` quantiles cut
+    them into ``q`` buckets of about equal count; each value is sent as its bucket's
+    index (8 bits for ``q`` <= 256, else 16) and each bucket as the mean of its values.
+
+    The paper keeps a quantile sketch; here the quantiles are taken exactly from a
+    strided sample of at most ``sample`` values (every value when the tensor is no
+    larger): sorted, its values at ranks ``j*m/q``, ``j = 1 .. q-1``, are the bucket
+    edges, and a value goes to the bucket of how many edges are ``<=`` it.  No
+    arithmetic touches the edges, so every framework cuts the same buckets; the
+    means are float64 sums over float64 counts, as float32.  An empty bucket's mean
+    is 0.  The paper's MinMaxSketch of the keys (sparse gradients) has no part in a
+    dense tensor.  Deterministic and biased (a bucket's mean); ``ef=true`` keeps the
+    error.
+    """
+
+    name = "sketchml"
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.q = int(params["buckets"])
+        self.sample = int(params["sample"])
+        self.code_dtype = "uint8" if self.q <= 256 else "uint16"
+
+    def layout(self, n, cols=1):
+        return [Segment("means", "float32", self.q), Segment("codes", self.code_dtype, n)]
+
+    def edges(self, B, v):
+        """The ``q - 1`` inner bucket edges of ``v`` (float32, sorted)."""
+        n = B.shape(v)[0]
+        m = min(n, self.sample)
+        sample = v if m == n else B.gather(v, B.asarray(
+            [i * n // m for i in range(m)], "int64", like=v))
+        ranks = [j * m // self.q for j in range(1, self.q)]
+        return B.gather(B.sort(sample), B.asarray(ranks, "int64", like=v))
+
+    def encode_values(self, B, v, flag, noise, cols=1):
+        code = B.bucketize(v, self.edges(B, v))
+        sums = B.scatter_add(self.q, code, B.cast(v, "float64"), "float64")
+        counts = B.scatter_add(self.q, code, B.full(B.shape(v), 1.0, "float64", like=v), "float64")
+        means = self.means(B, sums, counts)
+        return {"means": _flagged(means, flag), "codes": B.cast(code, self.code_dtype)}
+
+    @staticmethod
+    def means(B, sums, counts):
+        """Each bucket's mean (float32; 0 when empty) from its float64 sum and count."""
+        return B.cast(B.where(counts > 0, B.div(sums, B.maximum(counts, 1.0)), 0.0), "float32")
+
+    def decode_values(self, B, fields, n, cols=1):
+        return B.lookup(fields["means"], fields["codes"])

@@ -37,7 +37,7 @@ DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01"
                  "powersgd:rank=2", "topk:ratio=0.05+qsgd:levels=16", "randomk:ratio=0.05+fp16",
                  "dgc:ratio=0.01+onebit", "signsgd", "signum", "signsgd:vote=false", "efsignsgd",
                  "natural", "uniform", "uniform:bits=8,stochastic=false", "eightbit",
-                 "topk:ratio=0.05+natural")
+                 "topk:ratio=0.05+natural", "sketchml", "sketchml:buckets=16")
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (100, 57), "fc.bias": (57,), "odd": (1001,)}
 
 

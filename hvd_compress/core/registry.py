@@ -19,14 +19,14 @@ from typing import Any, Callable
 from .backend import NUMPY
 from .base import Compressor
 from .dgc import DGC
-from .levels import EightBitCodec, NaturalCodec, UniformCodec
+from .levels import EightBitCodec, NaturalCodec, SketchMLCodec, UniformCodec
 from .powersgd import PowerSGD
 from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
 from .signs import EFSignCodec, SignCodec, SignCompressor
 from .sparsifiers import RandomK, TopK
 
 CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, NaturalCodec, UniformCodec,
-                                   EightBitCodec)})
+                                   EightBitCodec, SketchMLCodec)})
 
 __all__ = ["Param", "Algorithm", "register", "get", "algorithms", "defaults", "build"]
 
@@ -262,6 +262,14 @@ for _alg in (
               args={"codec_name": "eightbit"}, params={
         "ef": Param(bool, False, None, "error feedback"),
     }, doc="8-bit approximation, the dynamic tree type (Dettmers 2016)."),
+    Algorithm("sketchml", "SketchML", QuantizerCompressor, role="quantizer",
+              args={"codec_name": "sketchml"}, params={
+        "buckets": Param(int, 256, ((lambda v: 2 <= v <= 65536), "in [2, 65536]"),
+                         "quantile buckets q (codes of 8 bits up to 256, else 16)"),
+        "sample": Param(int, 65536, _at_least(2), "values sampled for the quantiles"),
+        "ef": Param(bool, False, None, "error feedback"),
+    }, doc="SketchML (Jiang et al. 2018): quantile buckets, a bucket index per value and "
+           "a mean per bucket."),
     Algorithm("powersgd", "PowerSGD", PowerSGD, params={
         "rank": Param(int, 2, _at_least(1), "rank r of the approximation"),
         "ef": Param(bool, True, None, "error feedback"),
