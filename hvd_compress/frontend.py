@@ -108,6 +108,11 @@ class CompressorFrontend:
     def summable(self) -> bool:
         return self.core.summable
 
+    @property
+    def variable_size(self) -> bool:
+        """Payload sizes depend on the values (threshold-v, adaptive quantization)."""
+        return self.core.variable_size
+
     def describe(self) -> str:
         """The compression as checkpoints and plan checks record it."""
         return str(self.spec)

@@ -35,7 +35,7 @@ from hvd_compress.core import build  # noqa: E402
 DEFAULT_NUMEL = 25_557_032
 DEFAULT_SPECS = ["none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad", "onebit",
                  "threshold", "powersgd", "signsgd", "signum", "efsignsgd", "natural", "uniform",
-                 "eightbit", "sketchml"]
+                 "eightbit", "sketchml", "thresholdv", "adaq"]
 FRAMEWORKS = ("numpy", "torch", "tensorflow")
 
 
@@ -93,7 +93,8 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
     dec_ms, out = _timed(lambda: comp.aggregate(received, enc), B, repeats)
     if tuple(B.shape(out)) != tuple(shape):
         raise AssertionError(f"{spec}: decoded shape {B.shape(out)} != {shape}")
-    nbytes = comp.payload_nbytes(enc.meta)  # every round's bytes (PowerSGD: P and Q)
+    # every round's bytes (PowerSGD: P and Q); where sizes depend on the values, this step's
+    nbytes = enc.nbytes if comp.variable_size else comp.payload_nbytes(enc.meta)
     numel = int(np.prod(shape))
     out = {"compression": spec, "encode_ms": round(enc_ms, 3), "decode_ms": round(dec_ms, 3),
            "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3), "shape": list(shape)}

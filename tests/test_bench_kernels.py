@@ -24,7 +24,7 @@ def test_json_keys_and_ratios():
     by_name = {r["compression"]: r for r in doc["results"]}
     assert set(by_name) == {"none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad",
                             "onebit", "threshold", "powersgd", "signsgd", "signum", "efsignsgd",
-                            "natural", "uniform", "eightbit", "sketchml"}
+                            "natural", "uniform", "eightbit", "sketchml", "thresholdv", "adaq"}
     for r in doc["results"]:
         assert set(r) >= {"compression", "encode_ms", "decode_ms", "payload_bytes", "ratio"}
         assert r["encode_ms"] >= 0 and r["decode_ms"] >= 0
@@ -42,6 +42,9 @@ def test_json_keys_and_ratios():
     assert by_name["uniform"]["payload_bytes"] == -(-4 * n // 8) + 8 * -(-n // 512)
     assert by_name["eightbit"]["payload_bytes"] == n + 4
     assert by_name["sketchml"]["payload_bytes"] == n + 4 * 256
+    # 1% of each sign: ceil(0.01 n+) + ceil(0.01 n-) indices, n+ + n- = n
+    assert 16 + 4 * 2001 <= by_name["adaq"]["payload_bytes"] <= 16 + 4 * 2002
+    assert by_name["thresholdv"]["payload_bytes"] % 8 == 4  # the flag, then 8 bytes a value
 
 
 def test_torch_and_tensorflow_report_the_same_payloads_as_numpy():

@@ -13,7 +13,8 @@ from hvd_compress.core import Exchange, Loopback, build, new_stats, registry
 from hvd_compress.core.levels import dynamic_tree_levels
 from tests.test_core_properties import single_rank
 
-NEW = ["signsgd", "signum", "efsignsgd", "natural", "uniform", "eightbit", "sketchml"]
+NEW = ["signsgd", "signum", "efsignsgd", "natural", "uniform", "eightbit", "sketchml", "thresholdv",
+       "adaq"]
 
 
 def _f32(v):
@@ -169,6 +170,49 @@ def test_sketchml_cuts_quantile_buckets_and_sends_their_means():
     np.testing.assert_array_equal(single_rank(comp, np.full(10, 0.25, np.float32))[0], 0.25)
 
 
+def _i32(*vals):
+    return b"".join(struct.pack("<i", v) for v in vals)
+
+
+def test_thresholdv_sends_what_exceeds_tau_with_its_index():
+    comp = build("thresholdv:tau=0.5")
+    x = np.array([0.4, -0.6, 0.5, 2.0], np.float32)
+    out, enc = single_rank(comp, x, "w")
+    assert enc.payload.tobytes() == _f32(1.0) + _f32(-0.6) + _f32(2.0) + _i32(1, 3)
+    assert enc.nbytes == 4 + 8 * 2
+    np.testing.assert_array_equal(out, np.array([0, -0.6, 0, 2.0], np.float32))
+    np.testing.assert_array_equal(comp.states["w"]["residual"], np.array([0.4, 0, 0.5, 0], np.float32))
+    # nothing above tau: the flag alone; the residual grows until it passes
+    out, enc = single_rank(comp, np.array([0.05, 0, 0.05, 0], np.float32), "w")
+    np.testing.assert_allclose(out, [0, 0, 0.55, 0])  # 0.5 + 0.05 > 0.5: sent
+    assert enc.nbytes == 4 + 8 * 1
+    assert comp.payload_nbytes(comp.meta_for(x)) == 4 + 8 * 4  # the most it can take
+
+
+def test_adaq_sends_the_largest_of_each_sign_as_one_mean():
+    comp = build("adaq:ratio=0.5")
+    x = np.array([3, -1, 2, -4, 1, 0], np.float32)
+    out, enc = single_rank(comp, x, "w")
+    # k+ = ceil(0.5 * 3) = 2: 3 and 2, mean 2.5; k- = ceil(0.5 * 2) = 1: -4
+    assert enc.payload.tobytes() == _f32(1.0) + _f32(2.5) + _f32(-4.0) + _i32(2) + _i32(0, 2, 3)
+    assert enc.nbytes == 16 + 4 * 3
+    np.testing.assert_array_equal(out, [2.5, 0, 2.5, -4, 0, 0])
+    np.testing.assert_array_equal(comp.states["w"]["residual"], [0.5, -1, -0.5, 0, 1, 0])
+    zeros, enc = single_rank(build("adaq"), np.zeros(5, np.float32))
+    assert enc.nbytes == 16 and not zeros.any()
+
+
+def test_variable_sizes_differ_by_rank_and_aggregate_in_rank_order():
+    """Three ranks with different numbers of values above tau: the rows differ in length
+    and the sum is every rank's decoded payload."""
+    xs = [np.array([1, 0, 0, 0], np.float32), np.array([1, 1, 1, 0], np.float32),
+          np.zeros(4, np.float32)]
+    comps = [build("thresholdv:tau=0.5", rank=r, world_size=3) for r in range(3)]
+    encs = [c.encode(x, "w") for c, x in zip(comps, xs)]
+    assert [e.nbytes for e in encs] == [12, 28, 4]
+    np.testing.assert_array_equal(comps[0].aggregate([e.payload for e in encs], encs[0]), [2, 1, 1, 0])
+
+
 # -- statistical properties --------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", ["natural", "uniform:bits=2,bucket=16", "uniform:bits=4",
@@ -202,7 +246,8 @@ def test_natural_variance_within_the_papers_bound():
     assert var <= 1.05 * float(np.sum(x.astype(np.float64) ** 2)) / 8
 
 
-@pytest.mark.parametrize("spec", ["efsignsgd", "eightbit:ef=true", "uniform:bits=1,ef=true,stochastic=false"])
+@pytest.mark.parametrize("spec", ["efsignsgd", "eightbit:ef=true", "uniform:bits=1,ef=true,stochastic=false",
+                                  "thresholdv:tau=0.5", "adaq:ratio=0.1"])
 def test_multi_rank_error_feedback_loses_nothing(spec):
     """Over steps and three ranks: the averaged results plus the ranks' mean residual
     equal the mean of everything the ranks put in."""
@@ -234,7 +279,8 @@ def test_specs_validate_their_parameters():
     assert specmod.parse("efsignsgd").parts[0].params["ef"] is True
     for bad in ["uniform:bits=9", "uniform:bits=0", "uniform:bucket=0", "signum:momentum=1",
                 "signsgd:ef=true", "topk+signsgd", "natural:levels=3", "sketchml:buckets=1",
-                "sketchml:buckets=70000", "sketchml:sample=1"]:
+                "sketchml:buckets=70000", "sketchml:sample=1", "thresholdv:tau=0", "adaq:ratio=0",
+                "topk+thresholdv", "topk+adaq"]:
         with pytest.raises(ValueError):
             specmod.parse(bad)
     assert specmod.parse("topk:ratio=0.1+uniform:bits=2").composed

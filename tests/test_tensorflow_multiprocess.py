@@ -20,7 +20,7 @@ def test_tape_matches_the_numpy_reference(controller, traced):
     for res in results:
         assert set(res["report"]) == set(SPECS)
         for spec, err in res["report"].items():
-            if traced and build(spec).draws_noise:
+            if traced and (build(spec).draws_noise or build(spec).variable_size):
                 assert err is None
                 continue
             limit = {"powersgd:rank=2": 1e-4, "bf16": 2 ** -7}.get(spec, 1e-6)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from hvd_compress.core import build
 from tests.harness import run_horovod
 from tests.workers.torch_opt import SPECS
 
@@ -17,9 +18,10 @@ def test_every_compressor_matches_the_numpy_reference(controller):
         for spec, r in res["report"].items():
             assert r["rel_err"] < (1e-3 if "powersgd" in spec else 2 ** -7), spec
             assert r["bytes_sent"] > 0
-    # ranks send the same number of bytes per step
-    assert results[0]["report"] == results[1]["report"] or all(
-        results[0]["report"][s]["bytes_sent"] == results[1]["report"][s]["bytes_sent"] for s in SPECS)
+    # ranks send the same number of bytes per step (but where sizes depend on the values)
+    fixed = [s for s in SPECS if not build(s).variable_size]
+    assert all(results[0]["report"][s]["bytes_sent"] == results[1]["report"][s]["bytes_sent"]
+               for s in fixed)
     rep = results[0]["report"]
     assert rep["topk:ratio=0.1"]["bytes_sent"] < rep["none"]["bytes_sent"] / 4
     assert rep["powersgd:rank=2"]["collectives"] > rep["topk:ratio=0.1"]["collectives"]

@@ -34,7 +34,8 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "topk:ratio=0.003", "randomk:
          "eightbit:ef=true", "topk:ratio=0.1+natural", "topk:ratio=0.2+efsignsgd",
          "randomk:ratio=0.1+uniform:bits=2", "dgc:ratio=0.05+eightbit", "sketchml",
          "sketchml:buckets=16,ef=true", "sketchml:buckets=300,sample=100",
-         "topk:ratio=0.1+sketchml:buckets=8"]
+         "topk:ratio=0.1+sketchml:buckets=8", "thresholdv:tau=0.01", "thresholdv:tau=0.1",
+         "adaq", "adaq:ratio=0.3"]
 SHAPES = [(1,), (7,), (40, 30), (6, 3, 3, 3), (70001,)]
 
 

@@ -250,7 +250,8 @@ class NumpyBackend:
         return np.searchsorted(edges, x, side="right").astype(np.int64)
 
     def nonzero(self, mask):
-        """Positions of the True entries (int64, increasing); host backends only."""
+        """Positions of the True entries (int64, increasing): a size known only once the
+        values are (threshold-v; host sparsifiers' candidates)."""
         return np.flatnonzero(mask).astype(np.int64)
 
     def sort(self, x):

@@ -117,6 +117,9 @@ class Compressor:
     passthrough = False
     #: whether this compressor keeps an error-feedback residual (set from ``ef``)
     ef = False
+    #: whether payload sizes depend on the values (rows of different lengths per rank;
+    #: ``payload_nbytes`` is then the most a tensor can take)
+    variable_size = False
 
     def __init__(self, params: dict | None = None, backend=NUMPY, rank: int = 0,
                  world_size: int = 1):

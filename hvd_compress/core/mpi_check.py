@@ -37,7 +37,8 @@ DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01"
                  "powersgd:rank=2", "topk:ratio=0.05+qsgd:levels=16", "randomk:ratio=0.05+fp16",
                  "dgc:ratio=0.01+onebit", "signsgd", "signum", "signsgd:vote=false", "efsignsgd",
                  "natural", "uniform", "uniform:bits=8,stochastic=false", "eightbit",
-                 "topk:ratio=0.05+natural", "sketchml", "sketchml:buckets=16")
+                 "topk:ratio=0.05+natural", "sketchml", "sketchml:buckets=16", "thresholdv",
+                 "thresholdv:tau=0.02,ef=false", "adaq", "adaq:ratio=0.2")
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (100, 57), "fc.bias": (57,), "odd": (1001,)}
 
 
@@ -123,7 +124,8 @@ def check(specs=DEFAULT_SPECS, steps: int = 3, seed: int = 0, scale: float = 1e-
                                         f"nbytes says {enc.nbytes}")
                     # Every rank's final-round payload, for the reference sum.
                     everyone = coll.allgather(enc.payload.view(np.uint8).ravel())
-                    theirs = [p.view(enc.payload.dtype).reshape(enc.payload.shape) for p in everyone]
+                    theirs = [p.view(enc.payload.dtype) if comp.variable_size else
+                              p.view(enc.payload.dtype).reshape(enc.payload.shape) for p in everyone]
                     ref = _reference(comp, theirs, enc)
                     tol = 1e-5 * max(1.0, float(np.max(np.abs(ref))))
                     if comp.summable and enc.payload.dtype.itemsize == 2:

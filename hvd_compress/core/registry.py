@@ -24,6 +24,7 @@ from .powersgd import PowerSGD
 from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
 from .signs import EFSignCodec, SignCodec, SignCompressor
 from .sparsifiers import RandomK, TopK
+from .variable import AdaptiveQuantization, ThresholdV
 
 CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, NaturalCodec, UniformCodec,
                                    EightBitCodec, SketchMLCodec)})
@@ -270,6 +271,15 @@ for _alg in (
         "ef": Param(bool, False, None, "error feedback"),
     }, doc="SketchML (Jiang et al. 2018): quantile buckets, a bucket index per value and "
            "a mean per bucket."),
+    Algorithm("thresholdv", "ThresholdV", ThresholdV, params={
+        "tau": Param(float, 0.01, _positive(), "values with |v| > tau are sent, with their indices"),
+        "ef": Param(bool, True, None, "error feedback (the rest stays in the residual)"),
+    }, doc="Threshold-v: every value above tau with its index (variable size; Strom 2015, GRACE)."),
+    Algorithm("adaq", "AdaptiveQuantization", AdaptiveQuantization, params={
+        "ratio": _RATIO,
+        "ef": Param(bool, True, None, "error feedback (the rest and the error stay behind)"),
+    }, doc="Adaptive quantization (Dryden et al. 2016): the largest of each sign as indices "
+           "plus one mean per sign (variable size)."),
     Algorithm("powersgd", "PowerSGD", PowerSGD, params={
         "rank": Param(int, 2, _at_least(1), "rank r of the approximation"),
         "ef": Param(bool, True, None, "error feedback"),

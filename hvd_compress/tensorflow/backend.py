@@ -226,6 +226,9 @@ class TensorFlowBackend:
     def gather(self, x, idx):
         return tf.gather(x, idx)
 
+    def nonzero(self, mask):
+        return tf.reshape(tf.where(mask), [-1])
+
     def bucketize(self, x, edges):
         return tf.searchsorted(edges, x, side="right", out_type=tf.int64)
 

@@ -50,10 +50,26 @@ class TFExchange(Exchange):
     """The engine, run as plain Python inside ``tf.function`` (AutoGraph leaves it be:
     its loops are over Python lists, its branches on Python values)."""
 
-    send = _plain(Exchange.send)
+    send = _plain(lambda self, tensors, names, *args, **kwargs: (
+        _eager_sizes(self, tensors, names), Exchange.send(self, tensors, names, *args, **kwargs))[1])
     receive = _plain(Exchange.receive)
     run = _plain(Exchange.run)
     run_each = _plain(Exchange.run_each)
+
+
+def _eager_sizes(engine, tensors, names) -> None:
+    """Payloads of data-dependent size (threshold-v, adaptive quantization) need their
+    lengths in Python: such compressors run eagerly, not inside ``tf.function``."""
+    if tf.executing_eagerly():
+        return
+    pick = getattr(engine.comp, "pick", None)
+    for x, n in zip(tensors, names):
+        comp = engine.comp if pick is None else pick(n, tuple(x.shape), tf.as_dtype(x.dtype).name)
+        if getattr(comp, "variable_size", False):
+            raise NotImplementedError(
+                f"{comp.spec}: its payload size depends on the values, which a traced "
+                "TensorFlow step cannot size; run the step eagerly (Keras: "
+                "model.compile(..., run_eagerly=True); a tape: outside tf.function)")
 
 
 def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,

@@ -1,0 +1,180 @@
+"""Compressors whose payload size depends on the values: threshold-v and adaptive
+quantization.
+
+Their payloads differ from rank to rank and from step to step.  The engine
+therefore gathers them as rows of different lengths: first each rank's row
+length (one 8-byte allgather), then the rows (Horovod's allgather takes rows of
+different lengths), each row headed by its tensors' payload lengths
+(:meth:`~hvd_compress.core.exchange.Exchange._start`).  ``Encoded.nbytes`` is the
+payload's exact size; the engine's account adds the header and the length.
+
+Payloads (``n`` elements; indices int32, int64 when ``n >= 2**31``; increasing)::
+
+    thresholdv   flag float32[1], values float32[k], indices[k]
+    adaq         flag float32[1], means float32[2] (mu+, mu-), count int32[1] (k+),
+                 indices[k+] (the positive ones), indices[k-] (the negative ones)
+
+``flag`` is 1, or NaN for a non-finite step (the aggregate is then NaN
+throughout, as for every quantized and sparsified format).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Compressor, Encoded
+from .sparsifiers import Selection, index_dtype, topk_indices
+
+_ISIZE = {"int32": 4, "int64": 8}
+
+
+class VariableSparsifier(Compressor):
+    """Sends some indices and what their values become; the rest stays in the residual."""
+
+    variable_size = True
+
+    def _pick(self, v, meta):
+        """``(indices int64 increasing, sent float32 values, header fields)``."""
+        raise NotImplementedError
+
+    def _header(self, B, flag, like, fields) -> list:
+        one = B.scalar(1.0, like=like) if flag is None else flag
+        return [B.bitcast(B.reshape(B.cast(one, "float32"), (1,)), "uint8")] + fields
+
+    def _encode(self, v, meta, st, noise, flag) -> Encoded:
+        B = self.B
+        idx, sent, parts = self._pick(v, meta)
+        itype = index_dtype(meta.numel)
+        body = parts + [B.bitcast(B.cast(i, itype), "uint8") for i in idx]
+        payload = B.concat(self._header(B, flag, v, body))
+        k = sum(B.shape(i)[0] for i in idx)
+        indices = idx[0] if len(idx) == 1 else B.concat(idx)
+        ctx = Selection(k, indices, None, sent=sent)
+        return Encoded(payload, meta, B.shape(payload)[0], ctx=ctx)
+
+    def payload_nbytes(self, meta, ctx=None) -> int:
+        """The most this tensor can take (every element sent); a step's own size is its
+        ``Encoded.nbytes``."""
+        return self._fixed_bytes() + (_ISIZE[index_dtype(meta.numel)] + self._per_value()) * meta.numel
+
+    def _subtract_sent(self, v, enc) -> None:
+        self.B.index_add(v, enc.ctx.indices, -enc.ctx.sent)
+
+    def _residual_device(self, clean, enc):
+        return self.B.index_add(clean, enc.ctx.indices, -enc.ctx.sent)
+
+    def _decode(self, payload, meta, ctx=None):
+        B = self.B
+        total = B.zeros((meta.numel,), "float32", like=payload)
+        total, poison = self._add(total, payload, meta, B.scalar(0.0, like=total))
+        return _poisoned(B, total, poison)
+
+    def aggregate(self, received, enc, out=None):
+        B = self.B
+        flat = self._flat_out(out, enc.meta)
+        total = B.izero(flat) if flat is not None else \
+            B.zeros((enc.meta.numel,), "float32", like=enc.ctx.indices)
+        poison = B.scalar(0.0, like=total)
+        for p in received:  # rank by rank: one order everywhere
+            total, poison = self._add(total, p, enc.meta, poison)
+        total = _poisoned(B, total, poison)
+        return out if flat is not None and total is flat else self._finish(total, enc.meta, out)
+
+    def _add(self, total, payload, meta, poison):
+        """``total`` plus this payload's values (in place), and ``poison`` plus its flag
+        times 0 (NaN for a non-finite step)."""
+        raise NotImplementedError
+
+
+def _poisoned(B, total, poison):
+    """``total``, made NaN throughout when ``poison`` (a 0-d sum of flags times 0) is NaN;
+    in host memory no pass when it is not."""
+    return B.cond(B.isfinite(poison), lambda: total, lambda: total + poison)
+
+
+def _indices(B, payload, start: int, k: int, itype: str):
+    size = _ISIZE[itype]
+    return B.cast(B.bitcast(payload[start:start + size * k], itype), "int64"), start + size * k
+
+
+class ThresholdV(VariableSparsifier):
+    """Threshold-v (the variable-size threshold sparsifier of Strom 2015 and GRACE's
+    ``threshold``): every value with ``|v| > tau`` is sent with its index, the rest
+    stays in the residual (error feedback, on by default).  How many are sent depends
+    on the values: none, or all of them."""
+
+    name = "thresholdv"
+
+    def _fixed_bytes(self):
+        return 4
+
+    def _per_value(self):
+        return 4
+
+    def _pick(self, v, meta):
+        B = self.B
+        idx = B.nonzero(B.abs(v) > float(self.params["tau"]))
+        vals = B.gather(v, idx)
+        return [idx], vals, [B.bitcast(vals, "uint8")]
+
+    def _add(self, total, payload, meta, poison):
+        B = self.B
+        itype = index_dtype(meta.numel)
+        k = (B.shape(payload)[0] - 4) // (4 + _ISIZE[itype])
+        flag = B.bitcast(payload[:4], "float32")
+        vals = B.bitcast(payload[4:4 + 4 * k], "float32")
+        idx, _ = _indices(B, payload, 4 + 4 * k, k, itype)
+        return B.index_add(total, idx, vals), poison + flag[0] * 0.0
+
+
+class AdaptiveQuantization(VariableSparsifier):
+    """Adaptive quantization (Dryden, Moon, Jacobs & Van Essen, MLHPC 2016,
+    "Communication Quantization for Data-parallel Training of Deep Neural Networks"):
+    of the positive values, the ``ratio`` largest (``k+ = ceil(ratio * n+)``) are sent
+    as their indices and all become their mean ``mu+``; the same for the negative
+    values with ``mu-``; the rest, and the quantization error, stay in the residual.
+
+    The thresholds are exact here (the k+ largest positive values, ties to the lower
+    index), where GRACE estimates them from a sample and tunes them; ``ratio``
+    defaults to 1% like our other sparsifiers (GRACE's ``adaq`` takes 0.3)."""
+
+    name = "adaq"
+
+    def _fixed_bytes(self):
+        return 16
+
+    def _per_value(self):
+        return 0
+
+    def _pick(self, v, meta):
+        B = self.B
+        ratio = float(self.params["ratio"])
+        idx, sent, means, counts = [], [], [], []
+        for sign in (1.0, -1.0):
+            mag = B.maximum(v * sign, 0.0)  # this sign's magnitudes, 0 elsewhere
+            n_sign = int(B.count_nonzero(mag > 0))
+            k = min(n_sign, max(1, math.ceil(ratio * n_sign - 1e-9))) if n_sign else 0
+            chosen = topk_indices(B, mag, k) if k else B.zeros((0,), "int64", like=v)
+            total = B.sum64(B.gather(v, chosen)) if k else 0.0
+            mean = B.cast(B.div(total, float(max(k, 1))), "float32") if k else \
+                B.scalar(0.0, like=v)
+            idx.append(chosen)
+            sent.append(B.full((k,), 0.0, like=v) + mean)
+            means.append(B.reshape(B.cast(mean, "float32"), (1,)))
+            counts.append(k)
+        head = [B.bitcast(B.concat(means), "uint8"),
+                B.bitcast(B.asarray([counts[0]], "int32", like=v), "uint8")]
+        return idx, B.concat(sent), head
+
+    def _add(self, total, payload, meta, poison):
+        B = self.B
+        itype = index_dtype(meta.numel)
+        flag = B.bitcast(payload[:4], "float32")
+        means = B.bitcast(payload[4:12], "float32")
+        kpos = int(B.to_numpy(B.bitcast(payload[12:16], "int32"))[0])
+        kneg = (B.shape(payload)[0] - 16) // _ISIZE[itype] - kpos
+        pos, at = _indices(B, payload, 16, kpos, itype)
+        neg, _ = _indices(B, payload, at, kneg, itype)
+        total = B.index_add(total, pos, B.full((kpos,), 0.0, like=total) + means[0])
+        total = B.index_add(total, neg, B.full((kneg,), 0.0, like=total) + means[1])
+        return total, poison + flag[0] * 0.0
