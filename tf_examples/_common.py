@@ -48,9 +48,17 @@ def keras_optimizer(keras, hct, args, comp, model):
                                           min_numel=args.min_numel, start_step=args.start_step)
 
 
-def epoch_callback(keras, comp):
+def runs_eagerly(comp) -> bool:
+    """Whether a compressor of ``comp`` sends payloads whose size depends on the values
+    (threshold-v, adaptive quantization): Keras must then run the step eagerly."""
+    from hvd_compress.core import build
+    return any(build(str(s)).variable_size for s in comp.specs())
+
+
+def epoch_callback(keras, comp, eager=False):
     """A callback that sets DGC's warm-up epoch (tracing the step again when the density
-    changes) and counts batches (``.steps``)."""
+    changes) and counts batches (``.steps``); ``eager``: the payloads' sizes vary and
+    each update's bytes are read from the optimizer's account."""
     import hvd_compress.tensorflow as hct
 
     class Epochs(hct.keras.CompressionWarmupCallback):
@@ -63,7 +71,8 @@ def epoch_callback(keras, comp):
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
-            self.sized += self.per_update
+            self.sized += int(self.model.optimizer.last_stats["bytes_sent"]) if eager \
+                else self.per_update
 
         def mean_per_update(self) -> float:
             return self.sized / max(1, self.steps)
@@ -120,11 +129,14 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
     rank, size = hvd.rank(), hvd.size()
     opt = keras_optimizer(keras, hct, args, comp, model)
     runtools.print_plan(opt.plan(model.trainable_variables), args, rank)
+    eager = runs_eagerly(comp)
+    if eager and rank == 0 and not args.quiet:
+        print("payload sizes depend on the values: Keras runs the step eagerly", flush=True)
     model.compile(optimizer=opt,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], run_eagerly=eager)
     broadcast_initial(hvd, model)
-    epochs = epoch_callback(keras, comp)
+    epochs = epoch_callback(keras, comp, eager)
     t0 = time.perf_counter()
     model.fit(xtr, ytr, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
               verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs])
