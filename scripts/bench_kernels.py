@@ -35,7 +35,7 @@ from hvd_compress.core import build  # noqa: E402
 DEFAULT_NUMEL = 25_557_032
 DEFAULT_SPECS = ["none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad", "onebit",
                  "threshold", "powersgd", "signsgd", "signum", "efsignsgd", "natural", "uniform",
-                 "eightbit", "sketchml", "thresholdv", "adaq"]
+                 "eightbit", "sketchml", "thresholdv", "adaq", "inceptionn"]
 FRAMEWORKS = ("numpy", "torch", "tensorflow")
 
 

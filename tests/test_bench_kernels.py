@@ -24,7 +24,8 @@ def test_json_keys_and_ratios():
     by_name = {r["compression"]: r for r in doc["results"]}
     assert set(by_name) == {"none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad",
                             "onebit", "threshold", "powersgd", "signsgd", "signum", "efsignsgd",
-                            "natural", "uniform", "eightbit", "sketchml", "thresholdv", "adaq"}
+                            "natural", "uniform", "eightbit", "sketchml", "thresholdv", "adaq",
+                            "inceptionn"}
     for r in doc["results"]:
         assert set(r) >= {"compression", "encode_ms", "decode_ms", "payload_bytes", "ratio"}
         assert r["encode_ms"] >= 0 and r["decode_ms"] >= 0

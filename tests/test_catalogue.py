@@ -14,7 +14,7 @@ from hvd_compress.core.levels import dynamic_tree_levels
 from tests.test_core_properties import single_rank
 
 NEW = ["signsgd", "signum", "efsignsgd", "natural", "uniform", "eightbit", "sketchml", "thresholdv",
-       "adaq"]
+       "adaq", "inceptionn"]
 
 
 def _f32(v):
@@ -213,6 +213,34 @@ def test_variable_sizes_differ_by_rank_and_aggregate_in_rank_order():
     np.testing.assert_array_equal(comps[0].aggregate([e.payload for e in encs], encs[0]), [2, 1, 1, 0])
 
 
+def test_inceptionn_sends_each_value_in_the_fewest_bits_within_the_bound():
+    comp = build("inceptionn:bound=0.5")  # grid s = 2 * 0.5 * (1 - 2^-7)
+    s = 1.0 - 2.0 ** -7
+    x = np.array([0.3, -2.0, 100.0, -5000.0, 1e6, 0.0], np.float32)
+    out, enc = single_rank(comp, x)
+    # q = round(x / s): 0 (0 bits), -2 and 101 (8 bits), -5039 (16 bits), 1e6 (float32)
+    q = [0, -2, 101, -5039]
+    assert enc.payload.tobytes() == (_f32(1.0) + _i32(1, 1) + _f32(1e6)
+                                     + struct.pack("<h", -5039) + bytes([126, 229])
+                                     + bytes([0 | 1 << 2 | 1 << 4 | 2 << 6, 3]))  # widths, 2 bits each
+    assert enc.nbytes == 12 + 4 + 2 + 2 + 2
+    expect = np.array([0, q[1] * s, q[2] * s, q[3] * s, 1e6, 0], np.float32)
+    np.testing.assert_array_equal(out, expect)
+    assert np.max(np.abs(out.astype(np.float64) - x)) <= 0.5
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1e-1, 10.0, 1e4, 1e30])
+@pytest.mark.parametrize("bound", [2.0 ** -10, 1e-6, 0.3])
+def test_inceptionn_error_bound_holds_everywhere(scale, bound):
+    rng = np.random.default_rng(int(scale * 1e6) % 1000 + int(bound * 1e6))
+    x = (rng.standard_normal(20000) * scale).astype(np.float32)
+    x[:6] = [bound, -bound, 0.5 * bound, 127.5 * 2 * bound, 32767.4 * 2 * bound, np.float32(3e38)]
+    out, enc = single_rank(build(f"inceptionn:bound={bound!r}"), x)
+    err = np.abs(out.astype(np.float64) - x.astype(np.float64))
+    assert np.max(err) <= bound, (scale, bound, np.max(err))
+    assert enc.nbytes <= build("inceptionn").payload_nbytes(build("inceptionn").meta_for(x))
+
+
 # -- statistical properties --------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec", ["natural", "uniform:bits=2,bucket=16", "uniform:bits=4",
@@ -247,7 +275,7 @@ def test_natural_variance_within_the_papers_bound():
 
 
 @pytest.mark.parametrize("spec", ["efsignsgd", "eightbit:ef=true", "uniform:bits=1,ef=true,stochastic=false",
-                                  "thresholdv:tau=0.5", "adaq:ratio=0.1"])
+                                  "thresholdv:tau=0.5", "adaq:ratio=0.1", "inceptionn:ef=true"])
 def test_multi_rank_error_feedback_loses_nothing(spec):
     """Over steps and three ranks: the averaged results plus the ranks' mean residual
     equal the mean of everything the ranks put in."""
@@ -280,7 +308,7 @@ def test_specs_validate_their_parameters():
     for bad in ["uniform:bits=9", "uniform:bits=0", "uniform:bucket=0", "signum:momentum=1",
                 "signsgd:ef=true", "topk+signsgd", "natural:levels=3", "sketchml:buckets=1",
                 "sketchml:buckets=70000", "sketchml:sample=1", "thresholdv:tau=0", "adaq:ratio=0",
-                "topk+thresholdv", "topk+adaq"]:
+                "topk+thresholdv", "topk+adaq", "inceptionn:bound=0", "topk+inceptionn"]:
         with pytest.raises(ValueError):
             specmod.parse(bad)
     assert specmod.parse("topk:ratio=0.1+uniform:bits=2").composed

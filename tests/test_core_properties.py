@@ -20,14 +20,15 @@ ALL_SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
              "signsgd", "signum", "efsignsgd", "natural", "uniform",
              "uniform:bits=2,bucket=16,stochastic=false", "eightbit", "topk:ratio=0.1+natural",
              "randomk:ratio=0.1+uniform:bits=8", "sketchml", "sketchml:buckets=300,sample=64",
-             "thresholdv", "thresholdv:tau=0.5,ef=false", "adaq", "adaq:ratio=0.3"]
+             "thresholdv", "thresholdv:tau=0.5,ef=false", "adaq", "adaq:ratio=0.3",
+             "inceptionn", "inceptionn:bound=1e-6"]
 # Compressors with error feedback (or DGC's equivalent memory with momentum 0).
 EF_SPECS = ["topk:ratio=0.1", "randomk:ratio=0.1", "onebit", "threshold:tau=0.01",
             "qsgd:levels=3,ef=true", "terngrad:ef=true", "topk:ratio=0.1+qsgd:levels=16",
             "randomk:ratio=0.2+fp16", "topk:ratio=0.2+onebit", "dgc:ratio=0.05,momentum=0",
             "powersgd:rank=1", "efsignsgd", "uniform:ef=true,stochastic=false", "eightbit:ef=true",
             "natural:ef=true", "topk:ratio=0.2+efsignsgd", "sketchml:buckets=8,ef=true", "thresholdv:tau=0.3",
-            "adaq:ratio=0.2"]
+            "adaq:ratio=0.2", "inceptionn:bound=0.1,ef=true"]
 
 shapes = st.one_of(
     st.just(()), st.just((1,)),

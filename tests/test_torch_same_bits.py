@@ -35,7 +35,7 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "topk:ratio=0.003", "randomk:
          "randomk:ratio=0.1+uniform:bits=2", "dgc:ratio=0.05+eightbit", "sketchml",
          "sketchml:buckets=16,ef=true", "sketchml:buckets=300,sample=100",
          "topk:ratio=0.1+sketchml:buckets=8", "thresholdv:tau=0.01", "thresholdv:tau=0.1",
-         "adaq", "adaq:ratio=0.3"]
+         "adaq", "adaq:ratio=0.3", "inceptionn", "inceptionn:bound=1e-5,ef=true"]
 SHAPES = [(1,), (7,), (40, 30), (6, 3, 3, 3), (70001,)]
 
 

@@ -38,7 +38,8 @@ DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01"
                  "dgc:ratio=0.01+onebit", "signsgd", "signum", "signsgd:vote=false", "efsignsgd",
                  "natural", "uniform", "uniform:bits=8,stochastic=false", "eightbit",
                  "topk:ratio=0.05+natural", "sketchml", "sketchml:buckets=16", "thresholdv",
-                 "thresholdv:tau=0.02,ef=false", "adaq", "adaq:ratio=0.2")
+                 "thresholdv:tau=0.02,ef=false", "adaq", "adaq:ratio=0.2", "inceptionn",
+                 "inceptionn:bound=1e-4")
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (100, 57), "fc.bias": (57,), "odd": (1001,)}
 
 

@@ -24,7 +24,7 @@ from .powersgd import PowerSGD
 from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
 from .signs import EFSignCodec, SignCodec, SignCompressor
 from .sparsifiers import RandomK, TopK
-from .variable import AdaptiveQuantization, ThresholdV
+from .variable import AdaptiveQuantization, Inceptionn, ThresholdV
 
 CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, NaturalCodec, UniformCodec,
                                    EightBitCodec, SketchMLCodec)})
@@ -280,6 +280,11 @@ for _alg in (
         "ef": Param(bool, True, None, "error feedback (the rest and the error stay behind)"),
     }, doc="Adaptive quantization (Dryden et al. 2016): the largest of each sign as indices "
            "plus one mean per sign (variable size)."),
+    Algorithm("inceptionn", "Inceptionn", Inceptionn, params={
+        "bound": Param(float, 2.0 ** -10, _positive(), "the most any value may change"),
+        "ef": Param(bool, False, None, "error feedback (the error is bounded: off)"),
+    }, doc="INCEPTIONN (Li et al. 2018): error-bounded values in 0, 8, 16 or 32 bits "
+           "(variable size)."),
     Algorithm("powersgd", "PowerSGD", PowerSGD, params={
         "rank": Param(int, 2, _at_least(1), "rank r of the approximation"),
         "ef": Param(bool, True, None, "error feedback"),

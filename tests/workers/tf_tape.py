@@ -13,7 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:ratio=0.05",
          "qsgd:levels=7", "terngrad", "onebit", "threshold:tau=0.001", "powersgd:rank=2",
          "topk:ratio=0.1+qsgd:levels=16", "signsgd", "signum", "efsignsgd", "natural", "uniform",
-         "eightbit", "sketchml", "thresholdv:tau=0.005", "adaq:ratio=0.2"]
+         "eightbit", "sketchml", "thresholdv:tau=0.005", "adaq:ratio=0.2",
+         "inceptionn:bound=1e-4"]
 
 
 class _Model:

@@ -18,7 +18,8 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
          "terngrad", "onebit", "threshold:tau=0.001", "powersgd:rank=2",
          "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16", "randomk:ratio=0.1+bf16",
          "dgc:ratio=0.05+onebit", "signsgd", "signum", "efsignsgd", "natural", "uniform",
-         "eightbit", "sketchml", "thresholdv:tau=0.005", "adaq:ratio=0.2"]
+         "eightbit", "sketchml", "thresholdv:tau=0.005", "adaq:ratio=0.2",
+         "inceptionn:bound=1e-4"]
 
 
 class Net(torch.nn.Module):
