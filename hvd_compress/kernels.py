@@ -254,21 +254,25 @@ if AVAILABLE:
                     k = i // d
                     out[i] = np.float32((byte >> (bits * j)) & mask) * scale[k] + lo[k]
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _rank(edges, x):
+        """How many of the sorted ``edges`` are <= ``x`` (a binary search)."""
+        a = 0
+        z = edges.shape[0]
+        while a < z:
+            mid = (a + z) >> 1
+            if edges[mid] <= x:
+                a = mid + 1
+            else:
+                z = mid
+        return a
+
     @_jit
     def eightbit_codes(v, inv, edges, table, scale, out, subtract):
         """``out[i]``: how many of the sorted ``edges`` are <= ``v[i] * inv`` (the nearest
         level); with ``subtract``, ``v -= table[code] * scale``."""
-        m = edges.shape[0]
         for i in prange(v.shape[0]):
-            r = v[i] * inv
-            a = 0
-            z = m
-            while a < z:
-                mid = (a + z) >> 1
-                if edges[mid] <= r:
-                    a = mid + 1
-                else:
-                    z = mid
+            a = _rank(edges, v[i] * inv)
             out[i] = a
             if subtract:
                 v[i] = v[i] - table[a] * scale
@@ -286,21 +290,13 @@ if AVAILABLE:
         The sums are taken over ``chunks`` fixed stretches of ``v`` and then added in
         order, so they do not depend on the number of threads."""
         n = v.shape[0]
-        m = edges.shape[0]
         size = (n + chunks - 1) // chunks
         part_sums = np.zeros((chunks, q))
         part_counts = np.zeros((chunks, q))
         for c in prange(chunks):
             for i in range(c * size, min(n, (c + 1) * size)):
                 x = v[i]
-                a = 0
-                z = m
-                while a < z:
-                    mid = (a + z) >> 1
-                    if edges[mid] <= x:
-                        a = mid + 1
-                    else:
-                        z = mid
+                a = _rank(edges, x)
                 codes[i] = a
                 part_sums[c, a] += np.float64(x)
                 part_counts[c, a] += 1.0

@@ -33,6 +33,7 @@ class VariableSparsifier(Compressor):
     """Sends some indices and what their values become; the rest stays in the residual."""
 
     variable_size = True
+    fixed_bytes = per_value = 0  # bytes of every payload; bytes beside each index
 
     def _pick(self, v, meta):
         """``(indices int64 increasing, sent float32 values, header fields)``."""
@@ -56,7 +57,7 @@ class VariableSparsifier(Compressor):
     def payload_nbytes(self, meta, ctx=None) -> int:
         """The most this tensor can take (every element sent); a step's own size is its
         ``Encoded.nbytes``."""
-        return self._fixed_bytes() + (_ISIZE[index_dtype(meta.numel)] + self._per_value()) * meta.numel
+        return self.fixed_bytes + (_ISIZE[index_dtype(meta.numel)] + self.per_value) * meta.numel
 
     def _subtract_sent(self, v, enc) -> None:
         self.B.index_add(v, enc.ctx.indices, -enc.ctx.sent)
@@ -106,11 +107,7 @@ class ThresholdV(VariableSparsifier):
 
     name = "thresholdv"
 
-    def _fixed_bytes(self):
-        return 4
-
-    def _per_value(self):
-        return 4
+    fixed_bytes, per_value = 4, 4  # the flag; a value beside each index
 
     def _pick(self, v, meta):
         B = self.B
@@ -141,11 +138,7 @@ class AdaptiveQuantization(VariableSparsifier):
 
     name = "adaq"
 
-    def _fixed_bytes(self):
-        return 16
-
-    def _per_value(self):
-        return 0
+    fixed_bytes, per_value = 16, 0  # flag, two means, k+; indices only
 
     def _pick(self, v, meta):
         B = self.B
