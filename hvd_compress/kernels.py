@@ -255,24 +255,22 @@ if AVAILABLE:
                     out[i] = np.float32((byte >> (bits * j)) & mask) * scale[k] + lo[k]
 
     @njit(nogil=True, cache=True, inline="always")
-    def _rank(edges, x):
-        """How many of the sorted ``edges`` are <= ``x`` (a binary search)."""
-        a = 0
-        z = edges.shape[0]
-        while a < z:
-            mid = (a + z) >> 1
-            if edges[mid] <= x:
-                a = mid + 1
-            else:
-                z = mid
+    def _rank(edges, a, x):
+        """How many of the sorted ``edges`` are <= ``x``, counting on from ``a`` (a count
+        known not to exceed it: the start table's, see ``fastpaths.start_table``)."""
+        m = edges.shape[0]
+        while a < m and edges[a] <= x:
+            a += 1
         return a
 
     @_jit
-    def eightbit_codes(v, inv, edges, table, scale, out, subtract):
+    def eightbit_codes(v, inv, edges, start, table, scale, out, subtract):
         """``out[i]``: how many of the sorted ``edges`` are <= ``v[i] * inv`` (the nearest
-        level); with ``subtract``, ``v -= table[code] * scale``."""
+        level), counted on from ``start[top 16 bits of v[i]]``; with ``subtract``,
+        ``v -= table[code] * scale``."""
+        bits = v.view(np.int32)
         for i in prange(v.shape[0]):
-            a = _rank(edges, v[i] * inv)
+            a = _rank(edges, start[(bits[i] >> 16) & 0xFFFF], v[i] * inv)
             out[i] = a
             if subtract:
                 v[i] = v[i] - table[a] * scale
@@ -284,19 +282,21 @@ if AVAILABLE:
             out[i] = table[codes[i]] * scale
 
     @_jit
-    def bucket_codes(v, edges, codes, q, chunks):
+    def bucket_codes(v, edges, start, codes, q, chunks):
         """SketchML: ``codes[i]`` how many of the sorted ``edges`` are <= ``v[i]``, and per
         bucket the float64 sum and count of its values, returned as ``(sums, counts)``.
         The sums are taken over ``chunks`` fixed stretches of ``v`` and then added in
-        order, so they do not depend on the number of threads."""
+        order, so they do not depend on the number of threads.  ``start``: as for
+        :func:`eightbit_codes`."""
         n = v.shape[0]
+        bits = v.view(np.int32)
         size = (n + chunks - 1) // chunks
         part_sums = np.zeros((chunks, q))
         part_counts = np.zeros((chunks, q))
         for c in prange(chunks):
             for i in range(c * size, min(n, (c + 1) * size)):
                 x = v[i]
-                a = _rank(edges, x)
+                a = _rank(edges, start[(bits[i] >> 16) & 0xFFFF], x)
                 codes[i] = a
                 part_sums[c, a] += np.float64(x)
                 part_counts[c, a] += 1.0

@@ -120,3 +120,28 @@ def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatc
     for key in plain_state:
         np.testing.assert_array_equal(fused_state[key], plain_state[key], err_msg=key)
     assert np.isnan(nan_step).any()  # the bad step went the non-finite way
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.37, 1e-30])
+def test_start_table_counts_exactly_like_a_binary_search(scale):
+    """The 16-bit prefix table the 8-bit and SketchML kernels count on from gives the
+    binary search's count for values at, just above and just below every edge, with
+    ties among the edges, over float32's whole range and both signs."""
+    from hvd_compress.fastpaths import start_table
+    rng = np.random.default_rng(3)
+    edges = np.sort((rng.standard_normal(300) * 10.0 ** rng.uniform(-3, 3, 300)).astype(np.float32))
+    edges[10:20] = edges[10]
+    near = edges / np.float32(scale)
+    x = np.concatenate([near, np.nextafter(near, np.float32(np.inf)), np.nextafter(near, -np.float32(np.inf)),
+                        (rng.standard_normal(20000) * 10.0 ** rng.uniform(-40, 38, 20000)).astype(np.float32),
+                        np.array([0.0, -0.0, 3e38, -3e38], np.float32)]).astype(np.float32)
+    x = x[np.isfinite(x)]
+    codes = np.empty(x.size, np.uint8 if edges.size < 256 else np.uint16)
+    if scale == 1.0:
+        kernels.bucket_codes(x, edges, start_table(edges), codes, edges.size + 1, 64)
+        np.testing.assert_array_equal(codes, np.searchsorted(edges, x, side="right"))
+    table = np.zeros(edges.size + 1, np.float32)
+    out = np.empty(x.size, np.uint16)
+    inv = np.float32(scale)
+    kernels.eightbit_codes(x.copy(), inv, edges, start_table(edges, inv), table, np.float32(1), out, False)
+    np.testing.assert_array_equal(out, np.searchsorted(edges, x * inv, side="right"))
