@@ -136,7 +136,8 @@ def _sign(k, B, codec, v, noise, ef):
     n = B.shape(v)[0]
     vh = B.host_view(v)
     # the chain's float64 L1 sum divided by n, rounded to float32 (1 for signSGD)
-    scale = np.float32(k.abs_sum(vh) / n) if codec.scaled else np.float32(1.0)
+    scale = np.float32(k.abs_sum(vh) / n) if codec.scaled else \
+        np.float32(B.to_numpy(B.absmax(v)) > 0)  # 0 for an all-zero tensor, as the chain
     out = _codes(n, 1)
     k.onebit_pack(vh, scale, -scale, out, ef)  # with ef: v -= +-scale
     return {"scale": B.asarray([scale], "float32", like=v), "signs": B.from_host(out)}

@@ -51,6 +51,10 @@ def test_majority_vote_and_mean_of_signs():
     np.testing.assert_allclose(_aggregate("signsgd:vote=false", xs), [1 / 3, 1 / 3, -1, 1 / 3, -1 / 3])
     # the aggregate is a sum over ranks: p times the vote, so Average gives the vote
     np.testing.assert_array_equal(_aggregate("signsgd", xs, average=False), [3, 3, -3, 3, -3])
+    # a rank whose tensor is all zero (an unused parameter) does not vote
+    zero = [np.array([1, -1, 1], np.float32), np.zeros(3, np.float32)]
+    np.testing.assert_array_equal(_aggregate("signsgd", zero), [1, -1, 1])
+    np.testing.assert_array_equal(_aggregate("signsgd", [np.zeros(3, np.float32)] * 2), [0, 0, 0])
     # a tie (two ranks that disagree) votes 0, not +1
     two = [np.array([1, -1, 1], np.float32), np.array([-1, 1, 1], np.float32)]
     np.testing.assert_array_equal(_aggregate("signsgd", two), [0, 0, 1])
@@ -307,7 +311,7 @@ def test_specs_validate_their_parameters():
     assert specmod.parse("efsignsgd").parts[0].params["ef"] is True
     for bad in ["uniform:bits=9", "uniform:bits=0", "uniform:bucket=0", "signum:momentum=1",
                 "signsgd:ef=true", "topk+signsgd", "natural:levels=3", "sketchml:buckets=1",
-                "sketchml:buckets=70000", "sketchml:sample=1", "thresholdv:tau=0", "adaq:ratio=0",
+                "sketchml:buckets=40000", "sketchml:sample=1", "thresholdv:tau=0", "adaq:ratio=0",
                 "topk+thresholdv", "topk+adaq", "inceptionn:bound=0", "topk+inceptionn"]:
         with pytest.raises(ValueError):
             specmod.parse(bad)

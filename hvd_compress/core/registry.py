@@ -265,7 +265,7 @@ for _alg in (
     }, doc="8-bit approximation, the dynamic tree type (Dettmers 2016)."),
     Algorithm("sketchml", "SketchML", QuantizerCompressor, role="quantizer",
               args={"codec_name": "sketchml"}, params={
-        "buckets": Param(int, 256, ((lambda v: 2 <= v <= 65536), "in [2, 65536]"),
+        "buckets": Param(int, 256, ((lambda v: 2 <= v <= 32768), "in [2, 32768]"),
                          "quantile buckets q (codes of 8 bits up to 256, else 16)"),
         "sample": Param(int, 65536, _at_least(2), "values sampled for the quantiles"),
         "ef": Param(bool, False, None, "error feedback"),

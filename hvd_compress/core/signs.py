@@ -8,7 +8,8 @@ A value decodes to ``+scale`` or ``-scale``.
   for Non-Convex Problems"; majority vote: Bernstein et al., ICLR 2019): each
   rank sends ``sign(g)``; the ranks' signs are combined by majority vote,
   ``sign(sum_r sign(g_r))``.  ``vote=false`` averages the signs instead.  The
-  scale is 1 (the float field only carries NaN for a non-finite step).
+  scale is 1 (NaN for a non-finite step), or 0 for an all-zero tensor, so that a
+  parameter a rank did not use does not vote +.
 - **Signum** (same paper): the sign of a momentum kept in the compressor,
   ``m <- beta*m + (1-beta)*g`` (``momentum=beta``, 0.9 in the paper; ``m``
   starts at 0 and is checkpointed), combined by majority vote.
@@ -44,8 +45,8 @@ class SignCodec(Codec):
         n = B.shape(v)[0]
         if self.scaled:  # the L1 norm summed in float64: every framework gets the same bits
             scale = B.cast(B.div(B.sum64(B.abs(v)), float(n)), "float32")
-        else:
-            scale = B.scalar(1.0, like=v)
+        else:  # 1, or 0 for an all-zero tensor (an unused parameter must not vote +)
+            scale = B.cast(B.absmax(v) > 0, "float32")
         return {"scale": B.reshape(_flagged(scale, flag), (1,)), "signs": pack_codes(B, v >= 0, 1)}
 
     def decode_values(self, B, fields, n, cols=1):
