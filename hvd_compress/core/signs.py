@@ -82,20 +82,20 @@ class SignCompressor(QuantizerCompressor):
         return None if self.beta else super()._encode_fused(g, meta, st, noise)
 
     def _encode_host(self, g, meta, st, noise) -> Encoded:
-        B = self.B
         if not self.beta:
             return super()._encode_host(g, meta, st, noise)
-        m = self._momentum(g, st)
-        if not bool(B.all_finite(m)):  # NaN/Inf in g (or an overflow): state untouched
-            return self._encode(B.where(B.isfinite(m), m, 0.0), meta, st, noise,
-                                B.scalar(float("nan"), like=g))
-        st["momentum"] = m
-        return self._encode(m, meta, st, noise, None)
+        return self._encode_momentum(g, meta, st, noise)
 
     def _encode_device(self, g, meta, st, noise) -> Encoded:
-        B = self.B
         if not self.beta:
             return super()._encode_device(g, meta, st, noise)
+        return self._encode_momentum(g, meta, st, noise)
+
+    def _encode_momentum(self, g, meta, st, noise) -> Encoded:
+        """Signum's step, host or device: the new momentum's signs; where it is not
+        finite (NaN/Inf in ``g``, or an overflow) the payload decodes to NaN and the
+        momentum stays as it was (``B.cond`` branches in host memory, no extra pass)."""
+        B = self.B
         m = self._momentum(g, st)
         finite = B.all_finite(m)
         old = st["momentum"]
