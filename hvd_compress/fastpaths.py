@@ -55,11 +55,14 @@ def host_encoder(B, codec, cols: int):
     """A host backend's fused encoder for ``codec`` (see the module), or None: turned
     off, numba missing, a codec without kernels, or 1-bit by columns."""
     body = _BODIES.get(codec.name)
-    if body is None or (codec.name == "onebit" and cols != 1) or not requested():
+    if (body is None and codec.name != "signum") or (codec.name == "onebit" and cols != 1) \
+            or not requested():
         return None
     k = _kernels()
     if not k:
         return None
+    if codec.name == "signum":  # its state is the momentum, not an error-feedback residual
+        return lambda g, momentum, noise, noise_source: _signum(k, B, codec, g, momentum)
 
     def encode(g, residual, noise, noise_source):
         v, finite = ef_sum_host(B, g, residual)
@@ -141,6 +144,20 @@ def _sign(k, B, codec, v, noise, ef):
     out = _codes(n, 1)
     k.onebit_pack(vh, scale, -scale, out, ef)  # with ef: v -= +-scale
     return {"scale": B.asarray([scale], "float32", like=v), "signs": B.from_host(out)}
+
+
+def _signum(k, B, codec, g, momentum):
+    """Signum's step in one pass: the new momentum (a fresh buffer: the old one stays
+    if the step is not finite), its sign bits, and whether it is finite and nonzero."""
+    n = B.shape(g)[0]
+    fresh, signs = np.empty(n, np.float32), _codes(n, 1)
+    finite, nonzero = k.signum_step(B.host_view(momentum), B.host_view(g), np.float32(codec.beta),
+                                    np.float32(1.0 - codec.beta), fresh, signs)
+    if not finite:
+        return None, momentum, False
+    fields = {"scale": B.asarray([1.0 if nonzero else 0.0], "float32", like=g),
+              "signs": B.from_host(signs)}
+    return fields, B.from_host(fresh), True
 
 
 def _natural(k, B, codec, v, noise, ef):
@@ -225,7 +242,11 @@ def host_decoder(B, codec, cols: int):
 
 
 def _natural_decode(k, B, codec, f, out):
-    k.natural_decode(f["exps"], f["signs"], codec.powers, out)
+    k.natural_decode(f["exps"], f["signs"], codec.powers.view(np.int32), out.view(np.int32))
+
+
+def _sign_decode(k, B, codec, f, out):
+    k.sign_decode(f["signs"], f["scale"].view(np.int32)[0], out.view(np.int32))
 
 
 def _uniform_decode(k, B, codec, f, out):
@@ -240,7 +261,8 @@ def _sketchml_decode(k, B, codec, f, out):
     k.lookup_scaled(f["codes"], f["means"], np.float32(1.0), out)
 
 
-_DECODERS = {"natural": _natural_decode, "uniform": _uniform_decode, "eightbit": _eightbit_decode,
+_DECODERS = {"signsgd": _sign_decode, "efsignsgd": _sign_decode, "signum": _sign_decode,
+             "natural": _natural_decode, "uniform": _uniform_decode, "eightbit": _eightbit_decode,
              "sketchml": _sketchml_decode}
 
 set_host_fast_paths(host_encoder, host_decoder)

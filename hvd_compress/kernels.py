@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
 
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
            "terngrad_pack", "qsgd_codes", "abs_sum", "natural_codes", "natural_decode",
+           "sign_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract"]
 
@@ -184,15 +185,54 @@ if AVAILABLE:
 
     @_jit
     def natural_decode(exps, signs, table, out):
-        """``out[i] = +-table[exps[i]]``, the sign from bit i of ``signs`` (1: negative)."""
+        """``out[i] = +-table[exps[i]]``, the sign from bit i of ``signs`` (1: negative).
+        ``table`` and ``out`` are int32 views of the float32 arrays: the sign is set as
+        a bit (what multiplying by -1 does), except on NaN (code 255), which the
+        multiplication leaves as it is."""
         n = out.shape[0]
         for q in prange(signs.shape[0]):
-            b = signs[q]
+            b = np.int32(signs[q])
             for j in range(8):
                 i = q * 8 + j
                 if i < n:
-                    m = table[exps[i]]
-                    out[i] = m * np.float32(-1.0) if (b >> j) & 1 else m * np.float32(1.0)
+                    e = exps[i]
+                    neg = (b >> j) & 1 if e != 255 else 0
+                    out[i] = table[e] | (neg << 31)
+
+    @_jit
+    def sign_decode(signs, scale, out):
+        """``out[i]`` = ``scale`` where bit i of ``signs`` is 1, else ``-scale`` (its sign
+        bit flipped, as negation does); ``scale`` and ``out`` as int32 bits."""
+        n = out.shape[0]
+        for q in prange(signs.shape[0]):
+            b = np.int32(signs[q]) ^ 0xFF  # 1: flip the sign
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    out[i] = scale ^ (((b >> j) & 1) << 31)
+
+    @_jit
+    def signum_step(m, g, beta, rest, fresh, signs):
+        """Signum: ``fresh = m * beta + g * rest`` (float32, the chain's order), its sign
+        bits (1: >= 0) packed 8 a byte; returns (all finite, any nonzero)."""
+        n = m.shape[0]
+        bad = 0
+        nonzero = 0
+        for q in prange(signs.shape[0]):
+            b = 0
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    x = m[i] * beta + g[i] * rest
+                    fresh[i] = x
+                    if x >= 0:
+                        b |= 1 << j
+                    if x != 0:
+                        nonzero += 1
+                    if not np.isfinite(x):
+                        bad += 1
+            signs[q] = b
+        return bad == 0, nonzero > 0
 
     @_jit
     def bucket_minmax(v, d):
@@ -315,5 +355,5 @@ if AVAILABLE:
             v[i] = v[i] - table[codes[i]]
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
-    abs_sum = natural_codes = natural_decode = bucket_minmax = uniform_codes = None
-    uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
+    abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
+    uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None

@@ -352,3 +352,19 @@ def test_state_dict_resumes_bit_identically(spec):
         oa, _ = single_rank(a, x, "w")
         ob, _ = single_rank(b, x, "w")
         np.testing.assert_array_equal(oa, ob)
+
+
+@pytest.mark.parametrize("n", [1 << 20, (1 << 20) + 1, 3_000_001])
+@pytest.mark.parametrize("before", [0, 1, 2])
+def test_parallel_uniform_draws_are_the_serial_stream(n, before):
+    """``fill_uniform`` splits a large draw over threads: the same values as one serial
+    draw, from any position (a pending half of a 64-bit output included), and the
+    generator left where the serial draw leaves it."""
+    from hvd_compress.core.backend import fill_uniform
+    serial, split = (np.random.Generator(np.random.PCG64(11)) for _ in range(2))
+    serial.random(before, dtype=np.float32)
+    split.random(before, dtype=np.float32)
+    expected = serial.random(n, dtype=np.float32)
+    np.testing.assert_array_equal(fill_uniform(split, np.empty(n, np.float32)), expected)
+    np.testing.assert_array_equal(split.random(3, dtype=np.float32), serial.random(3, dtype=np.float32))
+    assert split.random() == serial.random()

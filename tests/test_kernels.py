@@ -18,7 +18,8 @@ SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:
          "signsgd", "efsignsgd", "efsignsgd:ef=false", "natural", "natural:ef=true", "uniform",
          "uniform:bits=8,stochastic=false,ef=true", "uniform:bits=3,bucket=7",
          "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true",
-         "sketchml", "sketchml:buckets=7,ef=true", "sketchml:buckets=300,sample=50"]
+         "sketchml", "sketchml:buckets=7,ef=true", "sketchml:buckets=300,sample=50", "signum",
+         "signum:momentum=0.5,vote=false"]
 SHAPES = [(1,), (5,), (9,), (1001,), (300, 7), (70001,)]
 
 
@@ -52,6 +53,21 @@ def test_fused_kernels_match_the_reference_chain(spec, shape, backend, monkeypat
         np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
 
 
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["signsgd", "signum", "efsignsgd"])
+def test_sign_kernels_on_zeros_and_signed_zeros(spec, backend, monkeypatch):
+    """An all-zero step sends a scale of 0 (Signum: a zero momentum), -0.0 counts as +;
+    the kernels agree with the chain on the payload, the decoded values and the state."""
+    xs = [np.zeros(37, np.float32), np.full(37, -0.0, np.float32),
+          np.array([-0.0, 0.0, 1e-30, -1e-30] * 9 + [2.0], np.float32)]
+    noises = [np.zeros(37, np.float32)] * 3
+    fused, plain = (_run(spec, backend, xs, noises, f, monkeypatch) for f in (True, False))
+    assert fused[0] == plain[0]
+    assert np.frombuffer(fused[0][0][:4], np.float32)[0] == 0.0  # the first step's scale
+    for key in plain[1]:
+        np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
+
+
 def test_the_fused_path_is_taken(monkeypatch):
     calls = []
     real = kernels.threshold_pack
@@ -72,7 +88,8 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
     for name in ("threshold", "onebit", "terngrad", "qsgd", "signsgd", "efsignsgd", "natural",
                  "uniform", "eightbit", "sketchml"):
         assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
-    for name in ("natural", "uniform", "eightbit", "sketchml"):
+    assert backend.fused_encoder(make_codec("signum", {"momentum": 0.9}), 1) is not None
+    for name in ("natural", "uniform", "eightbit", "sketchml", "signsgd", "efsignsgd"):
         assert backend.fused_decoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_decoder(make_codec("uniform", {"bits": 3}), 1) is None  # the chain
     assert backend.fused_decoder(make_codec("qsgd", {}), 1) is None
@@ -86,7 +103,8 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
 @pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
                                   "qsgd:levels=16", "onebit:ef=false", "efsignsgd", "natural:ef=true",
-                                  "uniform:ef=true", "eightbit:ef=true", "signsgd", "sketchml:ef=true"])
+                                  "uniform:ef=true", "eightbit:ef=true", "signsgd", "sketchml:ef=true",
+                                  "signum"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
     """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same

@@ -22,9 +22,12 @@ Dtype names are strings: ``"float16" "bfloat16" "float32" "float64" "uint8"
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-__all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths", "host_fast_decoders"]
+__all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths", "host_fast_decoders",
+           "fill_uniform"]
 
 _NP_DTYPES = {
     "float16": np.float16, "float32": np.float32, "float64": np.float64,
@@ -281,6 +284,11 @@ class NumpyBackend:
         np.add(x, y, out=x)
         return x
 
+    def isign(self, x):
+        """``sign(x)`` in place; returns ``x``."""
+        np.sign(x, out=x)
+        return x
+
     def imul(self, x, y):
         """``x *= y`` in place; returns ``x``."""
         np.multiply(x, y, out=x)
@@ -398,7 +406,7 @@ class NumpyBackend:
         return np.random.Generator(np.random.PCG64(seed))
 
     def uniform(self, gen, n: int, like=None):
-        return gen.random(n, dtype=np.float32)
+        return fill_uniform(gen, np.empty(n, np.float32))
 
     def generator_state(self, gen):
         return gen.bit_generator.state
@@ -453,6 +461,49 @@ def host_fast_paths():
 def host_fast_decoders():
     """The installed host decoder provider, or None."""
     return _HOST_FAST_DECODERS
+
+
+_PARALLEL_DRAW = 1 << 20  # draws below this many values are not split
+_DRAW_POOL = None
+
+
+def fill_uniform(gen, out):
+    """``gen.random(len(out), dtype=float32, out=out)`` -- the same values, and ``gen``
+    left in the same state -- drawn by several threads for a large ``out``.
+
+    A PCG64 stream can be entered anywhere (``advance``), and float32 draws take the
+    halves of its 64-bit outputs in order, so each thread draws a stretch of an even
+    length from a copy of the generator advanced to where that stretch starts
+    (numpy releases the GIL while it draws).  Another bit generator, or a small
+    ``out``, is drawn as it is."""
+    n = out.shape[0]
+    workers = min(8, os.cpu_count() or 1)
+    bg = gen.bit_generator
+    if n < _PARALLEL_DRAW or workers < 2 or not isinstance(bg, np.random.PCG64):
+        return gen.random(n, dtype=np.float32, out=out)
+    start = 0
+    if bg.state["has_uint32"]:  # half of a 64-bit output is pending: take it first
+        gen.random(1, dtype=np.float32, out=out[:1])
+        start = 1
+    state = bg.state
+    step = (n - start) // workers // 2 * 2  # an even stretch: whole 64-bit outputs
+    bounds = [start + w * step for w in range(workers)] + [n]
+    parts = []
+    for w in range(workers):
+        part = np.random.PCG64()
+        part.state = state
+        part.advance(w * step // 2)
+        parts.append(np.random.Generator(part))
+    global _DRAW_POOL
+    if _DRAW_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _DRAW_POOL = ThreadPoolExecutor(8, thread_name_prefix="hvd-compress-draw")
+    jobs = [_DRAW_POOL.submit(g.random, b - a, np.float32, out[a:b])
+            for g, a, b in zip(parts, bounds, bounds[1:])]
+    for job in jobs:
+        job.result()
+    bg.state = parts[-1].bit_generator.state  # where the last stretch ended
+    return out
 
 
 def selection_sample(n: int, k: int):

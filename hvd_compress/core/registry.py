@@ -22,11 +22,11 @@ from .dgc import DGC
 from .levels import EightBitCodec, NaturalCodec, SketchMLCodec, UniformCodec
 from .powersgd import PowerSGD
 from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
-from .signs import EFSignCodec, SignCodec, SignCompressor
+from .signs import EFSignCodec, SignCodec, SignCompressor, SignumCodec
 from .sparsifiers import RandomK, TopK
 from .variable import AdaptiveQuantization, Inceptionn, ThresholdV
 
-CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, NaturalCodec, UniformCodec,
+CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, SignumCodec, NaturalCodec, UniformCodec,
                                    EightBitCodec, SketchMLCodec)})
 
 __all__ = ["Param", "Algorithm", "register", "get", "algorithms", "defaults", "build"]
@@ -234,7 +234,7 @@ for _alg in (
     Algorithm("signsgd", "SignSGD", SignCompressor, args={"codec_name": "signsgd", "name": "signsgd"},
               params={"vote": _VOTE},
               doc="signSGD with majority vote (Bernstein et al. 2018, 2019): 1 bit per element."),
-    Algorithm("signum", "Signum", SignCompressor, args={"codec_name": "signsgd", "name": "signum"},
+    Algorithm("signum", "Signum", SignCompressor, args={"codec_name": "signum", "name": "signum"},
               params={
         "momentum": Param(float, 0.9, _in_closed_open(0, 1), "momentum beta kept in the compressor"),
         "vote": _VOTE,

@@ -27,7 +27,7 @@ tie counted as + would push every such coordinate the same way each step.
 from __future__ import annotations
 
 from .base import Encoded, nan_flag, zero_nonfinite
-from .bitpack import Segment, pack_codes, unpack_values
+from .bitpack import Segment, join_segments, pack_codes, unpack_values
 from .quantizers import Codec, QuantizerCompressor, _flagged
 
 
@@ -59,6 +59,17 @@ class EFSignCodec(SignCodec):
     scaled = True
 
 
+class SignumCodec(SignCodec):
+    """Signum's codec: signSGD's payload; ``beta``, the momentum, is there for a fused
+    encoder, which takes the momentum where other codecs take the residual."""
+
+    name = "signum"
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.beta = float(params["momentum"])
+
+
 class SignCompressor(QuantizerCompressor):
     """signSGD and Signum: one sign bit per value, majority vote (``vote``) or the mean
     of signs; ``momentum`` > 0 sends the sign of the compressor's momentum (Signum)."""
@@ -78,8 +89,19 @@ class SignCompressor(QuantizerCompressor):
         return st["momentum"] * self.beta + g * (1.0 - self.beta)
 
     def _encode_fused(self, g, meta, st, noise):
-        # a fast path knows error feedback, not the momentum
-        return None if self.beta else super()._encode_fused(g, meta, st, noise)
+        if not self.beta:
+            return super()._encode_fused(g, meta, st, noise)
+        # Signum's codec: the fused encoder takes and returns the momentum (in host
+        # memory: the new momentum in a fresh buffer, finite a Python bool)
+        fused = self.B.fused_encoder(self.codec, 1, like=g)
+        if fused is None:
+            return None
+        fields, momentum, finite = fused(g, st["momentum"], None, None)
+        if finite is not True:  # NaN/Inf: the reference step (the momentum stays)
+            return self._encode_momentum(g, meta, st, noise)
+        st["momentum"] = momentum
+        payload = join_segments(self.B, self.codec.layout(meta.numel), fields)
+        return Encoded(payload, meta, self.payload_nbytes(meta))
 
     def _encode_host(self, g, meta, st, noise) -> Encoded:
         if not self.beta:
@@ -114,4 +136,4 @@ class SignCompressor(QuantizerCompressor):
             # a rank's NaN scale (a non-finite step) makes the factor NaN: the sign of a
             # NaN sum need not be NaN, and this costs no pass over the tensor
             factor = factor + B.bitcast(p[:4], "float32")[0] * 0.0
-        return self._finish(B.imul(B.sign(total), factor), meta, out)
+        return self._finish(B.imul(B.isign(total), factor), meta, out)

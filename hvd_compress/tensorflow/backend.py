@@ -276,6 +276,9 @@ class TensorFlowBackend:
     def isub(self, x, y):
         return x - _like(y, x)
 
+    def isign(self, x):
+        return tf.sign(x)
+
     def imul(self, x, y):
         return x * _like(y, x)
 

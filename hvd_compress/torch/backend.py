@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..core.backend import host_fast_decoders, host_fast_paths, selection_sample
+from ..core.backend import fill_uniform, host_fast_decoders, host_fast_paths, selection_sample
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -250,6 +250,9 @@ class TorchBackend:
     def isub(self, x, y):
         return x.sub_(y)
 
+    def isign(self, x):
+        return x.sign_()
+
     def imul(self, x, y):
         return x.mul_(y)
 
@@ -444,7 +447,7 @@ class _LazyGenerator:
             # One buffer reused across calls (fresh pages cost as much as the draws).
             if getattr(self, "_buf", None) is None or self._buf.numel() != n:
                 self._buf = torch.empty(n, dtype=torch.float32)
-            g.random(n, dtype=np.float32, out=self._buf.numpy())
+            fill_uniform(g, self._buf.numpy())
             return self._buf
         return torch.rand(n, generator=g, device=g.device, dtype=torch.float32)
 
