@@ -30,6 +30,7 @@ import numpy as np
 from .core.backend import set_host_fast_paths
 from .core.base import ef_sum_host
 from .core.bitpack import pack_codes, packed_nbytes
+from .core.sparsifiers import index_dtype
 
 __all__ = ["requested", "host_encoder"]
 
@@ -56,7 +57,7 @@ def host_encoder(B, codec, cols: int):
     off, numba missing, a codec without kernels, or 1-bit by columns."""
     body = _BODIES.get(codec.name)
     if (body is None and codec.name != "signum") or (codec.name == "onebit" and cols != 1) \
-            or not requested():
+            or (codec.name == "inceptionn" and codec.ef) or not requested():
         return None
     k = _kernels()
     if not k:
@@ -69,7 +70,7 @@ def host_encoder(B, codec, cols: int):
         if not finite:
             return None, residual, False
         n = B.shape(v)[0]
-        if codec.needs_noise and noise is None:
+        if getattr(codec, "needs_noise", False) and noise is None:
             noise = noise_source.draw(n, like=g)
         fields = body(k, B, codec, v, noise, residual is not None)
         return fields, (v if residual is not None else None), True
@@ -219,9 +220,82 @@ def _sketchml(k, B, codec, v, noise, ef):
     return {"means": means, "codes": B.from_host(codes)}
 
 
+_CHUNKS_SELECT = 16  # fixed stretches: the same indices and bits for any thread count
+
+
+def _adaq(k, B, comp, v, noise, ef):
+    """Adaptive quantization's payload (``comp``: the compressor): per sign, the k
+    largest magnitudes found from two counts of their float32 bit patterns (the top
+    16 bits, then the low 16 bits of the boundary pattern) instead of a sort, their
+    indices written in increasing order, ties to the lower index; the means from the
+    compressor's own ``mean``.  With ``ef``, ``v`` keeps the residual."""
+    vh = B.host_view(v)
+    n, chunks = vh.shape[0], _CHUNKS_SELECT
+    high = k.sign_high_counts(vh, chunks)
+    per_sign = high.sum(axis=0, dtype=np.int64)
+    ks = [comp.count(int(c)) for c in per_sign.sum(axis=1)]
+    top = np.full(2, -1, np.int64)  # the boundary's top 16 bits, per sign
+    need = [0, 0]  # how many to take within it
+    for s, kk in enumerate(ks):
+        if kk:
+            at_least = np.cumsum(per_sign[s][::-1])[::-1]  # values in patterns >= each
+            top[s] = np.flatnonzero(at_least >= kk)[-1]
+            need[s] = kk - (at_least[top[s]] - per_sign[s][top[s]])
+    low = k.sign_low_counts(vh, top, chunks)
+    cut = np.full(2, 1 << 31, np.int64)  # above every pattern: nothing of an empty sign
+    ties, starts = np.zeros((chunks, 2), np.int64), np.zeros((chunks, 2), np.int64)
+    for s, kk in enumerate(ks):
+        if not kk:
+            continue
+        lows = low[:, s].sum(axis=0, dtype=np.int64)
+        at_least = np.cumsum(lows[::-1])[::-1]
+        b = np.flatnonzero(at_least >= need[s])[-1]
+        cut[s] = (int(top[s]) << 16) | int(b)
+        take = need[s] - (at_least[b] - lows[b])  # values equal to the cut
+        equal = low[:, s, b].astype(np.int64)
+        ties[:, s] = np.clip(take - (np.cumsum(equal) - equal), 0, equal)  # the first ones
+        above = high[:, s, top[s] + 1:].sum(axis=1, dtype=np.int64) + \
+            low[:, s, b + 1:].sum(axis=1, dtype=np.int64)
+        taken = above + ties[:, s]
+        starts[:, s] = np.cumsum(taken) - taken
+    itype = index_dtype(n)
+    size = np.dtype(itype).itemsize
+    payload = np.empty(16 + size * (ks[0] + ks[1]), np.uint8)
+    pos = payload[16:16 + size * ks[0]].view(itype)
+    neg = payload[16 + size * ks[0]:].view(itype)
+    k.sign_select(vh, cut, ties, starts, pos, neg, chunks)
+    means = [B.to_numpy(comp.mean(v, B.from_host(idx), kk)) for idx, kk in ((pos, ks[0]), (neg, ks[1]))]
+    payload[:16].view(np.float32)[:3] = [1.0, means[0], means[1]]
+    payload[12:16].view(np.int32)[0] = ks[0]
+    if ef:  # as the chain: v[i] + (-mean)
+        for idx, m in ((pos, means[0]), (neg, means[1])):
+            vh[idx] += -np.float32(m)
+    return {"payload": B.from_host(payload)}
+
+
+def _inceptionn(k, B, comp, v, noise, ef):
+    """INCEPTIONN's payload: the width codes and per-stretch counts in one pass, the
+    values by width in another (into spare-slotted buffers, then the payload)."""
+    vh = B.host_view(v)
+    n, chunks = vh.shape[0], _CHUNKS_SELECT
+    inv = 1.0 / comp.step
+    codes = _codes(n, 2)
+    counts = k.inceptionn_widths(vh, inv, codes, chunks)
+    n32, n16, n8 = (int(c) for c in counts.sum(axis=0))
+    starts = np.cumsum(counts, axis=0) - counts
+    wide = np.empty(n32 + 16 * chunks, np.float32)
+    mid = np.empty(n16 + 32 * chunks, np.int16)
+    low = np.empty(n8 + 64 * chunks, np.uint8)
+    k.inceptionn_pack(vh, inv, starts, starts + counts, wide, mid, low, chunks)
+    head = np.asarray([1.0], np.float32).view(np.uint8), np.asarray([n32, n16], np.int32).view(np.uint8)
+    payload = np.concatenate(head + (wide[:n32].view(np.uint8), mid[:n16].view(np.uint8), low[:n8], codes))
+    return {"payload": B.from_host(payload)}
+
+
 _BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd,
            "signsgd": _sign, "efsignsgd": _sign, "natural": _natural, "uniform": _uniform,
-           "eightbit": _eightbit, "sketchml": _sketchml}
+           "eightbit": _eightbit, "sketchml": _sketchml, "adaq": _adaq,
+           "inceptionn": _inceptionn}
 
 
 def host_decoder(B, codec, cols: int):
@@ -236,9 +310,32 @@ def host_decoder(B, codec, cols: int):
 
     def decode(fields, n):
         out = np.empty(n, np.float32)
-        body(k, B, codec, {key: B.host_view(a) for key, a in fields.items()}, out)
+        if body(k, B, codec, {key: B.host_view(a) for key, a in fields.items()}, out) is False:
+            return None  # declined for this payload: the chain
         return B.from_host(out)
     return decode
+
+
+def _inceptionn_decode(k, B, comp, f, out):
+    """INCEPTIONN's values; declined (False: the chain) for a non-finite step's payload."""
+    p = f["payload"]
+    if not np.isfinite(p[:4].view(np.float32)[0]):
+        return False
+    n = out.shape[0]
+    n32, n16 = (int(c) for c in p[4:12].view(np.int32))
+    at = 12 + 4 * n32
+    ncodes = -(-n // 4)
+    wide, mid = p[12:at].view(np.float32), p[at:at + 2 * n16].view(np.int16)
+    low = p[at + 2 * n16:p.shape[0] - ncodes]
+    wide, mid, low = (a if a.shape[0] else np.zeros(1, a.dtype) for a in (wide, mid, low))
+    k.inceptionn_decode(p[p.shape[0] - ncodes:], wide, mid, low, comp.step, out, _CHUNKS_SELECT,
+                        _WIDTHS_PER_BYTE)
+    return out
+
+
+# how many 2-bit codes of widths 3, 2 and 1 each byte holds
+_WIDTHS_PER_BYTE = np.asarray([[sum(((b >> (2 * j)) & 3) == w for j in range(4)) for w in (3, 2, 1)]
+                               for b in range(256)], np.int64)
 
 
 def _natural_decode(k, B, codec, f, out):
@@ -262,7 +359,7 @@ def _sketchml_decode(k, B, codec, f, out):
 
 
 _DECODERS = {"signsgd": _sign_decode, "efsignsgd": _sign_decode, "signum": _sign_decode,
-             "natural": _natural_decode, "uniform": _uniform_decode, "eightbit": _eightbit_decode,
-             "sketchml": _sketchml_decode}
+             "natural": _natural_decode, "inceptionn": _inceptionn_decode,
+             "uniform": _uniform_decode, "eightbit": _eightbit_decode, "sketchml": _sketchml_decode}
 
 set_host_fast_paths(host_encoder, host_decoder)

@@ -37,7 +37,8 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "terngrad_pack", "qsgd_codes", "abs_sum", "natural_codes", "natural_decode",
            "sign_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
-           "bucket_codes", "lookup_subtract"]
+           "bucket_codes", "lookup_subtract", "sign_high_counts", "sign_low_counts", "sign_select",
+           "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
 
 def enabled() -> bool:
@@ -255,6 +256,16 @@ if AVAILABLE:
             hi[b] = mx
         return lo, hi
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _groups(n, nbytes, per, d):
+        """How the uniform kernels split their bytes: by bucket (``span`` bytes a group,
+        the bucket known without a division) where buckets hold whole bytes and are
+        many, else byte by byte; returns ``(groups, span, by_bucket)``."""
+        nb = (n + d - 1) // d
+        if d % per == 0 and nb >= 16:
+            return nb, d // per, True
+        return nbytes, 1, False
+
     @_jit
     def uniform_codes(v, inv, loinv, noise, levels, d, stochastic, bits, out, lo, scale, subtract):
         """Max-min codes ``min(floor(clip(v*inv - lo*inv, 0, L) + u), L)`` (``u`` the noise,
@@ -264,20 +275,22 @@ if AVAILABLE:
         per = 8 // bits
         half = np.float32(0.5)
         zero = np.float32(0.0)
-        for q in prange(out.shape[0]):
-            byte = 0
-            for j in range(per):
-                i = q * per + j
-                if i < n:
-                    k = i // d
-                    x = v[i] * inv[k] - loinv[k]
-                    x = min(max(x, zero), levels)
-                    y = np.floor(x + noise[i]) if stochastic else np.floor(x + half)
-                    c = np.int32(min(y, levels))
-                    byte |= c << (bits * j)
-                    if subtract:
-                        v[i] = v[i] - (np.float32(c) * scale[k] + lo[k])
-            out[q] = byte
+        groups, span, by_bucket = _groups(n, out.shape[0], per, d)
+        for g in prange(groups):
+            for q in range(g * span, min(out.shape[0], (g + 1) * span)):
+                byte = 0
+                for j in range(per):
+                    i = q * per + j
+                    if i < n:
+                        k = np.int64(g) if by_bucket else i // d
+                        x = v[i] * inv[k] - loinv[k]
+                        x = min(max(x, zero), levels)
+                        y = np.floor(x + noise[i]) if stochastic else np.floor(x + half)
+                        c = np.int32(min(y, levels))
+                        byte |= c << (bits * j)
+                        if subtract:
+                            v[i] = v[i] - (np.float32(c) * scale[k] + lo[k])
+                out[q] = byte
 
     @_jit
     def uniform_decode(codes, bits, d, lo, scale, out):
@@ -286,13 +299,15 @@ if AVAILABLE:
         n = out.shape[0]
         per = 8 // bits
         mask = (1 << bits) - 1
-        for q in prange(codes.shape[0]):
-            byte = np.int32(codes[q])
-            for j in range(per):
-                i = q * per + j
-                if i < n:
-                    k = i // d
-                    out[i] = np.float32((byte >> (bits * j)) & mask) * scale[k] + lo[k]
+        groups, span, by_bucket = _groups(n, codes.shape[0], per, d)
+        for g in prange(groups):
+            for q in range(g * span, min(codes.shape[0], (g + 1) * span)):
+                byte = np.int32(codes[q])
+                for j in range(per):
+                    i = q * per + j
+                    if i < n:
+                        k = np.int64(g) if by_bucket else i // d
+                        out[i] = np.float32((byte >> (bits * j)) & mask) * scale[k] + lo[k]
 
     @njit(nogil=True, cache=True, inline="always")
     def _rank(edges, a, x):
@@ -353,7 +368,185 @@ if AVAILABLE:
         """``v -= table[codes]`` in place (error feedback of a table codec)."""
         for i in prange(v.shape[0]):
             v[i] = v[i] - table[codes[i]]
+
+    @_jit
+    def sign_high_counts(v, chunks):
+        """Per stretch of ``v`` (``chunks`` of them) and sign (0: ``v > 0``, 1: ``v < 0``),
+        how many values have each top-16-bit pattern of ``|v|``'s float32 bits (int32
+        counts; zeros are not counted).  Larger patterns are larger magnitudes."""
+        n = v.shape[0]
+        bits = v.view(np.int32)
+        size = (n + chunks - 1) // chunks
+        counts = np.zeros((chunks, 2, 32768), np.int32)
+        for c in prange(chunks):
+            for i in range(c * size, min(n, (c + 1) * size)):
+                w = bits[i]
+                a = w & 0x7FFFFFFF
+                if a != 0:
+                    counts[c, 1 if w < 0 else 0, a >> 16] += 1
+        return counts
+
+    @_jit
+    def sign_low_counts(v, high, chunks):
+        """Per stretch and sign, how many values whose top 16 bits of ``|v|`` are
+        ``high[sign]`` have each low-16-bit pattern (``high[sign]`` -1: none)."""
+        n = v.shape[0]
+        bits = v.view(np.int32)
+        size = (n + chunks - 1) // chunks
+        counts = np.zeros((chunks, 2, 65536), np.int32)
+        for c in prange(chunks):
+            for i in range(c * size, min(n, (c + 1) * size)):
+                w = bits[i]
+                a = w & 0x7FFFFFFF
+                s = 1 if w < 0 else 0
+                if a != 0 and (a >> 16) == high[s]:
+                    counts[c, s, a & 0xFFFF] += 1
+        return counts
+
+    @_jit
+    def sign_select(v, cut, ties, starts, pos, neg, chunks):
+        """Per sign, the indices (increasing) of the values whose ``|v|`` bits exceed
+        ``cut[sign]``, and of those equal to it the ``ties[chunk, sign]`` first of each
+        stretch, written from ``starts[chunk, sign]`` on into ``pos`` / ``neg``."""
+        n = v.shape[0]
+        bits = v.view(np.int32)
+        size = (n + chunks - 1) // chunks
+        for c in prange(chunks):
+            at0 = starts[c, 0]
+            at1 = starts[c, 1]
+            left0 = ties[c, 0]
+            left1 = ties[c, 1]
+            for i in range(c * size, min(n, (c + 1) * size)):
+                w = bits[i]
+                a = np.int64(w & 0x7FFFFFFF)
+                if a == 0:
+                    continue
+                if w >= 0:
+                    if a > cut[0] or (a == cut[0] and left0 > 0):
+                        if a == cut[0]:
+                            left0 -= 1
+                        pos[at0] = i
+                        at0 += 1
+                elif a > cut[1] or (a == cut[1] and left1 > 0):
+                    if a == cut[1]:
+                        left1 -= 1
+                    neg[at1] = i
+                    at1 += 1
+
+    @_jit
+    def inceptionn_widths(v, inv, codes, chunks):
+        """INCEPTIONN: the width code of ``q = floor(float64(v) * inv + 0.5)`` (0: q = 0,
+        1: |q| <= 127, 2: |q| <= 32767, else 3) packed 4 a byte, and per stretch of
+        ``v`` (a multiple of 4 values long) how many values take widths 3, 2 and 1.
+        ``floor(y) >= m`` is ``y >= m`` for an integer ``m``: comparisons, no floor."""
+        n = v.shape[0]
+        size = ((n + chunks - 1) // chunks + 3) // 4 * 4
+        counts = np.zeros((chunks, 3), np.int64)
+        for c in prange(chunks):
+            end = min(n, (c + 1) * size)
+            c3 = 0
+            c2 = 0
+            c1 = 0
+            for q in range(c * size // 4, (end + 3) // 4):
+                b = 0
+                for j in range(4):
+                    i = q * 4 + j
+                    if i < end:
+                        y = np.float64(v[i]) * inv + 0.5
+                        w = np.int32((y >= 1.0) | (y < 0.0)) + np.int32((y >= 128.0) | (y < -127.0)) \
+                            + np.int32((y >= 32768.0) | (y < -32767.0))
+                        c3 += w == 3
+                        c2 += w == 2
+                        c1 += w == 1
+                        b |= w << (2 * j)
+                codes[q] = b
+            counts[c, 0] = c3
+            counts[c, 1] = c2
+            counts[c, 2] = c1
+        return counts
+
+    @_jit
+    def inceptionn_pack(v, inv, starts, ends, wide, mid, low, chunks):
+        """INCEPTIONN's values by width, each stretch into ``[starts, ends)`` of ``wide``
+        (float32 as they are), ``mid`` (int16 q) and ``low`` (uint8 q + 128).  Every
+        value is written to each array's next slot, which only the values of its width
+        move on (the slot's last write is the right one), so there is no branch to
+        mispredict; a stretch whose slots are all filled writes to its own spare slot
+        past the end (the arrays have ``16 * chunks``, ``32 * chunks`` and ``64 * chunks``
+        spare entries)."""
+        n = v.shape[0]
+        size = ((n + chunks - 1) // chunks + 3) // 4 * 4
+        for c in prange(chunks):
+            a3 = starts[c, 0]
+            a2 = starts[c, 1]
+            a1 = starts[c, 2]
+            e3 = ends[c, 0]
+            e2 = ends[c, 1]
+            e1 = ends[c, 2]
+            s3 = wide.shape[0] - 16 * (c + 1)
+            s2 = mid.shape[0] - 32 * (c + 1)
+            s1 = low.shape[0] - 64 * (c + 1)
+            for i in range(c * size, min(n, (c + 1) * size)):
+                x = v[i]
+                y = min(max(np.float64(x) * inv + 0.5, -1e18), 1e18)  # within int64
+                t = np.int64(y)
+                t -= np.int64(t > y)  # floor
+                big = (t > 32767) | (t < -32767)
+                m = ((t > 127) | (t < -127)) & ~big
+                one = (t != 0) & ~big & ~m
+                wide[a3 if a3 < e3 else s3] = x
+                mid[a2 if a2 < e2 else s2] = np.int16(t)
+                low[a1 if a1 < e1 else s1] = np.uint8(t + 128)
+                a3 += big
+                a2 += m
+                a1 += one
+
+    @_jit
+    def inceptionn_decode(codes, wide, mid, low, step, out, chunks, per_byte):
+        """INCEPTIONN's values from their width codes: ``wide`` as they are, ``mid`` and
+        ``low - 128`` times ``step`` (float64, then float32), 0 for width 0.  Each
+        stretch's offsets from counts by code byte (``per_byte[b]``: how many codes of
+        widths 3, 2, 1 byte ``b`` holds); values selected, not branched on (``wide``,
+        ``mid``, ``low`` have at least one entry)."""
+        n = out.shape[0]
+        size = ((n + chunks - 1) // chunks + 3) // 4 * 4
+        counts = np.zeros((chunks + 1, 3), np.int64)
+        for c in prange(chunks):
+            s3 = 0
+            s2 = 0
+            s1 = 0
+            for q in range(c * size // 4, min((n + 3) // 4, (c + 1) * size // 4)):
+                b = codes[q]
+                s3 += per_byte[b, 0]
+                s2 += per_byte[b, 1]
+                s1 += per_byte[b, 2]
+            counts[c + 1, 0] = s3
+            counts[c + 1, 1] = s2
+            counts[c + 1, 2] = s1
+        for c in range(chunks):
+            for w in range(3):
+                counts[c + 1, w] += counts[c, w]
+        last3 = wide.shape[0] - 1
+        last2 = mid.shape[0] - 1
+        last1 = low.shape[0] - 1
+        for c in prange(chunks):
+            a3 = counts[c, 0]
+            a2 = counts[c, 1]
+            a1 = counts[c, 2]
+            for i in range(c * size, min(n, (c + 1) * size)):
+                w = (codes[i >> 2] >> (2 * (i & 3))) & 3
+                r = np.float32((np.float64(low[min(a1, last1)]) - 128.0) * step) if w == 1 \
+                    else np.float32(0.0)
+                r = np.float32(np.float64(mid[min(a2, last2)]) * step) if w == 2 else r
+                r = wide[min(a3, last3)] if w == 3 else r
+                out[i] = r
+                a1 += w == 1
+                a2 += w == 2
+                a3 += w == 3
+
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
     abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
     uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
+    sign_high_counts = sign_low_counts = sign_select = None
+    inceptionn_widths = inceptionn_pack = inceptionn_decode = None

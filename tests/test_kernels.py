@@ -19,8 +19,13 @@ SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:
          "uniform:bits=8,stochastic=false,ef=true", "uniform:bits=3,bucket=7",
          "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true",
          "sketchml", "sketchml:buckets=7,ef=true", "sketchml:buckets=300,sample=50", "signum",
-         "signum:momentum=0.5,vote=false"]
+         "signum:momentum=0.5,vote=false", "adaq", "adaq:ratio=0.3,ef=false", "adaq:ratio=1",
+         "inceptionn", "inceptionn:bound=1e-6", "inceptionn:bound=0.5"]
 SHAPES = [(1,), (5,), (9,), (1001,), (300, 7), (70001,)]
+
+
+def _needs_noise(comp):
+    return getattr(getattr(comp, "codec", None), "needs_noise", False)
 
 
 def _run(spec, backend, xs, noises, fused, monkeypatch):
@@ -30,7 +35,7 @@ def _run(spec, backend, xs, noises, fused, monkeypatch):
     for x, noise in zip(xs, noises):
         if backend is not NUMPY:
             x, noise = torch.from_numpy(x), torch.from_numpy(noise)
-        enc = comp.encode(x, "w", noise=noise if comp.codec.needs_noise else None)
+        enc = comp.encode(x, "w", noise=noise if _needs_noise(comp) else None)
         payloads.append(np.asarray(backend.to_numpy(enc.payload)).tobytes())
         decoded = comp.aggregate([enc.payload], enc)  # the fused decoders too
         payloads.append(np.asarray(backend.to_numpy(decoded)).tobytes())
@@ -68,6 +73,26 @@ def test_sign_kernels_on_zeros_and_signed_zeros(spec, backend, monkeypatch):
         np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
 
 
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["adaq", "adaq:ratio=0.2", "inceptionn:bound=0.01"])
+@pytest.mark.parametrize("n", [3, 64, 5003, 70001])
+def test_selection_and_width_kernels_on_ties_zeros_and_extremes(spec, n, backend, monkeypatch):
+    """Many equal magnitudes (ties go to the lower index, across the kernels' stretches),
+    zeros of both signs, one sign only, tiny and huge values: the fused adaq and
+    INCEPTIONN payloads, decoded values and residuals are the chain's."""
+    rng = np.random.default_rng(n)
+    ties = (rng.integers(-3, 4, n) * 0.01).astype(np.float32)
+    signed_zeros = np.where(rng.random(n) < 0.5, np.float32(0.0), np.float32(-0.0)) + ties * 0
+    positive = np.abs(ties) + np.float32(0.01)
+    extremes = (rng.standard_normal(n) * 10.0 ** rng.uniform(-40, 38, n)).astype(np.float32)
+    xs = [ties, signed_zeros.astype(np.float32), positive, extremes]
+    noises = [np.zeros(n, np.float32)] * len(xs)
+    fused, plain = (_run(spec, backend, xs, noises, f, monkeypatch) for f in (True, False))
+    assert fused[0] == plain[0]
+    for key in plain[1]:
+        np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
+
+
 def test_the_fused_path_is_taken(monkeypatch):
     calls = []
     real = kernels.threshold_pack
@@ -89,6 +114,11 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
                  "uniform", "eightbit", "sketchml"):
         assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_encoder(make_codec("signum", {"momentum": 0.9}), 1) is not None
+    for spec in ("adaq", "inceptionn"):  # whole payloads: the compressor is the "codec"
+        assert backend.fused_encoder(build(spec, backend), 1) is not None, spec
+    assert backend.fused_decoder(build("inceptionn", backend), 1) is not None
+    assert backend.fused_encoder(build("inceptionn:ef=true", backend), 1) is None  # the chain
+    assert backend.fused_encoder(build("thresholdv", backend), 1) is None
     for name in ("natural", "uniform", "eightbit", "sketchml", "signsgd", "efsignsgd"):
         assert backend.fused_decoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_decoder(make_codec("uniform", {"bits": 3}), 1) is None  # the chain
@@ -104,7 +134,7 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
 @pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
                                   "qsgd:levels=16", "onebit:ef=false", "efsignsgd", "natural:ef=true",
                                   "uniform:ef=true", "eightbit:ef=true", "signsgd", "sketchml:ef=true",
-                                  "signum"])
+                                  "signum", "adaq", "inceptionn"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
     """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same
@@ -126,7 +156,7 @@ def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatc
             if backend is not NUMPY:
                 x, noise = torch.from_numpy(x), torch.from_numpy(noise)
             with np.errstate(over="ignore", invalid="ignore"):
-                enc = comp.encode(x, "w", noise=noise if comp.codec.needs_noise else None)
+                enc = comp.encode(x, "w", noise=noise if _needs_noise(comp) else None)
             payloads.append(np.asarray(backend.to_numpy(enc.payload)).tobytes())
             if step == 1:
                 nan_step = np.asarray(backend.to_numpy(comp.aggregate([enc.payload], enc)))

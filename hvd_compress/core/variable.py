@@ -29,7 +29,26 @@ from .sparsifiers import Selection, index_dtype, topk_indices
 _ISIZE = {"int32": 4, "int64": 8}
 
 
-class VariableSparsifier(Compressor):
+class PayloadFastPath:
+    """A whole payload from the backend's fused encoder, where it has one for this
+    compressor (``B.fused_encoder(self, 1)``; host memory: adaq and INCEPTIONN): the
+    fields it returns are ``{"payload": uint8 array}``, the same bytes as the chain's."""
+
+    def _encode_fused(self, g, meta, st, noise):
+        B = self.B
+        fused = B.fused_encoder(self, 1, like=g)
+        if fused is None:
+            return None
+        fields, residual, finite = fused(g, st["residual"] if self.ef else None, None, None)
+        if finite is not True:  # NaN/Inf: the reference step (the state is untouched)
+            return self._encode_host_nonfinite(g, meta, st, noise)
+        if self.ef:
+            st["residual"] = residual
+        payload = fields["payload"]
+        return Encoded(payload, meta, B.shape(payload)[0])
+
+
+class VariableSparsifier(PayloadFastPath, Compressor):
     """Sends some indices and what their values become; the rest stays in the residual."""
 
     variable_size = True
@@ -75,7 +94,7 @@ class VariableSparsifier(Compressor):
         B = self.B
         flat = self._flat_out(out, enc.meta)
         total = B.izero(flat) if flat is not None else \
-            B.zeros((enc.meta.numel,), "float32", like=enc.ctx.indices)
+            B.zeros((enc.meta.numel,), "float32", like=enc.payload)
         poison = B.scalar(0.0, like=total)
         for p in received:  # rank by rank: one order everywhere
             total, poison = self._add(total, p, enc.meta, poison)
@@ -140,18 +159,27 @@ class AdaptiveQuantization(VariableSparsifier):
 
     fixed_bytes, per_value = 16, 0  # flag, two means, k+; indices only
 
+    def count(self, n_sign: int) -> int:
+        """How many of a sign's ``n_sign`` values are sent (0 when there are none)."""
+        ratio = float(self.params["ratio"])
+        return min(n_sign, max(1, math.ceil(ratio * n_sign - 1e-9))) if n_sign else 0
+
+    def mean(self, v, chosen, k: int):
+        """The float32 mean of ``v`` at the ``k`` indices ``chosen`` (summed in float64),
+        0 for none: what those values become (a fast path derives it the same way)."""
+        B = self.B
+        if not k:
+            return B.scalar(0.0, like=v)
+        return B.cast(B.div(B.sum64(B.gather(v, chosen)), float(k)), "float32")
+
     def _pick(self, v, meta):
         B = self.B
-        ratio = float(self.params["ratio"])
         idx, sent, means, counts = [], [], [], []
         for sign in (1.0, -1.0):
             mag = B.maximum(v * sign, 0.0)  # this sign's magnitudes, 0 elsewhere
-            n_sign = int(B.count_nonzero(mag > 0))
-            k = min(n_sign, max(1, math.ceil(ratio * n_sign - 1e-9))) if n_sign else 0
+            k = self.count(int(B.count_nonzero(mag > 0)))
             chosen = topk_indices(B, mag, k) if k else B.zeros((0,), "int64", like=v)
-            total = B.sum64(B.gather(v, chosen)) if k else 0.0
-            mean = B.cast(B.div(total, float(max(k, 1))), "float32") if k else \
-                B.scalar(0.0, like=v)
+            mean = self.mean(v, chosen, k)
             idx.append(chosen)
             sent.append(B.full((k,), 0.0, like=v) + mean)
             means.append(B.reshape(B.cast(mean, "float32"), (1,)))
@@ -174,7 +202,7 @@ class AdaptiveQuantization(VariableSparsifier):
         return total, poison + flag[0] * 0.0
 
 
-class Inceptionn(Compressor):
+class Inceptionn(PayloadFastPath, Compressor):
     """INCEPTIONN's error-bounded lossy compression of gradients (Li et al., MICRO 2018,
     "A Network-Centric Hardware/Algorithm Co-Design to Accelerate Distributed Training
     of Deep Neural Networks"): every value is sent with the fewest bits that keep it
@@ -225,6 +253,11 @@ class Inceptionn(Compressor):
 
     def _decode(self, payload, meta, ctx=None):
         B = self.B
+        fused = B.fused_decoder(self, 1, like=payload)
+        if fused is not None:  # the backend's fast path (None for this payload: the chain)
+            dense = fused({"payload": payload}, meta.numel)
+            if dense is not None:
+                return dense
         n, s = meta.numel, self.step
         flag = B.bitcast(payload[:4], "float32")
         n32, n16 = (int(c) for c in B.to_numpy(B.bitcast(payload[4:12], "int32")))
