@@ -125,6 +125,20 @@ def test_predivide_and_average_match_horovods_arithmetic():
         np.testing.assert_allclose(s, 3 * a, rtol=1e-6)
 
 
+@pytest.mark.parametrize("spec", ["signsgd", "signum", "signsgd:vote=false"])
+def test_predivide_leaves_the_majority_vote_as_it_is(spec):
+    """gradient_predivide_factor f divides the inputs by f and multiplies the average by
+    f; signs do not scale with their inputs, so f must not multiply their vote or mean:
+    with f = 4 the result is the one with f = 1 (the vote: each coordinate -1, 0, +1)."""
+    plain, _, _ = _run(spec, steps=2)
+    scaled, _, _ = _run(spec, steps=2, predivide=4.0)
+    for step in range(2):
+        for a, b in zip(plain[step][0][0], scaled[step][0][0]):
+            np.testing.assert_array_equal(a, b)
+            if "vote=false" not in spec:
+                assert set(np.unique(a)) <= {-1.0, 0.0, 1.0}
+
+
 def test_none_is_horovods_own_average():
     """Uncompressed: the collective gets the user's op (here a stand-in for hvd.Average)
     with prescale 1/f and postscale f, and nothing is decoded or scaled afterwards."""

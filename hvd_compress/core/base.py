@@ -120,6 +120,9 @@ class Compressor:
     #: whether payload sizes depend on the values (rows of different lengths per rank;
     #: ``payload_nbytes`` is then the most a tensor can take)
     variable_size = False
+    #: whether the aggregate does not scale with the inputs (the majority vote), so that
+    #: Horovod's ``gradient_predivide_factor`` does not apply to it
+    scale_free = False
 
     def __init__(self, params: dict | None = None, backend=NUMPY, rank: int = 0,
                  world_size: int = 1):

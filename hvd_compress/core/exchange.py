@@ -9,7 +9,8 @@ for one process set, or mpi4py's).
 
 One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
 
-    x_i <- x_i / f                          (op=Average, gradient_predivide_factor f)
+    x_i <- x_i / f                          (op=Average, gradient_predivide_factor f;
+                                             f = 1 for the majority vote: scale-free)
     enc_i = comp.encode(x_i, n_i)           (state: residuals, DGC memory, PowerSGD Q)
     # tensors that need the same number of rounds share one collective per round
     for each extra round (PowerSGD):        payloads laid end to end, allreduce-sum,
@@ -182,7 +183,7 @@ class Exchange:
         for i, (x, name) in enumerate(zip(tensors, names)):
             comp = self.comp if pick is None else pick(name, B.shape(x), B.dtype_name(x))
             native = self.native(comp)
-            if self.average and self.predivide != 1.0 and not native:
+            if self.average and self._predivide(comp) != 1.0 and not native:
                 x = x * (1.0 / self.predivide)
             enc = comp.encode(x, name, noise=None if noises is None else noises[i])
             rounds = comp.rounds(enc.meta)
@@ -371,8 +372,15 @@ class Exchange:
             return result if out is None else B.icopy(out, result)
         result = comp.aggregate(got, enc, out=out)
         if self.average:  # the aggregate is a fresh tensor (or ``out``): scaled in place
-            result = B.imul(result, self.predivide / self.size)
+            result = B.imul(result, self._predivide(comp) / self.size)
         return result
+
+    def _predivide(self, comp) -> float:
+        """``gradient_predivide_factor`` for ``comp``'s tensors: 1 for a compressor whose
+        aggregate does not scale with its inputs (the majority vote: dividing the
+        inputs by f would leave the vote as it is, and the postscale would multiply it
+        by f)."""
+        return 1.0 if comp.scale_free else self.predivide
 
 
 def _numel(shape) -> int:

@@ -72,7 +72,11 @@ class SignumCodec(SignCodec):
 
 class SignCompressor(QuantizerCompressor):
     """signSGD and Signum: one sign bit per value, majority vote (``vote``) or the mean
-    of signs; ``momentum`` > 0 sends the sign of the compressor's momentum (Signum)."""
+    of signs; ``momentum`` > 0 sends the sign of the compressor's momentum (Signum).
+    Their aggregates do not scale with the inputs (a scale of 1), so Horovod's
+    ``gradient_predivide_factor`` does not apply (``scale_free``)."""
+
+    scale_free = True
 
     def __init__(self, codec_name="signsgd", params=None, backend=None, rank=0, world_size=1,
                  name="signsgd", **kw):
