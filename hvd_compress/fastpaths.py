@@ -198,7 +198,7 @@ def start_table(edges, scale=1.0):
 
 
 def _eightbit(k, B, codec, v, noise, ef):
-    s = B.absmax(v)
+    s = codec.scale(B, v)
     inv = np.float32(B.to_numpy(codec.inverse(B, s)))
     out = np.empty(B.shape(v)[0], np.uint8)
     k.eightbit_codes(B.host_view(v), inv, codec.edges, start_table(codec.edges, inv),

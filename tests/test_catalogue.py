@@ -155,6 +155,49 @@ def test_eightbit_rounds_to_the_nearest_level_of_the_scaled_value():
     assert np.all(rel < 0.02)
 
 
+EXTREMES = {"subnormal": [1e-40, 2e-40, 3e-40, -1e-40], "just normal": [1e-38, 1.1e-38, 1.5e-38, 2e-38],
+            "one subnormal": [1e-45, 0.0, 0.0, 0.0], "both huge": [3e38, -3e38, 1.0, 0.0],
+            "wide": [1e38, -1e38, 1.0, 0.0]}
+
+
+@pytest.mark.parametrize("kind", EXTREMES)
+@pytest.mark.parametrize("spec", ["uniform:bucket=4", "uniform:bucket=4,stochastic=false",
+                                  "uniform:bits=1,bucket=4", "eightbit"])
+def test_level_codecs_stay_finite_and_close_on_extreme_ranges(spec, kind):
+    """A range too narrow for ``L / range`` in float32 (subnormals), or wider than
+    float32 (values of +-3e38): the scales stay finite, the decoded values too, within
+    a step of ``max(range, L * 2^-126) / L`` (uniform), or 1% of ``max(max|v|, 2^-126)``
+    (8-bit); a range beyond float32's is clipped at ``lo + 2^128 (1 - 2^-20)``."""
+    x = np.array(EXTREMES[kind], np.float32)
+    comp = build(spec)
+    with np.errstate(over="ignore", under="ignore"):
+        out, enc = single_rank(comp, x, noise=np.full(4, 0.5, np.float32))
+    assert np.isfinite(out).all()
+    err = np.abs(out.astype(np.float64) - x)
+    if spec == "eightbit":
+        assert err.max() <= 0.01 * max(float(np.abs(x).max()), 2.0 ** -126)
+        return
+    L = float(comp.codec.levels)
+    rng = float(x.max()) - float(x.min())
+    if rng > 3.4e38:  # clipped: the top values decode to lo + 3.4e38
+        assert float(out.max()) <= float(x.min()) + 2.0 ** 128
+        return
+    assert err.max() <= max(rng, L * 2.0 ** -126) / L * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("spec", ["uniform:bucket=4", "uniform:bits=2,bucket=4"])
+def test_uniform_stays_unbiased_on_a_subnormal_range(spec):
+    """A subnormal bucket is quantized on steps of 2^-126: still unbiased."""
+    x = np.array(EXTREMES["subnormal"], np.float32)
+    rng = np.random.default_rng(4)
+    comp = build(spec)
+    with np.errstate(under="ignore"):
+        draws = np.array([single_rank(comp, x, noise=rng.random(4, dtype=np.float32))[0]
+                          for _ in range(4000)], np.float64)
+    sd = draws.std(axis=0) / math.sqrt(len(draws))
+    assert np.all(np.abs(draws.mean(axis=0) - x) <= 5 * sd + 1e-46)
+
+
 def test_sketchml_cuts_quantile_buckets_and_sends_their_means():
     comp = build("sketchml:buckets=4")
     x = np.array([8, 1, 7, 2, 6, 3, 5, 4], np.float32)

@@ -93,6 +93,21 @@ def test_selection_and_width_kernels_on_ties_zeros_and_extremes(spec, n, backend
         np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
 
 
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["uniform:bucket=4", "uniform:bucket=4,stochastic=false,ef=true",
+                                  "eightbit", "eightbit:ef=true"])
+def test_level_kernels_on_extreme_ranges(spec, backend, monkeypatch):
+    """Subnormal and wider-than-float32 ranges (the scales' clamps): the kernels' bits."""
+    from tests.test_catalogue import EXTREMES
+    xs = [np.array(v * 3, np.float32) for v in EXTREMES.values()]
+    noises = [np.linspace(0, 0.99, 12, dtype=np.float32)] * len(xs)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        fused, plain = (_run(spec, backend, xs, noises, f, monkeypatch) for f in (True, False))
+    assert fused[0] == plain[0]
+    for key in plain[1]:
+        np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
+
+
 def test_the_fused_path_is_taken(monkeypatch):
     calls = []
     real = kernels.threshold_pack

@@ -92,6 +92,9 @@ class NaturalCodec(Codec):
         return mags * unpack_values(B, fields["signs"], 1, n, [1.0, -1.0])
 
 
+_LARGEST_RANGE = 2.0 ** 128 * (1.0 - 2.0 ** -20)  # below float32's largest, with a margin
+
+
 class UniformCodec(Codec):
     """Uniform max-min quantization with buckets (CGX, Markov et al. 2022; Bagua's
     ByteGrad): in each bucket of ``d`` values, ``lo = min``, ``scale = (max - lo) /
@@ -129,9 +132,17 @@ class UniformCodec(Codec):
 
     def scales(self, B, lo, hi):
         """``(scale, inv)`` per bucket from its min and max: ``(hi - lo) / L`` and ``L / (hi
-        - lo)`` (0 for a constant bucket), from the range in float64, as float32."""
+        - lo)`` (0 for a constant bucket), from the range in float64, as float32.
+
+        The range is kept within ``[L * 2^-126, 2^128 * (1 - 2^-20)]`` so that neither
+        ``inv`` nor a decoded ``code * scale`` leaves float32's finite range: a bucket
+        narrower than that is quantized on steps of ``2^-126`` (still unbiased when
+        stochastic; the absolute error below ``2^-126``), and one wider (values
+        beyond +-1.7e38 of both signs) is clipped at ``lo + 3.4e38`` (finite; error
+        feedback keeps the difference)."""
         L = float(self.levels)
         rng = B.cast(hi, "float64") - B.cast(lo, "float64")
+        rng = B.where(rng > 0, B.minimum(B.maximum(rng, L * 2.0 ** -126), _LARGEST_RANGE), rng)
         scale = B.cast(B.div(rng, L), "float32")
         inv = B.cast(B.where(rng > 0, B.div(L, B.where(rng > 0, rng, 1.0)), 0.0), "float32")
         return scale, inv
@@ -166,9 +177,10 @@ _TREE_EDGES = ((_TREE[:-1].astype(np.float64) + _TREE[1:]) / 2.0).astype(np.floa
 
 class EightBitCodec(Codec):
     """8-bit approximation (Dettmers, ICLR 2016, "8-Bit Approximations for Parallelism
-    in Deep Learning"): values divided by the tensor's ``max |v|`` and rounded to the
-    nearest of the dynamic tree type's 256 levels (:func:`dynamic_tree_levels`: fine
-    near 0, coarse near 1, relative error about 1-10%).  Deterministic and biased;
+    in Deep Learning"): values divided by the tensor's ``max |v|`` (at least
+    ``2^-126``) and rounded to the nearest of the dynamic tree type's 256 levels
+    (:func:`dynamic_tree_levels`: fine near 0, coarse near 1, relative error about
+    1-10%).  Deterministic and biased;
     ``ef=true`` keeps the rounding error.  GRACE's ``u8bit`` uses a table of its own
     and rounds down to a level; we round to the nearest, as bitsandbytes does.
     """
@@ -181,12 +193,20 @@ class EightBitCodec(Codec):
         return [Segment("scale", "float32", 1), Segment("codes", "uint8", n)]
 
     @staticmethod
+    def scale(B, v):
+        """The scale sent: ``max |v|``, at least ``2^-126`` (so that ``1 / scale`` is a
+        finite float32; a tensor of subnormals is then rounded on a grid as fine as
+        the type's near 0), 0 for an all-zero tensor."""
+        s = B.absmax(v)
+        return B.where(s > 0, B.maximum(s, 2.0 ** -126), s)
+
+    @staticmethod
     def inverse(B, s):
         """``1 / s`` for the scale ``s`` (0 when ``s`` is 0)."""
         return B.where(s > 0, B.div(1.0, B.where(s > 0, s, 1.0)), 0.0)
 
     def encode_values(self, B, v, flag, noise, cols=1):
-        s = B.absmax(v)
+        s = self.scale(B, v)
         inv = self.inverse(B, s)
         edges = B.asarray(self.edges, "float32", like=v)
         code = B.cast(B.bucketize(v * inv, edges), "uint8")

@@ -213,7 +213,10 @@ class Inceptionn(PayloadFastPath, Compressor):
     (the margin keeps float32's own rounding of ``q * s`` inside the bound): ``q = 0``
     takes 0 bits, ``|q| <= 127`` 8 bits, ``|q| <= 32767`` 16 bits, larger values are
     sent as float32 (exact).  So ``|v - decoded| <= bound`` for every element, always
-    (tested).  The paper groups values by their float exponent and truncates the
+    (tested), where ``v`` is the float32 value encoded: like every compressor here,
+    INCEPTIONN works in float32, so a float64 gradient is rounded to
+    float32 first and its own rounding error (relative 2^-24) adds to the bound.
+    The paper groups values by their float exponent and truncates the
     mantissa (GRACE's ``inceptionn`` likewise); a fixed grid gives the same widths by
     magnitude with a bound that is exact by construction.  ``bound`` defaults to 2^-10,
     the cut below which GRACE's default drops values.
