@@ -65,7 +65,11 @@ def host_encoder(B, codec, cols: int):
     if codec.name == "signum":  # its state is the momentum, not an error-feedback residual
         return lambda g, momentum, noise, noise_source: _signum(k, B, codec, g, momentum)
 
+    smallest = _SMALLEST.get(codec.name, 0)
+
     def encode(g, residual, noise, noise_source):
+        if B.shape(g)[0] < smallest:
+            return None  # declined for this tensor (nothing touched): the chain
         v, finite = ef_sum_host(B, g, residual)
         if not finite:
             return None, residual, False
@@ -220,7 +224,7 @@ def _sketchml(k, B, codec, v, noise, ef):
     return {"means": means, "codes": B.from_host(codes)}
 
 
-_CHUNKS_SELECT = 16  # fixed stretches: the same indices and bits for any thread count
+_CHUNKS_SELECT = 16  # fixed stretches (the same bits for any thread count), at most
 
 
 def _adaq(k, B, comp, v, noise, ef):
@@ -230,7 +234,8 @@ def _adaq(k, B, comp, v, noise, ef):
     indices written in increasing order, ties to the lower index; the means from the
     compressor's own ``mean``.  With ``ef``, ``v`` keeps the residual."""
     vh = B.host_view(v)
-    n, chunks = vh.shape[0], _CHUNKS_SELECT
+    n = vh.shape[0]
+    chunks = min(_CHUNKS_SELECT, max(1, n >> 16))  # small tensors: small counts to clear
     high = k.sign_high_counts(vh, chunks)
     per_sign = high.sum(axis=0, dtype=np.int64)
     ks = [comp.count(int(c)) for c in per_sign.sum(axis=1)]
@@ -291,6 +296,10 @@ def _inceptionn(k, B, comp, v, noise, ef):
     payload = np.concatenate(head + (wide[:n32].view(np.uint8), mid[:n16].view(np.uint8), low[:n8], codes))
     return {"payload": B.from_host(payload)}
 
+
+# the fewest elements a whole-payload fast path takes (adaq's counts cost more than
+# the chain's selection on smaller tensors)
+_SMALLEST = {"adaq": 1 << 16}
 
 _BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd,
            "signsgd": _sign, "efsignsgd": _sign, "natural": _natural, "uniform": _uniform,

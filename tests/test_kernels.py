@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_compress import kernels
+from hvd_compress import fastpaths, kernels
 from hvd_compress.core import NUMPY, build
 from hvd_compress.core.quantizers import make_codec
 from hvd_compress.torch import TorchBackend
@@ -30,6 +30,7 @@ def _needs_noise(comp):
 
 def _run(spec, backend, xs, noises, fused, monkeypatch):
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if fused else "0")
+    monkeypatch.setattr(fastpaths, "_SMALLEST", {})  # the kernels on small tensors too
     comp = build(spec, backend)
     payloads = []
     for x, noise in zip(xs, noises):
@@ -108,6 +109,20 @@ def test_level_kernels_on_extreme_ranges(spec, backend, monkeypatch):
         np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
 
 
+def test_adaq_takes_the_chain_below_its_smallest_size(monkeypatch):
+    """The counts' fixed cost does not pay on small tensors: the fast path declines
+    them untouched (the chain runs) and takes large ones."""
+    calls = []
+    real = kernels.sign_select
+    monkeypatch.setattr(kernels, "sign_select", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
+    comp = build("adaq")
+    comp.encode(np.ones(1000, np.float32), "small")
+    assert calls == []
+    comp.encode(np.ones(1 << 16, np.float32), "large")
+    assert calls == [1]
+
+
 def test_the_fused_path_is_taken(monkeypatch):
     calls = []
     real = kernels.threshold_pack
@@ -161,6 +176,7 @@ def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatc
     if bad == "overflow" and not build(spec).ef:
         pytest.skip("no error feedback: no sum to overflow")
     runs = []
+    monkeypatch.setattr(fastpaths, "_SMALLEST", {})  # the kernels on small tensors too
     for fused in (True, False):
         monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if fused else "0")
         comp = build(spec, backend)

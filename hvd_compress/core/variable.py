@@ -32,14 +32,18 @@ _ISIZE = {"int32": 4, "int64": 8}
 class PayloadFastPath:
     """A whole payload from the backend's fused encoder, where it has one for this
     compressor (``B.fused_encoder(self, 1)``; host memory: adaq and INCEPTIONN): the
-    fields it returns are ``{"payload": uint8 array}``, the same bytes as the chain's."""
+    fields it returns are ``{"payload": uint8 array}``, the same bytes as the chain's;
+    it may decline a tensor (returns None before touching anything)."""
 
     def _encode_fused(self, g, meta, st, noise):
         B = self.B
         fused = B.fused_encoder(self, 1, like=g)
         if fused is None:
             return None
-        fields, residual, finite = fused(g, st["residual"] if self.ef else None, None, None)
+        done = fused(g, st["residual"] if self.ef else None, None, None)
+        if done is None:  # declined for this tensor (a small one): the chain
+            return None
+        fields, residual, finite = done
         if finite is not True:  # NaN/Inf: the reference step (the state is untouched)
             return self._encode_host_nonfinite(g, meta, st, noise)
         if self.ef:
