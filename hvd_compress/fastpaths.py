@@ -227,55 +227,78 @@ def _sketchml(k, B, codec, v, noise, ef):
 _CHUNKS_SELECT = 16  # fixed stretches (the same bits for any thread count), at most
 
 
-def _adaq(k, B, comp, v, noise, ef):
-    """Adaptive quantization's payload (``comp``: the compressor): per sign, the k
-    largest magnitudes found from two counts of their float32 bit patterns (the top
-    16 bits, then the low 16 bits of the boundary pattern) instead of a sort, their
-    indices written in increasing order, ties to the lower index; the means from the
-    compressor's own ``mean``.  With ``ef``, ``v`` keeps the residual."""
-    vh = B.host_view(v)
+def _top_by_bits(k, vh, count, by_sign, itype):
+    """The ``ks[g]`` largest magnitudes of each group of ``vh`` (by sign: 0 positive, 1
+    negative, zeros in neither; else one group of every value), ``ks = count(sizes of
+    the groups)``; their indices increasing, ties to the lower index, as one ``itype``
+    array (group 0's, then group 1's).  Returns ``(indices, ks)``.
+
+    Two counts of the float32 bit patterns of ``|v|`` (the top 16 bits, then the low
+    16 bits within the boundary pattern) find each group's cut exactly, and a third
+    pass writes the indices, each stretch of ``vh`` from its own offset: no sort."""
     n = vh.shape[0]
     chunks = min(_CHUNKS_SELECT, max(1, n >> 16))  # small tensors: small counts to clear
-    high = k.sign_high_counts(vh, chunks)
-    per_sign = high.sum(axis=0, dtype=np.int64)
-    ks = [comp.count(int(c)) for c in per_sign.sum(axis=1)]
-    top = np.full(2, -1, np.int64)  # the boundary's top 16 bits, per sign
+    high = k.top_high_counts(vh, chunks, by_sign)
+    per_group = high.sum(axis=0, dtype=np.int64)
+    ks = [int(c) for c in count([int(t) for t in per_group.sum(axis=1)])]
+    top = np.full(2, -1, np.int64)  # the boundary's top 16 bits, per group
     need = [0, 0]  # how many to take within it
-    for s, kk in enumerate(ks):
+    for g, kk in enumerate(ks):
         if kk:
-            at_least = np.cumsum(per_sign[s][::-1])[::-1]  # values in patterns >= each
-            top[s] = np.flatnonzero(at_least >= kk)[-1]
-            need[s] = kk - (at_least[top[s]] - per_sign[s][top[s]])
-    low = k.sign_low_counts(vh, top, chunks)
-    cut = np.full(2, 1 << 31, np.int64)  # above every pattern: nothing of an empty sign
+            at_least = np.cumsum(per_group[g][::-1])[::-1]  # values in patterns >= each
+            top[g] = np.flatnonzero(at_least >= kk)[-1]
+            need[g] = kk - (at_least[top[g]] - per_group[g][top[g]])
+    low = k.top_low_counts(vh, top, chunks, by_sign)
+    cut = np.full(2, 1 << 31, np.int64)  # above every pattern: nothing of an empty group
     ties, starts = np.zeros((chunks, 2), np.int64), np.zeros((chunks, 2), np.int64)
-    for s, kk in enumerate(ks):
+    for g, kk in enumerate(ks):
         if not kk:
             continue
-        lows = low[:, s].sum(axis=0, dtype=np.int64)
+        lows = low[:, g].sum(axis=0, dtype=np.int64)
         at_least = np.cumsum(lows[::-1])[::-1]
-        b = np.flatnonzero(at_least >= need[s])[-1]
-        cut[s] = (int(top[s]) << 16) | int(b)
-        take = need[s] - (at_least[b] - lows[b])  # values equal to the cut
-        equal = low[:, s, b].astype(np.int64)
-        ties[:, s] = np.clip(take - (np.cumsum(equal) - equal), 0, equal)  # the first ones
-        above = high[:, s, top[s] + 1:].sum(axis=1, dtype=np.int64) + \
-            low[:, s, b + 1:].sum(axis=1, dtype=np.int64)
-        taken = above + ties[:, s]
-        starts[:, s] = np.cumsum(taken) - taken
-    itype = index_dtype(n)
-    size = np.dtype(itype).itemsize
-    payload = np.empty(16 + size * (ks[0] + ks[1]), np.uint8)
-    pos = payload[16:16 + size * ks[0]].view(itype)
-    neg = payload[16 + size * ks[0]:].view(itype)
-    k.sign_select(vh, cut, ties, starts, pos, neg, chunks)
-    means = [B.to_numpy(comp.mean(v, B.from_host(idx), kk)) for idx, kk in ((pos, ks[0]), (neg, ks[1]))]
-    payload[:16].view(np.float32)[:3] = [1.0, means[0], means[1]]
-    payload[12:16].view(np.int32)[0] = ks[0]
+        b = np.flatnonzero(at_least >= need[g])[-1]
+        cut[g] = (int(top[g]) << 16) | int(b)
+        take = need[g] - (at_least[b] - lows[b])  # values equal to the cut
+        equal = low[:, g, b].astype(np.int64)
+        ties[:, g] = np.clip(take - (np.cumsum(equal) - equal), 0, equal)  # the first ones
+        above = high[:, g, top[g] + 1:].sum(axis=1, dtype=np.int64) + \
+            low[:, g, b + 1:].sum(axis=1, dtype=np.int64)
+        taken = above + ties[:, g]
+        starts[:, g] = np.cumsum(taken) - taken
+    out = np.empty(ks[0] + ks[1], itype)
+    k.top_select(vh, cut, ties, starts, out[:ks[0]], out[ks[0]:], chunks, by_sign)
+    return out, ks
+
+
+def _adaq(k, B, comp, v, noise, ef):
+    """Adaptive quantization's payload (``comp``: the compressor): per sign, the k
+    largest magnitudes (:func:`_top_by_bits`), the means from the compressor's own
+    ``mean``.  With ``ef``, ``v`` keeps the residual."""
+    vh = B.host_view(v)
+    itype = index_dtype(vh.shape[0])
+    idx, ks = _top_by_bits(k, vh, lambda sizes: [comp.count(m) for m in sizes], True, itype)
+    pos, neg = idx[:ks[0]], idx[ks[0]:]
+    means = [B.to_numpy(comp.mean(v, B.from_host(i), kk)) for i, kk in ((pos, ks[0]), (neg, ks[1]))]
+    head = np.asarray([1.0, means[0], means[1], 0.0], np.float32)
+    head[3:].view(np.int32)[0] = ks[0]
     if ef:  # as the chain: v[i] + (-mean)
-        for idx, m in ((pos, means[0]), (neg, means[1])):
-            vh[idx] += -np.float32(m)
-    return {"payload": B.from_host(payload)}
+        for i, m in ((pos, means[0]), (neg, means[1])):
+            vh[i] += -np.float32(m)
+    return {"payload": B.from_host(np.concatenate([head.view(np.uint8), idx.view(np.uint8)]))}
+
+
+def _topk(k, B, comp, v, noise, ef):
+    """Top-k's payload (indices, then values): the k largest magnitudes
+    (:func:`_top_by_bits`), their values; with ``ef`` they leave the residual (0, as
+    the chain's ``v + -v``)."""
+    vh = B.host_view(v)
+    n = vh.shape[0]
+    kk = comp.k_for(comp.meta_for(v))
+    idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, index_dtype(n))
+    values = vh[idx]
+    if ef:
+        vh[idx] = 0.0
+    return {"payload": B.from_host(np.concatenate([idx.view(np.uint8), values.view(np.uint8)]))}
 
 
 def _inceptionn(k, B, comp, v, noise, ef):
@@ -299,11 +322,11 @@ def _inceptionn(k, B, comp, v, noise, ef):
 
 # the fewest elements a whole-payload fast path takes (adaq's counts cost more than
 # the chain's selection on smaller tensors)
-_SMALLEST = {"adaq": 1 << 16}
+_SMALLEST = {"adaq": 1 << 16, "topk": 1 << 16}
 
 _BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd,
            "signsgd": _sign, "efsignsgd": _sign, "natural": _natural, "uniform": _uniform,
-           "eightbit": _eightbit, "sketchml": _sketchml, "adaq": _adaq,
+           "eightbit": _eightbit, "sketchml": _sketchml, "adaq": _adaq, "topk": _topk,
            "inceptionn": _inceptionn}
 
 

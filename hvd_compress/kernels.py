@@ -37,7 +37,7 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "terngrad_pack", "qsgd_codes", "abs_sum", "natural_codes", "natural_decode",
            "sign_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
-           "bucket_codes", "lookup_subtract", "sign_high_counts", "sign_low_counts", "sign_select",
+           "bucket_codes", "lookup_subtract", "top_high_counts", "top_low_counts", "top_select",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
 
@@ -369,11 +369,22 @@ if AVAILABLE:
         for i in prange(v.shape[0]):
             v[i] = v[i] - table[codes[i]]
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _group(w, by_sign):
+        """The group of a value with float32 bits ``w`` for the selection kernels: by
+        sign, 0 for ``v > 0``, 1 for ``v < 0`` and -1 for a zero (never chosen); by
+        magnitude alone, 0 for every value."""
+        if not by_sign:
+            return 0
+        if w & 0x7FFFFFFF == 0:
+            return -1
+        return 1 if w < 0 else 0
+
     @_jit
-    def sign_high_counts(v, chunks):
-        """Per stretch of ``v`` (``chunks`` of them) and sign (0: ``v > 0``, 1: ``v < 0``),
-        how many values have each top-16-bit pattern of ``|v|``'s float32 bits (int32
-        counts; zeros are not counted).  Larger patterns are larger magnitudes."""
+    def top_high_counts(v, chunks, by_sign):
+        """Per stretch of ``v`` (``chunks`` of them) and group (:func:`_group`), how many
+        values have each top-16-bit pattern of ``|v|``'s float32 bits (int32 counts).
+        Larger patterns are larger magnitudes."""
         n = v.shape[0]
         bits = v.view(np.int32)
         size = (n + chunks - 1) // chunks
@@ -381,15 +392,15 @@ if AVAILABLE:
         for c in prange(chunks):
             for i in range(c * size, min(n, (c + 1) * size)):
                 w = bits[i]
-                a = w & 0x7FFFFFFF
-                if a != 0:
-                    counts[c, 1 if w < 0 else 0, a >> 16] += 1
+                g = _group(w, by_sign)
+                if g >= 0:
+                    counts[c, g, (w & 0x7FFFFFFF) >> 16] += 1
         return counts
 
     @_jit
-    def sign_low_counts(v, high, chunks):
-        """Per stretch and sign, how many values whose top 16 bits of ``|v|`` are
-        ``high[sign]`` have each low-16-bit pattern (``high[sign]`` -1: none)."""
+    def top_low_counts(v, high, chunks, by_sign):
+        """Per stretch and group, how many values whose top 16 bits of ``|v|`` are
+        ``high[group]`` have each low-16-bit pattern (``high[group]`` -1: none)."""
         n = v.shape[0]
         bits = v.view(np.int32)
         size = (n + chunks - 1) // chunks
@@ -397,17 +408,18 @@ if AVAILABLE:
         for c in prange(chunks):
             for i in range(c * size, min(n, (c + 1) * size)):
                 w = bits[i]
+                g = _group(w, by_sign)
                 a = w & 0x7FFFFFFF
-                s = 1 if w < 0 else 0
-                if a != 0 and (a >> 16) == high[s]:
-                    counts[c, s, a & 0xFFFF] += 1
+                if g >= 0 and (a >> 16) == high[g]:
+                    counts[c, g, a & 0xFFFF] += 1
         return counts
 
     @_jit
-    def sign_select(v, cut, ties, starts, pos, neg, chunks):
-        """Per sign, the indices (increasing) of the values whose ``|v|`` bits exceed
-        ``cut[sign]``, and of those equal to it the ``ties[chunk, sign]`` first of each
-        stretch, written from ``starts[chunk, sign]`` on into ``pos`` / ``neg``."""
+    def top_select(v, cut, ties, starts, first, second, chunks, by_sign):
+        """Per group, the indices (increasing) of the values whose ``|v|`` bits exceed
+        ``cut[group]``, and of those equal to it the ``ties[chunk, group]`` first of
+        each stretch, written from ``starts[chunk, group]`` on into ``first`` (group
+        0) and ``second`` (group 1)."""
         n = v.shape[0]
         bits = v.view(np.int32)
         size = (n + chunks - 1) // chunks
@@ -418,19 +430,18 @@ if AVAILABLE:
             left1 = ties[c, 1]
             for i in range(c * size, min(n, (c + 1) * size)):
                 w = bits[i]
+                g = _group(w, by_sign)
                 a = np.int64(w & 0x7FFFFFFF)
-                if a == 0:
-                    continue
-                if w >= 0:
+                if g == 0:
                     if a > cut[0] or (a == cut[0] and left0 > 0):
                         if a == cut[0]:
                             left0 -= 1
-                        pos[at0] = i
+                        first[at0] = i
                         at0 += 1
-                elif a > cut[1] or (a == cut[1] and left1 > 0):
+                elif g == 1 and (a > cut[1] or (a == cut[1] and left1 > 0)):
                     if a == cut[1]:
                         left1 -= 1
-                    neg[at1] = i
+                    second[at1] = i
                     at1 += 1
 
     @_jit
@@ -548,5 +559,5 @@ else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
     abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
     uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
-    sign_high_counts = sign_low_counts = sign_select = None
+    top_high_counts = top_low_counts = top_select = None
     inceptionn_widths = inceptionn_pack = inceptionn_decode = None

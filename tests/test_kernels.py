@@ -20,6 +20,7 @@ SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:
          "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true",
          "sketchml", "sketchml:buckets=7,ef=true", "sketchml:buckets=300,sample=50", "signum",
          "signum:momentum=0.5,vote=false", "adaq", "adaq:ratio=0.3,ef=false", "adaq:ratio=1",
+         "topk", "topk:ratio=0.3,ef=false",
          "inceptionn", "inceptionn:bound=1e-6", "inceptionn:bound=0.5"]
 SHAPES = [(1,), (5,), (9,), (1001,), (300, 7), (70001,)]
 
@@ -75,7 +76,8 @@ def test_sign_kernels_on_zeros_and_signed_zeros(spec, backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
-@pytest.mark.parametrize("spec", ["adaq", "adaq:ratio=0.2", "inceptionn:bound=0.01"])
+@pytest.mark.parametrize("spec", ["adaq", "adaq:ratio=0.2", "inceptionn:bound=0.01", "topk:ratio=0.1",
+                                  "topk:ratio=0.9,ef=false"])
 @pytest.mark.parametrize("n", [3, 64, 5003, 70001])
 def test_selection_and_width_kernels_on_ties_zeros_and_extremes(spec, n, backend, monkeypatch):
     """Many equal magnitudes (ties go to the lower index, across the kernels' stretches),
@@ -113,8 +115,8 @@ def test_adaq_takes_the_chain_below_its_smallest_size(monkeypatch):
     """The counts' fixed cost does not pay on small tensors: the fast path declines
     them untouched (the chain runs) and takes large ones."""
     calls = []
-    real = kernels.sign_select
-    monkeypatch.setattr(kernels, "sign_select", lambda *a: calls.append(1) or real(*a))
+    real = kernels.top_select
+    monkeypatch.setattr(kernels, "top_select", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
     comp = build("adaq")
     comp.encode(np.ones(1000, np.float32), "small")
@@ -144,11 +146,12 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
                  "uniform", "eightbit", "sketchml"):
         assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_encoder(make_codec("signum", {"momentum": 0.9}), 1) is not None
-    for spec in ("adaq", "inceptionn"):  # whole payloads: the compressor is the "codec"
+    for spec in ("adaq", "inceptionn", "topk"):  # whole payloads: the compressor as the "codec"
         assert backend.fused_encoder(build(spec, backend), 1) is not None, spec
     assert backend.fused_decoder(build("inceptionn", backend), 1) is not None
     assert backend.fused_encoder(build("inceptionn:ef=true", backend), 1) is None  # the chain
     assert backend.fused_encoder(build("thresholdv", backend), 1) is None
+    assert backend.fused_encoder(build("topk+qsgd", backend), 1) is None
     for name in ("natural", "uniform", "eightbit", "sketchml", "signsgd", "efsignsgd"):
         assert backend.fused_decoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_decoder(make_codec("uniform", {"bits": 3}), 1) is None  # the chain
@@ -164,7 +167,7 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
 @pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
                                   "qsgd:levels=16", "onebit:ef=false", "efsignsgd", "natural:ef=true",
                                   "uniform:ef=true", "eightbit:ef=true", "signsgd", "sketchml:ef=true",
-                                  "signum", "adaq", "inceptionn"])
+                                  "signum", "adaq", "inceptionn", "topk"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
     """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Compressor, Encoded
+from .base import Compressor, Encoded, PayloadFastPath
 from .bitpack import Segment, join_segments, split_segments
 from .quantizers import make_codec
 from .sampling import stratified_indices, stream_keys
@@ -175,7 +175,7 @@ class Sparsifier(Compressor):
         B = self.B
         flat = self._flat_out(out, enc.meta)  # scatter straight into the caller's buffer
         total = B.izero(flat) if flat is not None else \
-            B.zeros((enc.meta.numel,), "float32", like=enc.ctx.indices)
+            B.zeros((enc.meta.numel,), "float32", like=enc.payload)
         for p in ([received] if self.summable else received):  # rank by rank: one order everywhere
             fields = self._fields(p, enc.meta, enc.ctx)
             total = B.index_add(total, self._indices(fields, enc.ctx),
@@ -192,7 +192,7 @@ class Sparsifier(Compressor):
 
 
 
-class TopK(Sparsifier):
+class TopK(PayloadFastPath, Sparsifier):
     """Top-k sparsification (Aji & Heafield, EMNLP 2017; error feedback as in
     Stich et al. 2018): the k = ceil(ratio*n) largest magnitudes, sent with
     their indices; the rest stays in the residual."""

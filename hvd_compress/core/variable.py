@@ -22,34 +22,11 @@ from __future__ import annotations
 
 import math
 
-from .base import Compressor, Encoded
+from .base import Compressor, Encoded, PayloadFastPath
 from .bitpack import pack_codes, unpack_codes
 from .sparsifiers import Selection, index_dtype, topk_indices
 
 _ISIZE = {"int32": 4, "int64": 8}
-
-
-class PayloadFastPath:
-    """A whole payload from the backend's fused encoder, where it has one for this
-    compressor (``B.fused_encoder(self, 1)``; host memory: adaq and INCEPTIONN): the
-    fields it returns are ``{"payload": uint8 array}``, the same bytes as the chain's;
-    it may decline a tensor (returns None before touching anything)."""
-
-    def _encode_fused(self, g, meta, st, noise):
-        B = self.B
-        fused = B.fused_encoder(self, 1, like=g)
-        if fused is None:
-            return None
-        done = fused(g, st["residual"] if self.ef else None, None, None)
-        if done is None:  # declined for this tensor (a small one): the chain
-            return None
-        fields, residual, finite = done
-        if finite is not True:  # NaN/Inf: the reference step (the state is untouched)
-            return self._encode_host_nonfinite(g, meta, st, noise)
-        if self.ef:
-            st["residual"] = residual
-        payload = fields["payload"]
-        return Encoded(payload, meta, B.shape(payload)[0])
 
 
 class VariableSparsifier(PayloadFastPath, Compressor):
