@@ -19,6 +19,7 @@ class Table(Collectives):
         self.ops = []
         self.cond = threading.Condition()
         self.sums_bfloat16 = True
+        self.timeout = 30  # seconds a wait gives the other ranks
 
     def rank(self, r):
         table = self
@@ -44,7 +45,9 @@ class Table(Collectives):
             def wait(self, handle):
                 kind, name, post = handle
                 with table.cond:
-                    table.cond.wait_for(lambda: len(table.posted[name]) == table.size, 30)
+                    if not table.cond.wait_for(lambda: len(table.posted[name]) == table.size,
+                                               table.timeout):
+                        raise TimeoutError(f"rank {r}: {name} never came from every rank")
                     parts = [table.posted[name][q] for q in range(table.size)]
                 return sum(parts) * post if kind == "allreduce" else np.concatenate(parts)
 
@@ -178,3 +181,50 @@ def test_bfloat16_payloads_travel_as_float16_where_the_allreduce_cannot_add_them
         ref = sum(comps[r].decode(encs[r].payload, encs[r].meta, encs[r].ctx)
                   for r in range(3)) / 3
         np.testing.assert_allclose(results[0][i], ref, rtol=2 ** -7, atol=2 ** -7)
+
+
+def test_variable_sizes_never_block_at_send_when_ranks_send_in_different_orders():
+    """Horovod lets ranks submit collectives in different orders.  Rank 0 sends group A
+    then B, rank 1 B then A: a send that waited for its own row lengths (once the case)
+    would wait for a collective the other rank has not started, which waits likewise."""
+    size, timeout = 2, 5.0
+    table = Table(size)
+    table.timeout = timeout
+    groups = {"A": ("thresholdv:tau=0.5", ["a.weight", "a.bias"]),
+              "B": ("adaq:ratio=0.3", ["b.weight"])}
+    comps = {g: [build(spec, rank=r, world_size=size) for r in range(size)]
+             for g, (spec, _) in groups.items()}
+    grads = [dict(zip(SHAPES, _grads(r))) for r in range(size)]
+    results, batches, stats, errors = {}, {}, [new_stats() for _ in range(size)], []
+
+    def rank(r):
+        try:
+            order = ["A", "B"] if r == 0 else ["B", "A"]
+            engines = {g: Exchange(comps[g][r], table.rank(r)) for g in order}
+            for g in order:
+                names = groups[g][1]
+                batches[g, r] = engines[g].send([grads[r][n] for n in names], names, stats[r])
+            for g in order:
+                results[g, r] = engines[g].receive(batches[g, r], stats[r])
+        except Exception as exc:  # a thread's error fails the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(2 * timeout)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    for g, (spec, names) in groups.items():
+        for i, name in enumerate(names):
+            encs = [batches[g, r].encoded[i] for r in range(size)]
+            ref = sum(comps[g][r].decode(e.payload, e.meta, e.ctx) for r, e in enumerate(encs)) / size
+            for r in range(size):
+                np.testing.assert_allclose(results[g, r][i], ref, rtol=1e-6, atol=1e-7)
+    # the sizes really differed between ranks, and the account is exact: per group, the
+    # payloads, their int32 lengths and the 8-byte row length, in two collectives
+    assert batches["A", 0].encoded[0].nbytes != batches["A", 1].encoded[0].nbytes
+    for r in range(size):
+        sent = sum(e.nbytes + 4 for g in groups for e in batches[g, r].encoded) + 8 * len(groups)
+        assert stats[r]["bytes_sent"] == sent
+        assert stats[r]["collectives"] == 2 * len(groups)

@@ -25,6 +25,11 @@ def test_every_compressor_matches_the_numpy_reference(controller):
     rep = results[0]["report"]
     assert rep["topk:ratio=0.1"]["bytes_sent"] < rep["none"]["bytes_sent"] / 4
     assert rep["powersgd:rank=2"]["collectives"] > rep["topk:ratio=0.1"]["collectives"]
+    # variable sizes sent in opposite orders on the two ranks: no deadlock, and the
+    # reference aggregate (two groups: lengths and rows each)
+    for res in results:
+        assert res["different_orders"]["rel_err"] < 1e-5
+        assert res["different_orders"]["collectives"] == 4
 
 
 def test_backward_passes_per_step_matches_accumulating_by_hand():

@@ -18,8 +18,9 @@ One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
     final round: summable payloads          -> one allreduce-sum
                  packed bytes               -> one allgather (each rank's row)
                  sizes that vary (threshold-v) -> the rows' lengths (one allgather of
-                                               8 bytes), then the rows, each headed by
-                                               its payloads' int32 lengths
+                                               8 bytes) and the rows, each headed by
+                                               its payloads' int32 lengths (both
+                                               started at once, read on receipt)
     y_i = comp.aggregate(received_i, enc_i) (dense sum over ranks, decoded into
                                              ``out_i`` where given)
     y_i <- y_i * f / p                      (op=Average)
@@ -109,13 +110,13 @@ class _Part:
     (``comp``), needing the same number of rounds, with payloads of one dtype."""
 
     __slots__ = ("positions", "encs", "rounds", "tag", "final", "handle", "shapes", "comp",
-                 "native", "rows")
+                 "native", "sizes")
 
     def __init__(self, positions, encs, rounds, tag, final, comp, native):
         self.positions, self.encs, self.rounds = positions, encs, rounds
         self.tag, self.final = tag, final
         self.comp, self.native = comp, native
-        self.handle = self.shapes = self.rows = None
+        self.handle = self.shapes = self.sizes = None  # sizes: the row lengths' handle
 
     @property
     def round(self) -> int:
@@ -308,16 +309,17 @@ class Exchange:
 
     def _start_rows(self, part: _Part, payloads, name: str, stats: dict):
         """Payloads whose sizes vary by rank: this rank's row is the payloads' int32
-        lengths then the payloads; every rank's row length is gathered first (8 bytes,
-        waited for here), so that the rows can be told apart."""
+        lengths then the payloads.  Two allgathers start, neither waited for here (a
+        rank blocked in one group's send while another rank sends a different group
+        first would deadlock): every rank's row length (8 bytes; :meth:`_wait` reads them
+        to tell the rows apart) and the rows (an allgather takes rows of different
+        lengths)."""
         B = part.comp.B
         lengths = [B.shape(p)[0] for p in payloads]
         head = B.bitcast(B.asarray(lengths, "int32", like=payloads[0]), "uint8")
         row = B.concat([head] + [B.reshape(p, (-1,)) for p in payloads])
         size = B.bitcast(B.asarray([B.shape(row)[0]], "int64", like=row), "uint8")
-        sizes = self.coll.wait(self.coll.allgather(size, name + ".rows"))
-        sizes = B.concat(list(sizes)) if isinstance(sizes, (list, tuple)) else sizes
-        part.rows = [int(s) for s in B.to_numpy(B.bitcast(B.reshape(sizes, (-1,)), "int64"))]
+        part.sizes = self.coll.allgather(size, name + ".rows")
         stats["bytes_sent"] += B.shape(head)[0] + 8  # the header and the row length
         stats["collectives"] += 1
         return self.coll.allgather(row, name)
@@ -328,10 +330,11 @@ class Exchange:
         B = part.comp.B
         t0 = time.perf_counter()
         out = self.coll.wait(part.handle)
-        part.handle = None
+        sizes = None if part.sizes is None else self.coll.wait(part.sizes)
+        part.handle = part.sizes = None
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
-        if part.rows is not None:
-            return self._split_rows(part, out)
+        if sizes is not None:
+            return self._split_rows(part, out, sizes)
         offsets = [0]
         for shape in part.shapes:
             offsets.append(offsets[-1] + _numel(shape))
@@ -345,14 +348,16 @@ class Exchange:
             rows = [table[r] for r in range(self.size)]
         return [[row[a:b] for row in rows] for a, b in spans]
 
-    def _split_rows(self, part: _Part, out) -> list:
-        """Rows of different lengths (see :meth:`_start_rows`) into each tensor's list
-        of payloads, one per rank in rank order."""
+    def _split_rows(self, part: _Part, out, sizes) -> list:
+        """Rows of different lengths (see :meth:`_start_rows`; ``sizes``: the gathered
+        row lengths) into each tensor's list of payloads, one per rank in rank order."""
         B = part.comp.B
         if not isinstance(out, (list, tuple)):  # one buffer: cut at the gathered lengths
+            sizes = B.concat(list(sizes)) if isinstance(sizes, (list, tuple)) else sizes
+            sizes = [int(n) for n in B.to_numpy(B.bitcast(B.reshape(sizes, (-1,)), "int64"))]
             out = B.reshape(out, (-1,))
-            starts = [sum(part.rows[:r]) for r in range(len(part.rows))]
-            out = [out[a:a + n] for a, n in zip(starts, part.rows)]
+            starts = [sum(sizes[:r]) for r in range(len(sizes))]
+            out = [out[a:a + n] for a, n in zip(starts, sizes)]
         count = len(part.encs)
         per_tensor = [[] for _ in range(count)]
         for row in out:
@@ -361,7 +366,6 @@ class Exchange:
             for i, n in enumerate(lengths):
                 per_tensor[i].append(row[at:at + n])
                 at += n
-        part.rows = None
         return per_tensor
 
     def _finish(self, part, got, enc, out):

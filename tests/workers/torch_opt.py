@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hvd_compress.core import build
 from tests.workers.reference import Reference
 
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
@@ -125,7 +126,60 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
         else:
             assert worst < 1e-5, (spec, worst)
     # every rank ends with the same parameters
-    return {"rank": rank, "report": report}
+    out = {"rank": rank, "report": report}
+    if any(build(s).variable_size for s in specs):
+        out["different_orders"] = variable_sizes_in_different_orders()
+    return out
+
+
+def variable_sizes_in_different_orders(seconds=30.0):
+    """Two groups of variable-size payloads sent through the engine in opposite orders
+    on even and odd ranks (Horovod negotiates collectives by name, in any order), then
+    received: each result against the numpy reference.  A wait that outlasts ``seconds``
+    raises (a send that blocked on its own row lengths deadlocked here)."""
+    import time
+
+    import horovod.torch as hvd
+
+    from hvd_compress.core import Exchange, new_stats
+    from hvd_compress.torch.backend import TorchBackend
+    from hvd_compress.torch.collectives import HorovodTorch
+
+    class Deadline(HorovodTorch):
+        def wait(self, handle):
+            end = time.monotonic() + seconds
+            while not hvd.poll(handle):
+                if time.monotonic() > end:
+                    raise TimeoutError(f"rank {hvd.rank()}: a collective never completed")
+                time.sleep(1e-3)
+            return hvd.synchronize(handle)
+
+    rank, size = hvd.rank(), hvd.size()
+    groups = {"A": ("thresholdv:tau=0.005", {"ooo.a.weight": (30, 7), "ooo.a.bias": (7,)}),
+              "B": ("adaq:ratio=0.2", {"ooo.b.weight": (50,)})}
+    rng = np.random.default_rng([7, rank])
+    local = {n: (rng.standard_normal(s) * 0.01).astype(np.float32)
+             for _, shapes in groups.values() for n, s in shapes.items()}
+    order = ["A", "B"] if rank % 2 == 0 else ["B", "A"]
+    engines = {g: Exchange(build(groups[g][0], backend=TorchBackend(), rank=rank, world_size=size),
+                           Deadline(hvd.global_process_set)) for g in order}
+    stats = new_stats()
+    batches = {g: engines[g].send([torch.from_numpy(local[n]) for n in groups[g][1]],
+                                  list(groups[g][1]), stats) for g in order}
+    got = {}
+    for g in order:
+        got.update(zip(groups[g][1], engines[g].receive(batches[g], stats)))
+    everyone = hvd.allgather_object(local)
+    worst = 0.0
+    for spec, shapes in groups.values():
+        expect = Reference(spec, size).step([{n: e[n] for n in shapes} for e in everyone],
+                                            [{} for _ in everyone])
+        for n, value in expect.items():
+            diff = float(np.max(np.abs(got[n].numpy().astype(np.float64) - value)))
+            worst = max(worst, diff / max(1e-6, float(np.max(np.abs(value)))))
+    assert worst < 1e-5, worst
+    return {"rel_err": worst, "bytes_sent": stats["bytes_sent"],
+            "collectives": stats["collectives"]}
 
 
 def checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
