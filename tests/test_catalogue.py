@@ -347,6 +347,16 @@ def test_engine_average_of_a_vote_over_two_loopback_steps():
 
 # -- specs -------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("spec", ["adaq", "inceptionn"])
+def test_int32_counts_refuse_tensors_they_cannot_count(spec):
+    """adaq's k+ and INCEPTIONN's width counts are int32: a tensor of 2^31 or more
+    elements is refused with a clear error (a broadcast view: no memory is used)."""
+    x = np.broadcast_to(np.float32(1.0), (2 ** 31,))
+    with pytest.raises(ValueError, match="int32 counts"):
+        build(spec).meta_for(x, "huge")
+    build(spec).meta_for(x[:2 ** 31 - 1], "fits")
+
+
 def test_specs_validate_their_parameters():
     assert specmod.parse("uniform").parts[0].params == {"bits": 4, "bucket": 512, "stochastic": True,
                                                         "ef": False, "seed": 0}

@@ -222,9 +222,9 @@ def test_variable_sizes_never_block_at_send_when_ranks_send_in_different_orders(
             for r in range(size):
                 np.testing.assert_allclose(results[g, r][i], ref, rtol=1e-6, atol=1e-7)
     # the sizes really differed between ranks, and the account is exact: per group, the
-    # payloads, their int32 lengths and the 8-byte row length, in two collectives
+    # payloads, their int64 lengths and the 8-byte row length, in two collectives
     assert batches["A", 0].encoded[0].nbytes != batches["A", 1].encoded[0].nbytes
     for r in range(size):
-        sent = sum(e.nbytes + 4 for g in groups for e in batches[g, r].encoded) + 8 * len(groups)
+        sent = sum(e.nbytes + 8 for g in groups for e in batches[g, r].encoded) + 8 * len(groups)
         assert stats[r]["bytes_sent"] == sent
         assert stats[r]["collectives"] == 2 * len(groups)

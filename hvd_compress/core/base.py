@@ -123,6 +123,8 @@ class Compressor:
     #: whether the aggregate does not scale with the inputs (the majority vote), so that
     #: Horovod's ``gradient_predivide_factor`` does not apply to it
     scale_free = False
+    #: the most elements a tensor may have (None: any number)
+    max_numel = None
 
     def __init__(self, params: dict | None = None, backend=NUMPY, rank: int = 0,
                  world_size: int = 1):
@@ -154,6 +156,10 @@ class Compressor:
             raise TypeError(f"{self.name}: tensor {name!r} has dtype {dtype}; gradients to "
                             f"compress must be floating point ({', '.join(FLOAT_DTYPES)})")
         meta = TensorMeta(name, tuple(B.shape(x)), dtype)
+        if self.max_numel is not None and meta.numel > self.max_numel:
+            raise ValueError(f"{self.name}: tensor {name!r} has {meta.numel:,} elements, more than "
+                             f"its payload's int32 counts hold ({self.max_numel:,}); split it or "
+                             "compress it with another method")
         if meta.numel == 0:
             raise ValueError(f"{self.name}: tensor {name!r} is empty (shape {meta.shape}); "
                              "there is nothing to compress (send it uncompressed or skip it)")

@@ -19,7 +19,7 @@ One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
                  packed bytes               -> one allgather (each rank's row)
                  sizes that vary (threshold-v) -> the rows' lengths (one allgather of
                                                8 bytes) and the rows, each headed by
-                                               its payloads' int32 lengths (both
+                                               its payloads' int64 lengths (both
                                                started at once, read on receipt)
     y_i = comp.aggregate(received_i, enc_i) (dense sum over ranks, decoded into
                                              ``out_i`` where given)
@@ -308,15 +308,16 @@ class Exchange:
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
 
     def _start_rows(self, part: _Part, payloads, name: str, stats: dict):
-        """Payloads whose sizes vary by rank: this rank's row is the payloads' int32
-        lengths then the payloads.  Two allgathers start, neither waited for here (a
+        """Payloads whose sizes vary by rank: this rank's row is the payloads' int64
+        lengths (a payload may pass 2 GiB: a 600M-element INCEPTIONN tensor) then the
+        payloads.  Two allgathers start, neither waited for here (a
         rank blocked in one group's send while another rank sends a different group
         first would deadlock): every rank's row length (8 bytes; :meth:`_wait` reads them
         to tell the rows apart) and the rows (an allgather takes rows of different
         lengths)."""
         B = part.comp.B
         lengths = [B.shape(p)[0] for p in payloads]
-        head = B.bitcast(B.asarray(lengths, "int32", like=payloads[0]), "uint8")
+        head = B.bitcast(B.asarray(lengths, "int64", like=payloads[0]), "uint8")
         row = B.concat([head] + [B.reshape(p, (-1,)) for p in payloads])
         size = B.bitcast(B.asarray([B.shape(row)[0]], "int64", like=row), "uint8")
         part.sizes = self.coll.allgather(size, name + ".rows")
@@ -361,8 +362,8 @@ class Exchange:
         count = len(part.encs)
         per_tensor = [[] for _ in range(count)]
         for row in out:
-            lengths = [int(n) for n in B.to_numpy(B.bitcast(row[:4 * count], "int32"))]
-            at = 4 * count
+            lengths = [int(n) for n in B.to_numpy(B.bitcast(row[:8 * count], "int64"))]
+            at = 8 * count
             for i, n in enumerate(lengths):
                 per_tensor[i].append(row[at:at + n])
                 at += n

@@ -137,6 +137,7 @@ class AdaptiveQuantization(VariableSparsifier):
     defaults to 1% like our other sparsifiers (GRACE's ``adaq`` takes 0.3)."""
 
     name = "adaq"
+    max_numel = 2 ** 31 - 1  # k+ travels as int32
 
     fixed_bytes, per_value = 16, 0  # flag, two means, k+; indices only
 
@@ -209,6 +210,7 @@ class Inceptionn(PayloadFastPath, Compressor):
 
     name = "inceptionn"
     variable_size = True
+    max_numel = 2 ** 31 - 1  # the counts of each width travel as int32
 
     @property
     def step(self) -> float:
