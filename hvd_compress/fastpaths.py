@@ -56,7 +56,7 @@ def host_encoder(B, codec, cols: int):
     """A host backend's fused encoder for ``codec`` (see the module), or None: turned
     off, numba missing, a codec without kernels, or 1-bit by columns."""
     body = _BODIES.get(codec.name)
-    if (body is None and codec.name != "signum") or (codec.name == "onebit" and cols != 1) \
+    if (body is None and codec.name not in ("signum", "dgc")) or (codec.name == "onebit" and cols != 1) \
             or (codec.name == "inceptionn" and codec.ef) or not requested():
         return None
     k = _kernels()
@@ -64,6 +64,8 @@ def host_encoder(B, codec, cols: int):
         return None
     if codec.name == "signum":  # its state is the momentum, not an error-feedback residual
         return lambda g, momentum, noise, noise_source: _signum(k, B, codec, g, momentum)
+    if codec.name == "dgc":  # its state is u and v (see DGC._encode_fused)
+        return lambda g, st, meta, _: _dgc(k, B, codec, g, st, meta)
 
     smallest = _SMALLEST.get(codec.name, 0)
 
@@ -227,7 +229,13 @@ def _sketchml(k, B, codec, v, noise, ef):
 _CHUNKS_SELECT = 16  # fixed stretches (the same bits for any thread count), at most
 
 
-def _top_by_bits(k, vh, count, by_sign, itype):
+def _select_chunks(n):
+    """Stretches for the selection kernels: up to 16 (fixed by ``n``, so the bits do
+    not depend on the threads), fewer for small tensors (smaller counts to clear)."""
+    return min(_CHUNKS_SELECT, max(1, n >> 16))
+
+
+def _top_by_bits(k, vh, count, by_sign, itype, high=None, low_of=None):
     """The ``ks[g]`` largest magnitudes of each group of ``vh`` (by sign: 0 positive, 1
     negative, zeros in neither; else one group of every value), ``ks = count(sizes of
     the groups)``; their indices increasing, ties to the lower index, as one ``itype``
@@ -235,10 +243,13 @@ def _top_by_bits(k, vh, count, by_sign, itype):
 
     Two counts of the float32 bit patterns of ``|v|`` (the top 16 bits, then the low
     16 bits within the boundary pattern) find each group's cut exactly, and a third
-    pass writes the indices, each stretch of ``vh`` from its own offset: no sort."""
+    pass writes the indices, each stretch of ``vh`` from its own offset: no sort.
+    ``high``: the first counts where the caller has them already; ``low_of(top)``: the
+    second counts (where the caller keeps them)."""
     n = vh.shape[0]
-    chunks = min(_CHUNKS_SELECT, max(1, n >> 16))  # small tensors: small counts to clear
-    high = k.top_high_counts(vh, chunks, by_sign)
+    chunks = _select_chunks(n)
+    if high is None:
+        high = k.top_high_counts(vh, chunks, by_sign)
     per_group = high.sum(axis=0, dtype=np.int64)
     ks = [int(c) for c in count([int(t) for t in per_group.sum(axis=1)])]
     top = np.full(2, -1, np.int64)  # the boundary's top 16 bits, per group
@@ -248,7 +259,7 @@ def _top_by_bits(k, vh, count, by_sign, itype):
             at_least = np.cumsum(per_group[g][::-1])[::-1]  # values in patterns >= each
             top[g] = np.flatnonzero(at_least >= kk)[-1]
             need[g] = kk - (at_least[top[g]] - per_group[g][top[g]])
-    low = k.top_low_counts(vh, top, chunks, by_sign)
+    low = k.top_low_counts(vh, top, chunks, by_sign) if low_of is None else low_of(top)
     cut = np.full(2, 1 << 31, np.int64)  # above every pattern: nothing of an empty group
     ties, starts = np.zeros((chunks, 2), np.int64), np.zeros((chunks, 2), np.int64)
     for g, kk in enumerate(ks):
@@ -299,6 +310,74 @@ def _topk(k, B, comp, v, noise, ef):
     if ef:
         vh[idx] = 0.0
     return {"payload": B.from_host(np.concatenate([idx.view(np.uint8), values.view(np.uint8)]))}
+
+
+def _dgc(k, B, comp, g, st, meta):
+    """DGC's step for a sampled tensor (see ``DGC._encode_fused``): the momentum
+    correction in one pass that also counts the new ``|v|``'s bit patterns; the
+    compressor's own sampled threshold and correction loop, each count answered from
+    those counts (a pass only when the threshold falls inside a pattern and it
+    matters); then the top-k (:func:`_top_by_bits`, reusing the counts) when at
+    least k pass -- what the chain's candidates give -- or every value that passes;
+    the sent values leave ``v`` and, with masking, ``u``.  Returns the payload and
+    the selection (indices, valid slots, values sent), or None (NaN/Inf in ``g``:
+    nothing touched, the chain runs)."""
+    if not ef_sum_host(B, g, None)[1]:
+        return None
+    gh, uh, vh = B.host_view(g), B.host_view(st["u"]), B.host_view(st["v"])
+    n, kk = vh.shape[0], comp.k_for(meta)
+    chunks = _select_chunks(n)
+    high = k.dgc_momentum(gh, uh, vh, np.float32(comp.params["momentum"]),
+                          bool(comp.params["nesterov"]), chunks)
+    merged = high[:, 0].sum(axis=0, dtype=np.int64)
+    above = np.concatenate([np.cumsum(merged[::-1])[::-1], [0]])  # values in patterns >= b
+    lows = {}
+
+    def low_of(top):  # the low-16-bit counts within pattern top[0], kept for the selection
+        b = int(top[0])
+        if b not in lows:
+            lows[b] = k.top_low_counts(vh, np.asarray([b, -1], np.int64), chunks, False)
+        return lows[b]
+
+    def count(thr):  # exact, or a lower bound of at least k (all the loop and the choice need)
+        t = int(np.float32(B.to_numpy(thr)).view(np.int32))
+        b = t >> 16
+        if t & 0xFFFF == 0:
+            return int(above[b])
+        if above[b + 1] >= kk:
+            return int(above[b + 1])
+        return int(above[b + 1] + low_of([b])[:, 0, t & 0xFFFF:].sum())
+
+    thr = comp.lowered(comp.sample_threshold(lambda pos: B.abs(B.gather(st["v"], pos)), meta,
+                                             st["step"], like=g), kk, count)
+    itype = index_dtype(n)
+    if count(thr) >= kk:  # the k largest of the candidates: the top-k
+        idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype, high=high,
+                              low_of=low_of)
+    else:  # every value that passes, in index order
+        t = int(np.float32(B.to_numpy(thr)).view(np.int32))
+        b = t >> 16
+        counts = high[:, 0, b + 1:].sum(axis=1, dtype=np.int64)
+        if t & 0xFFFF:
+            counts += low_of([b])[:, 0, t & 0xFFFF:].sum(axis=1, dtype=np.int64)
+        else:
+            counts += high[:, 0, b]
+        idx = np.empty(int(counts.sum()), itype)
+        none = np.zeros((chunks, 2), np.int64)
+        starts = np.stack([np.cumsum(counts) - counts, np.zeros(chunks, np.int64)], axis=1)
+        k.top_select(vh, np.asarray([t - 1, 1 << 31], np.int64), none, starts, idx, idx[:0],
+                     chunks, False)
+    got = idx.shape[0]
+    indices, values = np.zeros(kk, itype), np.zeros(kk, np.float32)
+    indices[:got] = idx
+    values[:got] = vh[idx]
+    vh[idx] = 0.0  # v keeps what was not sent (v + -v = +0)
+    if comp.params["masking"]:
+        uh[idx] = 0.0
+    payload = np.concatenate([indices.view(np.uint8), values.view(np.uint8)])
+    valid = np.arange(kk) < got
+    return (B.from_host(payload), B.from_host(indices.astype(np.int64)), B.from_host(valid),
+            B.from_host(values))
 
 
 def _inceptionn(k, B, comp, v, noise, ef):

@@ -38,6 +38,7 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "sign_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_high_counts", "top_low_counts", "top_select",
+           "dgc_momentum",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
 
@@ -445,6 +446,31 @@ if AVAILABLE:
                     at1 += 1
 
     @_jit
+    def dgc_momentum(g, u, v, m, nesterov, chunks):
+        """DGC's momentum correction in place, the chain's float32 arithmetic: ``u = u*m +
+        g; v = v + u`` (Nesterov: ``u = (u + g)*m; v = (v + u) + g``); returns, per
+        stretch, the counts of the new ``|v|``'s top-16-bit patterns (group 0 of
+        :func:`top_high_counts`, by magnitude)."""
+        n = v.shape[0]
+        size = (n + chunks - 1) // chunks
+        counts = np.zeros((chunks, 2, 32768), np.int32)
+        for c in prange(chunks):
+            # the view taken here, from v itself: a view passed into the parallel loop
+            # would be assumed not to alias v, and read before the store
+            bits = v.view(np.int32)
+            for i in range(c * size, min(n, (c + 1) * size)):
+                if nesterov:
+                    x = (u[i] + g[i]) * m
+                    u[i] = x
+                    v[i] = (v[i] + x) + g[i]
+                else:
+                    x = u[i] * m + g[i]
+                    u[i] = x
+                    v[i] = v[i] + x
+                counts[c, 0, (bits[i] & 0x7FFFFFFF) >> 16] += 1
+        return counts
+
+    @_jit
     def inceptionn_widths(v, inv, codes, chunks):
         """INCEPTIONN: the width code of ``q = floor(float64(v) * inv + 0.5)`` (0: q = 0,
         1: |q| <= 127, 2: |q| <= 32767, else 3) packed 4 a byte, and per stretch of
@@ -559,5 +585,5 @@ else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
     abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
     uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
-    top_high_counts = top_low_counts = top_select = None
+    top_high_counts = top_low_counts = top_select = dgc_momentum = None
     inceptionn_widths = inceptionn_pack = inceptionn_decode = None

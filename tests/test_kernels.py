@@ -111,6 +111,39 @@ def test_level_kernels_on_extreme_ranges(spec, backend, monkeypatch):
         np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
 
 
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["dgc:ratio=0.01,warmup_epochs=0",
+                                  "dgc:ratio=0.1,warmup_epochs=0,nesterov=true,masking=false",
+                                  "dgc:ratio=0.001,warmup_epochs=2,steps_per_epoch=1",
+                                  "dgc:ratio=0.01,warmup_epochs=0,sample_ratio=0.001"])
+def test_dgc_kernels_match_the_chain(spec, backend, monkeypatch):
+    """DGC's fused step on matrices over steps: normal values, zeros, ties, values
+    packed in a few strata so that fewer than k pass the lowered threshold (every one
+    that passes is sent, the rest of the slots empty), and a NaN step: the payloads,
+    decoded sums and u, v are the chain's."""
+    rng = np.random.default_rng(zlib.crc32(spec.encode()))
+    shape = (1000, 70)
+    normal = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+    zeros = normal.copy()
+    zeros.flat[::3] = 0.0
+    ties = np.round(normal * 100).astype(np.float32) / 100
+    packed = np.zeros(shape, np.float32)
+    packed.flat[35000:35700] = rng.uniform(0.5, 1.5, 700).astype(np.float32)
+    bad = normal.copy()
+    bad[5, 5] = np.nan  # the fast path declines, untouched: the chain's non-finite step
+    xs = [normal, zeros, ties, packed, np.zeros(shape, np.float32), bad, normal]
+    noises = [np.zeros(1, np.float32)] * len(xs)
+    with np.errstate(invalid="ignore"):
+        fused, plain = (_run(spec, backend, xs, noises, f, monkeypatch) for f in (True, False))
+    assert fused[0] == plain[0]
+    for key in plain[1]:
+        np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
+    if spec == "dgc:ratio=0.01,warmup_epochs=0":  # the packed step sent fewer than k
+        k = 700
+        indices = np.frombuffer(fused[0][6][:4 * k], np.int32)
+        assert 0 < np.count_nonzero(indices) < k
+
+
 def test_adaq_takes_the_chain_below_its_smallest_size(monkeypatch):
     """The counts' fixed cost does not pay on small tensors: the fast path declines
     them untouched (the chain runs) and takes large ones."""
@@ -146,6 +179,7 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
                  "uniform", "eightbit", "sketchml"):
         assert backend.fused_encoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_encoder(make_codec("signum", {"momentum": 0.9}), 1) is not None
+    assert backend.fused_encoder(build("dgc", backend), 1) is not None
     for spec in ("adaq", "inceptionn", "topk"):  # whole payloads: the compressor as the "codec"
         assert backend.fused_encoder(build(spec, backend), 1) is not None, spec
     assert backend.fused_decoder(build("inceptionn", backend), 1) is not None

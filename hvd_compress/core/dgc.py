@@ -69,7 +69,7 @@ import numpy as np
 from .base import Encoded
 from .quantizers import _norm64
 from .sampling import stratified_indices, stream_keys
-from .sparsifiers import PURPOSE_DGC_SAMPLE, Sparsifier, count_for, topk_indices
+from .sparsifiers import PURPOSE_DGC_SAMPLE, Selection, Sparsifier, count_for, topk_indices
 
 ADAPT_ROUNDS = 10
 UPPER, LOWER = 1.3, 0.8
@@ -164,25 +164,38 @@ class DGC(Sparsifier):
         and whether it is exact (the k-th largest of all of ``mag``)."""
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        density = self.density(step)
-        s = sample_size(n, density, float(self.params["sample_ratio"]))
+        s = sample_size(n, self.density(step), float(self.params["sample_ratio"]))
         if s == n:
             return B.kth_largest(mag, k), True
-        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
-                                 PURPOSE_DGC_SAMPLE, like=mag)
-        pos, _ = stratified_indices(B, n, s, key0, key1, like=mag)
-        ks = max(1, min(s, math.ceil(density * s - 1e-9)))
-        thr = B.kth_largest(B.gather(mag, pos), ks)
-        host = B.is_host(mag)
-        for _ in range(ADAPT_ROUNDS):  # only ever lowered: more than k are resampled
+        thr = self.sample_threshold(lambda pos: B.gather(mag, pos), meta, step, like=mag)
+        if B.is_host(mag):  # stop as soon as enough pass (the device walk then idles)
+            return self.lowered(thr, k, lambda t: B.count_nonzero(mag >= t)), False
+        for _ in range(ADAPT_ROUNDS):  # a fixed number of rounds: no host round-trip
             cnt = B.count_nonzero(mag >= thr)
-            if host:  # stop as soon as enough pass (the device walk then idles)
-                if int(cnt) >= LOWER * k:
-                    break
-                thr = thr * LOWER
-            else:  # a fixed number of rounds: no host round-trip
-                thr = B.where(B.cast(cnt, "float64") < LOWER * k, thr * LOWER, thr)
+            thr = B.where(B.cast(cnt, "float64") < LOWER * k, thr * LOWER, thr)
         return thr, False
+
+    def sample_threshold(self, sample_of, meta, step, like=None):
+        """The threshold before the correction loop: the ``ceil(d*s)``-th largest of the
+        ``s`` sampled magnitudes ``sample_of(positions)`` (0-d)."""
+        B = self.B
+        density = self.density(step)
+        s = sample_size(meta.numel, density, float(self.params["sample_ratio"]))
+        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
+                                 PURPOSE_DGC_SAMPLE, like=like)
+        pos, _ = stratified_indices(B, meta.numel, s, key0, key1, like=like)
+        return B.kth_largest(sample_of(pos), max(1, min(s, math.ceil(density * s - 1e-9))))
+
+    @staticmethod
+    def lowered(thr, k: int, count):
+        """The correction loop in host memory: ``thr *= 0.8`` while ``count(thr)`` (how
+        many magnitudes are ``>= thr``) is below ``0.8 k``, ten rounds at most; only
+        ever lowered (more than k passing are resampled)."""
+        for _ in range(ADAPT_ROUNDS):
+            if int(count(thr)) >= LOWER * k:
+                break
+            thr = thr * LOWER
+        return thr
 
     def _select(self, vacc, meta, st):
         B = self.B
@@ -208,6 +221,26 @@ class DGC(Sparsifier):
         # more than 1.3k candidates: the k largest of all of them is the top-k
         return B.cond(cnt > cap, lambda: topk_indices(B, mag, k),
                       among_candidates), None
+
+    def _encode_fused(self, g, meta, st, noise):
+        """Host memory, a sampled tensor (not sent whole, no clipping or quantizer): the
+        step as the backend's fused encoder, where it has one -- it takes ``(g, state,
+        meta, None)``, updates ``u`` and ``v`` in place, and returns ``(payload,
+        indices, valid, sent)``, the chain's bits, or None (NaN/Inf in ``g``: nothing
+        touched; the chain runs)."""
+        B = self.B
+        if self.whole(meta) or self._codec is not None or float(self.params["clip_norm"]) > 0:
+            return None
+        if sample_size(meta.numel, self.density(st["step"]), float(self.params["sample_ratio"])) \
+                == meta.numel:  # selected exactly: the chain
+            return None
+        fused = B.fused_encoder(self, 1, like=g)
+        done = None if fused is None else fused(g, st, meta, None)
+        if done is None:
+            return None
+        payload, indices, valid, sent = done
+        ctx = Selection(self.k_for(meta), indices, valid, sent=sent)
+        return Encoded(payload, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
 
     def _encode(self, g, meta, st, noise, flag) -> Encoded:
         B = self.B
