@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from .core.backend import set_host_fast_paths
+from .core.backend import NUMPY, set_host_fast_paths
 from .core.base import ef_sum_host
 from .core.bitpack import pack_codes, packed_nbytes
 from .core.sparsifiers import index_dtype
@@ -131,7 +131,7 @@ def _terngrad(k, B, codec, v, noise, ef):
 
 def _qsgd(k, B, codec, v, noise, ef):
     n, packed = B.shape(v)[0], codec.bits == 4
-    norms, inv = codec.scales(B, v)
+    norms, inv = codec.scales(B, v, B.from_host(k.bucket_sumsq(B.host_view(v), codec.d)))
     out = _codes(n, 4) if packed else np.empty(n, np.uint8)  # 4-bit codes: packed by the kernel
     k.qsgd_codes(B.host_view(v), B.host_view(B.cast(inv, "float32")), B.host_view(noise),
                  codec.s, codec.d, packed, out)
@@ -413,7 +413,7 @@ def host_decoder(B, codec, cols: int):
     """A host backend's fused decoder for ``codec`` -- ``(fields, n) -> float32[n]``, the
     chain's bits -- or None: turned off, numba missing, or a codec without one."""
     body = _DECODERS.get(codec.name)
-    if body is None or not requested() or (codec.name == "uniform" and 8 % codec.bits):
+    if body is None or not requested() or (codec.name in ("uniform", "qsgd") and 8 % codec.bits):
         return None
     k = _kernels()
     if not k:
@@ -449,6 +449,11 @@ _WIDTHS_PER_BYTE = np.asarray([[sum(((b >> (2 * j)) & 3) == w for j in range(4))
                                for b in range(256)], np.int64)
 
 
+def _qsgd_decode(k, B, codec, f, out):
+    factors = codec.factors(NUMPY, f["norms"])
+    k.qsgd_decode(f["codes"], codec.bits, codec.s, codec.d, factors, out)
+
+
 def _natural_decode(k, B, codec, f, out):
     k.natural_decode(f["exps"], f["signs"], codec.powers.view(np.int32), out.view(np.int32))
 
@@ -471,6 +476,7 @@ def _sketchml_decode(k, B, codec, f, out):
 
 _DECODERS = {"signsgd": _sign_decode, "efsignsgd": _sign_decode, "signum": _sign_decode,
              "natural": _natural_decode, "inceptionn": _inceptionn_decode,
-             "uniform": _uniform_decode, "eightbit": _eightbit_decode, "sketchml": _sketchml_decode}
+             "uniform": _uniform_decode, "eightbit": _eightbit_decode, "sketchml": _sketchml_decode,
+             "qsgd": _qsgd_decode}
 
 set_host_fast_paths(host_encoder, host_decoder)

@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
     AVAILABLE = False
 
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
-           "terngrad_pack", "qsgd_codes", "abs_sum", "natural_codes", "natural_decode",
+           "terngrad_pack", "qsgd_codes", "bucket_sumsq", "qsgd_decode", "abs_sum", "natural_codes",
+           "natural_decode",
            "sign_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_high_counts", "top_low_counts", "top_select",
@@ -138,17 +139,51 @@ if AVAILABLE:
         byte when ``packed`` (4-bit codes), else one a byte."""
         n = v.shape[0]
         per = 2 if packed else 1
-        for q in prange(out.shape[0]):
-            b = 0
-            for j in range(per):
-                i = q * per + j
-                if i < n:
-                    x = v[i]
-                    level = min(np.floor(abs(x) * inv[i // d] + noise[i]), s)
-                    lv = np.int32(level)
-                    code = s - lv if x < 0 else s + lv
-                    b |= code << (4 * j)
-            out[q] = b
+        groups, span, by_bucket = _groups(n, out.shape[0], per, d)
+        for g in prange(groups):
+            for q in range(g * span, min(out.shape[0], (g + 1) * span)):
+                b = 0
+                for j in range(per):
+                    i = q * per + j
+                    if i < n:
+                        x = v[i]
+                        f = inv[np.int64(g)] if by_bucket else inv[i // d]
+                        level = min(np.floor(abs(x) * f + noise[i]), s)
+                        lv = np.int32(level)
+                        code = s - lv if x < 0 else s + lv
+                        b |= code << (4 * j)
+                out[q] = b
+
+    @_jit
+    def bucket_sumsq(v, d):
+        """Per bucket of ``d`` values, the sum of squares accumulated in float64."""
+        n = v.shape[0]
+        nb = (n + d - 1) // d
+        out = np.empty(nb)
+        for b in prange(nb):
+            t = 0.0
+            for i in range(b * d, min(n, (b + 1) * d)):
+                x = np.float64(v[i])
+                t += x * x
+            out[b] = t
+        return out
+
+    @_jit
+    def qsgd_decode(codes, bits, s, d, factors, out):
+        """``out[i] = (code_i - s) * factors[bucket]`` (float32), codes packed ``8/bits``
+        a byte (``bits`` 4 or 8)."""
+        n = out.shape[0]
+        per = 8 // bits
+        mask = (1 << bits) - 1
+        groups, span, by_bucket = _groups(n, codes.shape[0], per, d)
+        for g in prange(groups):
+            for q in range(g * span, min(codes.shape[0], (g + 1) * span)):
+                byte = np.int32(codes[q])
+                for j in range(per):
+                    i = q * per + j
+                    if i < n:
+                        f = factors[np.int64(g)] if by_bucket else factors[i // d]
+                        out[i] = np.float32(((byte >> (bits * j)) & mask) - s) * f
 
     @_jit
     def abs_sum(v):
@@ -583,6 +618,7 @@ if AVAILABLE:
 
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
+    bucket_sumsq = qsgd_decode = None
     abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
     uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
     top_high_counts = top_low_counts = top_select = dgc_momentum = None

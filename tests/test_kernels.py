@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not inst
 SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:ef=false",
          "terngrad", "terngrad:clip=0", "terngrad:ef=true", "qsgd:levels=7",
          "qsgd:levels=16,bucket=64", "qsgd:levels=7,ef=true", "qsgd:levels=1,bucket=3",
+         "qsgd:levels=127,bucket=5", "qsgd:levels=7,bucket=8000",
          "signsgd", "efsignsgd", "efsignsgd:ef=false", "natural", "natural:ef=true", "uniform",
          "uniform:bits=8,stochastic=false,ef=true", "uniform:bits=3,bucket=7",
          "uniform:bits=1,bucket=5,ef=true", "uniform:bits=2,bucket=64", "eightbit", "eightbit:ef=true",
@@ -189,7 +190,8 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
     for name in ("natural", "uniform", "eightbit", "sketchml", "signsgd", "efsignsgd"):
         assert backend.fused_decoder(make_codec(name, {}), 1) is not None, name
     assert backend.fused_decoder(make_codec("uniform", {"bits": 3}), 1) is None  # the chain
-    assert backend.fused_decoder(make_codec("qsgd", {}), 1) is None
+    assert backend.fused_decoder(make_codec("qsgd", {}), 1) is not None
+    assert backend.fused_decoder(make_codec("qsgd", {"levels": 16}), 1) is None  # 6 bits: the chain
     assert backend.fused_encoder(make_codec("onebit", {}), 5) is None  # by columns: the chain
     assert backend.fused_encoder(make_codec("fp16", {}), 1) is None
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")

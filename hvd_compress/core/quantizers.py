@@ -133,17 +133,24 @@ class QSGDCodec(Codec):
         code = B.isub(level + s, B.cast(v < 0, "uint8") * level * 2)
         return {"norms": _flagged(norms, flag), "codes": pack_codes(B, code, self.bits)}
 
-    def scales(self, B, v):
+    def scales(self, B, v, sumsq=None):
         """``(norms, inv)``: each bucket's norm (float64 sum, float32) and ``s / norm``
-        (0 for a zero bucket), float32."""
-        norms = B.cast(B.sqrt(B.bucket_sumsq64(v, self.d)), "float32")
+        (0 for a zero bucket), float32; ``sumsq``: the buckets' float64 sums of squares
+        where a fast path has them."""
+        if sumsq is None:
+            sumsq = B.bucket_sumsq64(v, self.d)
+        norms = B.cast(B.sqrt(sumsq), "float32")
         inv = B.where(norms > 0, B.div(float(self.s), B.where(norms > 0, norms, 1.0)), 0.0)
         return norms, inv
+
+    def factors(self, B, norms):
+        """What each bucket's codes minus ``s`` are multiplied by: ``norm / s``."""
+        return B.div(norms, float(self.s))
 
     def decode_values(self, B, fields, n, cols=1):
         s = self.s
         return unpack_values(B, fields["codes"], self.bits, n, [float(c - s) for c in range(1 << self.bits)],
-                             factors=B.div(fields["norms"], float(s)), d=self.d)
+                             factors=self.factors(B, fields["norms"]), d=self.d)
 
 
 class TernGradCodec(Codec):
