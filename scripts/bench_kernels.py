@@ -11,7 +11,8 @@ compressor: the median over repeats of the encode time (error feedback and
 state updates included) and of the decode time (aggregating this one rank's
 payload into a dense tensor), the exact payload bytes and the compression
 ratio against float32; and, in the same run, the median time of a plain copy
-of the same float32 tensor, the yardstick the targets are stated against.
+of the same float32 tensor, the yardstick the targets are stated against, and
+the floor: the least memory the step must move, in copies (``floor_copies``).
 DGC is measured past its warm-up (at its final sparsity).
 """
 
@@ -97,7 +98,8 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
     nbytes = enc.nbytes if comp.variable_size else comp.payload_nbytes(enc.meta)
     numel = int(np.prod(shape))
     out = {"compression": spec, "encode_ms": round(enc_ms, 3), "decode_ms": round(dec_ms, 3),
-           "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3), "shape": list(shape)}
+           "payload_bytes": nbytes, "ratio": round(4 * numel / nbytes, 3), "shape": list(shape),
+           "floor_copies": round(floor_copies(comp, numel, nbytes), 3)}
     if comp.spec.parts[0].name == "dgc":
         # DGC's sampled threshold (sample, k-th largest, correction loop) on |x| alone.
         mag = B.abs(B.reshape(x, (-1,)))
@@ -108,6 +110,24 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
         k = comp.k_for(comp.meta_for(x, "bench"))
         out["framework_topk_ms"] = round(_timed(lambda: _framework_topk(B, x, k), B, repeats)[0], 3)
     return out
+
+
+def floor_copies(comp, numel: int, payload: int) -> float:
+    """The least memory a step must move, in copies of the tensor (a copy reads and
+    writes ``4 * numel`` bytes): encoding reads the gradient and writes the payload,
+    and reads and writes its state -- the error-feedback residual, DGC's ``u`` and
+    ``v``, Signum's momentum -- and decoding reads the payload and writes the dense
+    tensor.  Selection (top-k, DGC, adaq) needs at least one more read of its input:
+    counted too.  ``none`` hands the tensor itself to the collective: 0."""
+    n4 = 4 * numel
+    name = comp.spec.parts[0].name
+    if comp.passthrough:
+        return 0.0
+    state = 2 if comp.ef else 0  # tensors read and written back each step
+    state += 4 if name == "dgc" else 0
+    state += 2 if name == "signum" else 0
+    select = 1 if name in ("topk", "dgc", "adaq") else 0
+    return (n4 * (1 + state + select) + 2 * payload + n4) / (2 * n4)
 
 
 def _framework_topk(B, x, k):
@@ -138,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     ap.add_argument("--json", action="store_true",
                     help="print JSON: framework, numel, copy_ms, results: [{compression, encode_ms, "
-                         "decode_ms, payload_bytes, ratio}] (stable names)")
+                         "decode_ms, payload_bytes, ratio, floor_copies}] (stable names)")
     args = ap.parse_args(argv)
     if args.numel < 1:
         ap.error("--numel must be >= 1")
@@ -167,11 +187,14 @@ def main(argv=None) -> int:
         print(f"framework {args.framework}, {args.numel:,} float32 elements, "
               f"copy {copy_ms:.2f} ms (median of {args.repeats})")
         print(f"{'compression':34s} {'encode ms':>10s} {'decode ms':>10s} {'(enc+dec)/copy':>15s} "
-              f"{'payload bytes':>14s} {'ratio':>8s}")
+              f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}")
         for r in results:
             rel = (r["encode_ms"] + r["decode_ms"]) / max(copy_ms, 1e-9)
             print(f"{r['compression']:34s} {r['encode_ms']:10.2f} {r['decode_ms']:10.2f} "
-                  f"{rel:15.1f} {r['payload_bytes']:14,d} {r['ratio']:8.1f}")
+                  f"{rel:15.1f} {r['floor_copies']:6.2f} {rel / r['floor_copies']:7.1f} "
+                  f"{r['payload_bytes']:14,d} {r['ratio']:8.1f}")
+        print("floor: the least memory a step must move, in copies of the tensor (see "
+              "floor_copies); /floor: how far above it the measured time is")
     return 0
 
 

@@ -27,8 +27,16 @@ def test_json_keys_and_ratios():
                             "natural", "uniform", "eightbit", "sketchml", "thresholdv", "adaq",
                             "inceptionn"}
     for r in doc["results"]:
-        assert set(r) >= {"compression", "encode_ms", "decode_ms", "payload_bytes", "ratio"}
+        assert set(r) >= {"compression", "encode_ms", "decode_ms", "payload_bytes", "ratio",
+                          "floor_copies"}
         assert r["encode_ms"] >= 0 and r["decode_ms"] >= 0
+    floor = {name: r["floor_copies"] for name, r in by_name.items()}
+    # none moves nothing itself; fp16 reads, writes half, reads half, writes: 1.5 copies;
+    # with error feedback 2 copies and the payload's traffic (1-bit: 2 * 1/32 of a copy);
+    # an exact top-k reads once more, DGC reads and writes u and v too
+    assert floor["none"] == 0.0 and floor["fp16"] == 1.5
+    assert floor["onebit"] == round(2.0 + 2 * by_name["onebit"]["payload_bytes"] / (8 * 200003), 3)
+    assert floor["topk"] > floor["onebit"] and floor["dgc"] > floor["topk"]
     n = 200003
     assert by_name["none"]["payload_bytes"] == 4 * n
     assert by_name["fp16"]["ratio"] == 2.0
