@@ -113,6 +113,12 @@ class CompressorFrontend:
         """Payload sizes depend on the values (threshold-v, adaptive quantization)."""
         return self.core.variable_size
 
+    @property
+    def scale_free(self) -> bool:
+        """The aggregate does not scale with the inputs (signSGD's and Signum's vote): the
+        engine leaves ``gradient_predivide_factor`` out."""
+        return self.core.scale_free
+
     def describe(self) -> str:
         """The compression as checkpoints and plan checks record it."""
         return str(self.spec)

@@ -560,12 +560,14 @@ if AVAILABLE:
             s1 = low.shape[0] - 64 * (c + 1)
             for i in range(c * size, min(n, (c + 1) * size)):
                 x = v[i]
-                y = min(max(np.float64(x) * inv + 0.5, -1e18), 1e18)  # within int64
-                t = np.int64(y)
+                y = np.float64(x) * inv + 0.5
+                # the widths as inceptionn_widths takes them (a NaN y, from an infinite
+                # inv, is width 0 in both)
+                big = (y >= 32768.0) | (y < -32767.0)
+                m = ((y >= 128.0) | (y < -127.0)) & ~big
+                one = ((y >= 1.0) | (y < 0.0)) & ~big & ~m
+                t = np.int64(min(max(y, -1e18), 1e18))  # within int64 (used for m, one)
                 t -= np.int64(t > y)  # floor
-                big = (t > 32767) | (t < -32767)
-                m = ((t > 127) | (t < -127)) & ~big
-                one = (t != 0) & ~big & ~m
                 wide[a3 if a3 < e3 else s3] = x
                 mid[a2 if a2 < e2 else s2] = np.int16(t)
                 low[a1 if a1 < e1 else s1] = np.uint8(t + 128)

@@ -142,6 +142,25 @@ def test_predivide_leaves_the_majority_vote_as_it_is(spec):
                 assert set(np.unique(a)) <= {-1.0, 0.0, 1.0}
 
 
+@pytest.mark.parametrize("spec", ["signsgd", "signum"])
+def test_predivide_leaves_the_tensorflow_vote_as_it_is(spec):
+    """The same through TensorFlow's compressor classes (the engine sees the wrapper)."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from hvd_compress.tensorflow.compressors import compressor
+    x = np.array([0.3, -2.0, 0.0, 5.0], np.float32)
+    out = {}
+    for f in (1.0, 4.0):
+        c = compressor(spec)
+        c._rank, c._world_size = 0, 1
+        out[f] = Exchange(c, Loopback(), average=True, predivide=f).run([tf.constant(x)], ["w"],
+                                                                         new_stats())[0].numpy()
+    np.testing.assert_array_equal(out[4.0], out[1.0])
+    assert set(np.unique(out[1.0])) <= {-1.0, 0.0, 1.0}
+
+
 def test_none_is_horovods_own_average():
     """Uncompressed: the collective gets the user's op (here a stand-in for hvd.Average)
     with prescale 1/f and postscale f, and nothing is decoded or scaled afterwards."""

@@ -78,7 +78,7 @@ def test_sign_kernels_on_zeros_and_signed_zeros(spec, backend, monkeypatch):
 
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
 @pytest.mark.parametrize("spec", ["adaq", "adaq:ratio=0.2", "inceptionn:bound=0.01", "topk:ratio=0.1",
-                                  "topk:ratio=0.9,ef=false"])
+                                  "topk:ratio=0.9,ef=false", "inceptionn:bound=1e-310"])
 @pytest.mark.parametrize("n", [3, 64, 5003, 70001])
 def test_selection_and_width_kernels_on_ties_zeros_and_extremes(spec, n, backend, monkeypatch):
     """Many equal magnitudes (ties go to the lower index, across the kernels' stretches),

@@ -467,6 +467,24 @@ _PARALLEL_DRAW = 1 << 20  # draws below this many values are not split
 _DRAW_POOL = None
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on (several ranks on a node each get theirs)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _forget_pool() -> None:
+    """A forked child has none of the parent's threads: it makes its own pool."""
+    global _DRAW_POOL
+    _DRAW_POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def fill_uniform(gen, out):
     """``gen.random(len(out), dtype=float32, out=out)`` -- the same values, and ``gen``
     left in the same state -- drawn by several threads for a large ``out``.
@@ -477,7 +495,7 @@ def fill_uniform(gen, out):
     (numpy releases the GIL while it draws).  Another bit generator, or a small
     ``out``, is drawn as it is."""
     n = out.shape[0]
-    workers = min(8, os.cpu_count() or 1)
+    workers = min(8, _cpus())
     bg = gen.bit_generator
     if n < _PARALLEL_DRAW or workers < 2 or not isinstance(bg, np.random.PCG64):
         return gen.random(n, dtype=np.float32, out=out)

@@ -385,7 +385,7 @@ class Exchange:
         aggregate does not scale with its inputs (the majority vote: dividing the
         inputs by f would leave the vote as it is, and the postscale would multiply it
         by f)."""
-        return 1.0 if getattr(comp, "scale_free", False) else self.predivide
+        return 1.0 if comp.scale_free else self.predivide
 
 
 def _numel(shape) -> int:
