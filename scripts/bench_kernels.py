@@ -190,8 +190,9 @@ def main(argv=None) -> int:
               f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}")
         for r in results:
             rel = (r["encode_ms"] + r["decode_ms"]) / max(copy_ms, 1e-9)
+            gap = f"{rel / r['floor_copies']:7.1f}" if r["floor_copies"] else f"{'-':>7s}"
             print(f"{r['compression']:34s} {r['encode_ms']:10.2f} {r['decode_ms']:10.2f} "
-                  f"{rel:15.1f} {r['floor_copies']:6.2f} {rel / r['floor_copies']:7.1f} "
+                  f"{rel:15.1f} {r['floor_copies']:6.2f} {gap} "
                   f"{r['payload_bytes']:14,d} {r['ratio']:8.1f}")
         print("floor: the least memory a step must move, in copies of the tensor (see "
               "floor_copies); /floor: how far above it the measured time is")

@@ -72,8 +72,9 @@ def test_torch_and_tensorflow_report_the_same_payloads_as_numpy():
 
 def test_human_table_and_selected_compressors():
     out = run("--numel", "5000", "--repeats", "1", "--compression", "topk:ratio=0.1",
-              "--compression", "qsgd:levels=16").stdout
+              "--compression", "qsgd:levels=16", "--compression", "none").stdout
     assert "copy" in out and "topk:ratio=0.1" in out and "qsgd:levels=16" in out
+    assert "/floor" in out and "\nnone " in out  # none's floor is 0: no ratio to it
 
 
 def test_bad_arguments_are_reported():
