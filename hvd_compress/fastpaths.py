@@ -449,6 +449,11 @@ _WIDTHS_PER_BYTE = np.asarray([[sum(((b >> (2 * j)) & 3) == w for j in range(4))
                                for b in range(256)], np.int64)
 
 
+def _two_bit_decode(k, B, codec, f, out):
+    """TernGrad's and threshold's codes: the chain's table ``[0, 1, -1, 0] * scale``."""
+    k.lookup_2bit(f["codes"], np.asarray([0.0, 1.0, -1.0, 0.0], np.float32) * f["scale"][0], out)
+
+
 def _qsgd_decode(k, B, codec, f, out):
     factors = codec.factors(NUMPY, f["norms"])
     k.qsgd_decode(f["codes"], codec.bits, codec.s, codec.d, factors, out)
@@ -477,6 +482,6 @@ def _sketchml_decode(k, B, codec, f, out):
 _DECODERS = {"signsgd": _sign_decode, "efsignsgd": _sign_decode, "signum": _sign_decode,
              "natural": _natural_decode, "inceptionn": _inceptionn_decode,
              "uniform": _uniform_decode, "eightbit": _eightbit_decode, "sketchml": _sketchml_decode,
-             "qsgd": _qsgd_decode}
+             "qsgd": _qsgd_decode, "terngrad": _two_bit_decode, "threshold": _two_bit_decode}
 
 set_host_fast_paths(host_encoder, host_decoder)

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
 
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
            "terngrad_pack", "qsgd_codes", "bucket_sumsq", "qsgd_decode", "abs_sum", "natural_codes",
-           "natural_decode",
+           "natural_decode", "lookup_2bit",
            "sign_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_high_counts", "top_low_counts", "top_select",
@@ -77,18 +77,17 @@ if AVAILABLE:
         """Sign bits (1: v >= 0) packed 8 a byte; with ``subtract``, ``v -= pos`` where
         the bit is 1 and ``v -= neg`` where it is 0 (one column)."""
         n = v.shape[0]
+        by_sign = np.asarray([neg, pos], np.float32)
         for q in prange(out.shape[0]):
             b = 0
             for j in range(8):
                 i = q * 8 + j
                 if i < n:
                     x = v[i]
-                    if x >= 0:
-                        b |= 1 << j
-                        if subtract:
-                            v[i] = x - pos
-                    elif subtract:
-                        v[i] = x - neg
+                    p = np.int32(x >= 0)  # no branch on a sign: the signs are a coin toss
+                    b |= p << j
+                    if subtract:
+                        v[i] = x - by_sign[p]
             out[q] = b
 
     @_jit
@@ -99,11 +98,10 @@ if AVAILABLE:
         sneg = 0.0
         for i in prange(v.shape[0]):
             x = np.float64(v[i])
-            if x >= 0:
-                npos += 1
-                spos += x
-            else:
-                sneg += x
+            # no branch on the sign (a coin toss): adding +-0.0 leaves a sum as it is
+            npos += x >= 0
+            spos += max(x, 0.0)
+            sneg += min(x, 0.0)
         return npos, spos, sneg
 
     @_jit
@@ -129,8 +127,8 @@ if AVAILABLE:
                 if i < n:
                     x = v[i]
                     prob = min(abs(x), cap) / safe
-                    if noise[i] < prob:
-                        b |= (2 if x < 0 else 1) << (2 * j)
+                    keep = np.int32(noise[i] < prob)  # a select, not a branch
+                    b |= (keep + keep * np.int32(x < 0)) << (2 * j)
             out[q] = b
 
     @_jit
@@ -148,9 +146,9 @@ if AVAILABLE:
                     if i < n:
                         x = v[i]
                         f = inv[np.int64(g)] if by_bucket else inv[i // d]
-                        level = min(np.floor(abs(x) * f + noise[i]), s)
-                        lv = np.int32(level)
-                        code = s - lv if x < 0 else s + lv
+                        # floor of a non-negative value: its truncation (no libm call)
+                        lv = min(np.int32(abs(x) * f + noise[i]), s)
+                        code = s + lv - 2 * lv * np.int32(x < 0)  # no branch on the sign
                         b |= code << (4 * j)
                 out[q] = b
 
@@ -201,23 +199,21 @@ if AVAILABLE:
         n = v.shape[0]
         bits = v.view(np.int32)
         unit = np.float32(2.0 ** -23)
+        unit_sign = np.asarray([1.0, -1.0], np.float32)
         for q in prange(signs.shape[0]):
             b = 0
             for j in range(8):
                 i = q * 8 + j
                 if i < n:
                     w = bits[i]
-                    e = (w >> 23) & 0xFF
-                    if noise[i] < np.float32(w & 0x7FFFFF) * unit:
-                        e += 1
-                    e = min(e, 254)
+                    # no branches on the coin tosses (rounding up, the sign)
+                    e = min(((w >> 23) & 0xFF) + np.int32(noise[i] < np.float32(w & 0x7FFFFF) * unit),
+                            254)
                     exps[i] = e
-                    if w < 0:
-                        b |= 1 << j
-                        if subtract:
-                            v[i] = v[i] - table[e] * np.float32(-1.0)
-                    elif subtract:
-                        v[i] = v[i] - table[e] * np.float32(1.0)
+                    neg = (w >> 31) & 1
+                    b |= neg << j
+                    if subtract:
+                        v[i] = v[i] - table[e] * unit_sign[neg]
             signs[q] = b
 
     @_jit
@@ -262,14 +258,23 @@ if AVAILABLE:
                 if i < n:
                     x = m[i] * beta + g[i] * rest
                     fresh[i] = x
-                    if x >= 0:
-                        b |= 1 << j
-                    if x != 0:
-                        nonzero += 1
-                    if not np.isfinite(x):
-                        bad += 1
+                    b |= np.int32(x >= 0) << j  # no branches on the signs
+                    nonzero += x != 0
+                    bad += 1 - np.int64(np.isfinite(x))
             signs[q] = b
         return bad == 0, nonzero > 0
+
+    @_jit
+    def lookup_2bit(codes, table, out):
+        """``out[i] = table[code i]`` for 2-bit codes packed 4 a byte (TernGrad's and
+        threshold's decode: the table is ``[0, 1, -1, 0] * scale``)."""
+        n = out.shape[0]
+        for q in prange(codes.shape[0]):
+            b = np.int32(codes[q])
+            for j in range(4):
+                i = q * 4 + j
+                if i < n:
+                    out[i] = table[(b >> (2 * j)) & 3]
 
     @_jit
     def bucket_minmax(v, d):
@@ -321,8 +326,8 @@ if AVAILABLE:
                         k = np.int64(g) if by_bucket else i // d
                         x = v[i] * inv[k] - loinv[k]
                         x = min(max(x, zero), levels)
-                        y = np.floor(x + noise[i]) if stochastic else np.floor(x + half)
-                        c = np.int32(min(y, levels))
+                        # floor of a non-negative value: its truncation (no libm call)
+                        c = min(np.int32(x + (noise[i] if stochastic else half)), np.int32(levels))
                         byte |= c << (bits * j)
                         if subtract:
                             v[i] = v[i] - (np.float32(c) * scale[k] + lo[k])
@@ -620,7 +625,7 @@ if AVAILABLE:
 
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
-    bucket_sumsq = qsgd_decode = None
+    bucket_sumsq = qsgd_decode = lookup_2bit = None
     abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
     uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
     top_high_counts = top_low_counts = top_select = dgc_momentum = None
