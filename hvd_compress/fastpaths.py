@@ -413,7 +413,8 @@ def host_decoder(B, codec, cols: int):
     """A host backend's fused decoder for ``codec`` -- ``(fields, n) -> float32[n]``, the
     chain's bits -- or None: turned off, numba missing, or a codec without one."""
     body = _DECODERS.get(codec.name)
-    if body is None or not requested() or (codec.name in ("uniform", "qsgd") and 8 % codec.bits):
+    if body is None or not requested() or (codec.name in ("uniform", "qsgd") and 8 % codec.bits) \
+            or (codec.name == "onebit" and cols != 1):
         return None
     k = _kernels()
     if not k:
@@ -464,7 +465,11 @@ def _natural_decode(k, B, codec, f, out):
 
 
 def _sign_decode(k, B, codec, f, out):
-    k.sign_decode(f["signs"], f["scale"].view(np.int32)[0], out.view(np.int32))
+    k.bit_decode(f["signs"], np.concatenate([-f["scale"], f["scale"]]), out)
+
+
+def _onebit_decode(k, B, codec, f, out):
+    k.bit_decode(f["signs"], np.concatenate([f["neg"], f["pos"]]), out)
 
 
 def _uniform_decode(k, B, codec, f, out):
@@ -482,6 +487,7 @@ def _sketchml_decode(k, B, codec, f, out):
 _DECODERS = {"signsgd": _sign_decode, "efsignsgd": _sign_decode, "signum": _sign_decode,
              "natural": _natural_decode, "inceptionn": _inceptionn_decode,
              "uniform": _uniform_decode, "eightbit": _eightbit_decode, "sketchml": _sketchml_decode,
-             "qsgd": _qsgd_decode, "terngrad": _two_bit_decode, "threshold": _two_bit_decode}
+             "qsgd": _qsgd_decode, "terngrad": _two_bit_decode, "threshold": _two_bit_decode,
+             "onebit": _onebit_decode}
 
 set_host_fast_paths(host_encoder, host_decoder)

@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
            "terngrad_pack", "qsgd_codes", "bucket_sumsq", "qsgd_decode", "abs_sum", "natural_codes",
            "natural_decode", "lookup_2bit",
-           "sign_decode", "signum_step",
+           "bit_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_high_counts", "top_low_counts", "top_select",
            "dgc_momentum",
@@ -233,16 +233,16 @@ if AVAILABLE:
                     out[i] = table[e] | (neg << 31)
 
     @_jit
-    def sign_decode(signs, scale, out):
-        """``out[i]`` = ``scale`` where bit i of ``signs`` is 1, else ``-scale`` (its sign
-        bit flipped, as negation does); ``scale`` and ``out`` as int32 bits."""
+    def bit_decode(signs, table, out):
+        """``out[i] = table[bit i of signs]`` (1-bit codes packed 8 a byte: the sign
+        codecs' ``[-scale, scale]``, 1-bit SGD's ``[neg, pos]``)."""
         n = out.shape[0]
         for q in prange(signs.shape[0]):
-            b = np.int32(signs[q]) ^ 0xFF  # 1: flip the sign
+            b = np.int32(signs[q])
             for j in range(8):
                 i = q * 8 + j
                 if i < n:
-                    out[i] = scale ^ (((b >> j) & 1) << 31)
+                    out[i] = table[(b >> j) & 1]
 
     @_jit
     def signum_step(m, g, beta, rest, fresh, signs):
@@ -626,7 +626,7 @@ if AVAILABLE:
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
     bucket_sumsq = qsgd_decode = lookup_2bit = None
-    abs_sum = natural_codes = natural_decode = sign_decode = signum_step = bucket_minmax = None
+    abs_sum = natural_codes = natural_decode = bit_decode = signum_step = bucket_minmax = None
     uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
     top_high_counts = top_low_counts = top_select = dgc_momentum = None
     inceptionn_widths = inceptionn_pack = inceptionn_decode = None

@@ -193,6 +193,8 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
     assert backend.fused_decoder(make_codec("qsgd", {}), 1) is not None
     assert backend.fused_decoder(make_codec("terngrad", {}), 1) is not None
     assert backend.fused_decoder(make_codec("threshold", {}), 1) is not None
+    assert backend.fused_decoder(make_codec("onebit", {}), 1) is not None
+    assert backend.fused_decoder(make_codec("onebit", {}), 5) is None  # by columns: the chain
     assert backend.fused_decoder(make_codec("qsgd", {"levels": 16}), 1) is None  # 6 bits: the chain
     assert backend.fused_encoder(make_codec("onebit", {}), 5) is None  # by columns: the chain
     assert backend.fused_encoder(make_codec("fp16", {}), 1) is None
