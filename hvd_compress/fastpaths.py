@@ -229,6 +229,9 @@ def _sketchml(k, B, codec, v, noise, ef):
 _CHUNKS_SELECT = 16  # fixed stretches (the same bits for any thread count), at most
 
 
+_NO_HIGH = np.zeros(0, np.int64)  # top_counts of the top 16 bits
+
+
 def _select_chunks(n):
     """Stretches for the selection kernels: up to 16 (fixed by ``n``, so the bits do
     not depend on the threads), fewer for small tensors (smaller counts to clear)."""
@@ -249,7 +252,7 @@ def _top_by_bits(k, vh, count, by_sign, itype, high=None, low_of=None):
     n = vh.shape[0]
     chunks = _select_chunks(n)
     if high is None:
-        high = k.top_high_counts(vh, chunks, by_sign)
+        high = k.top_counts(vh, _NO_HIGH, chunks, by_sign)
     per_group = high.sum(axis=0, dtype=np.int64)
     ks = [int(c) for c in count([int(t) for t in per_group.sum(axis=1)])]
     top = np.full(2, -1, np.int64)  # the boundary's top 16 bits, per group
@@ -259,7 +262,7 @@ def _top_by_bits(k, vh, count, by_sign, itype, high=None, low_of=None):
             at_least = np.cumsum(per_group[g][::-1])[::-1]  # values in patterns >= each
             top[g] = np.flatnonzero(at_least >= kk)[-1]
             need[g] = kk - (at_least[top[g]] - per_group[g][top[g]])
-    low = k.top_low_counts(vh, top, chunks, by_sign) if low_of is None else low_of(top)
+    low = k.top_counts(vh, top, chunks, by_sign) if low_of is None else low_of(top)
     cut = np.full(2, 1 << 31, np.int64)  # above every pattern: nothing of an empty group
     ties, starts = np.zeros((chunks, 2), np.int64), np.zeros((chunks, 2), np.int64)
     for g, kk in enumerate(ks):
@@ -336,7 +339,7 @@ def _dgc(k, B, comp, g, st, meta):
     def low_of(top):  # the low-16-bit counts within pattern top[0], kept for the selection
         b = int(top[0])
         if b not in lows:
-            lows[b] = k.top_low_counts(vh, np.asarray([b, -1], np.int64), chunks, False)
+            lows[b] = k.top_counts(vh, np.asarray([b, -1], np.int64), chunks, False)
         return lows[b]
 
     def count(thr):  # exact, or a lower bound of at least k (all the loop and the choice need)
@@ -455,9 +458,12 @@ def _two_bit_decode(k, B, codec, f, out):
     k.lookup_2bit(f["codes"], np.asarray([0.0, 1.0, -1.0, 0.0], np.float32) * f["scale"][0], out)
 
 
+_NONE = np.zeros(0, np.float32)  # bucket_decode's lo for QSGD: nothing added
+
+
 def _qsgd_decode(k, B, codec, f, out):
     factors = codec.factors(NUMPY, f["norms"])
-    k.qsgd_decode(f["codes"], codec.bits, codec.s, codec.d, factors, out)
+    k.bucket_decode(f["codes"], codec.bits, codec.d, codec.s, factors, _NONE, out)
 
 
 def _natural_decode(k, B, codec, f, out):
@@ -473,7 +479,7 @@ def _onebit_decode(k, B, codec, f, out):
 
 
 def _uniform_decode(k, B, codec, f, out):
-    k.uniform_decode(f["codes"], codec.bits, codec.d, f["mins"], f["scales"], out)
+    k.bucket_decode(f["codes"], codec.bits, codec.d, 0, f["scales"], f["mins"], out)
 
 
 def _eightbit_decode(k, B, codec, f, out):

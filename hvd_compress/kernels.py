@@ -34,11 +34,11 @@ except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
     AVAILABLE = False
 
 __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
-           "terngrad_pack", "qsgd_codes", "bucket_sumsq", "qsgd_decode", "abs_sum", "natural_codes",
+           "terngrad_pack", "qsgd_codes", "bucket_sumsq", "bucket_decode", "abs_sum", "natural_codes",
            "natural_decode", "lookup_2bit",
            "bit_decode", "signum_step",
-           "bucket_minmax", "uniform_codes", "uniform_decode", "eightbit_codes", "lookup_scaled",
-           "bucket_codes", "lookup_subtract", "top_high_counts", "top_low_counts", "top_select",
+           "bucket_minmax", "uniform_codes", "eightbit_codes", "lookup_scaled",
+           "bucket_codes", "lookup_subtract", "top_counts", "top_select",
            "dgc_momentum",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
@@ -165,23 +165,6 @@ if AVAILABLE:
                 t += x * x
             out[b] = t
         return out
-
-    @_jit
-    def qsgd_decode(codes, bits, s, d, factors, out):
-        """``out[i] = (code_i - s) * factors[bucket]`` (float32), codes packed ``8/bits``
-        a byte (``bits`` 4 or 8)."""
-        n = out.shape[0]
-        per = 8 // bits
-        mask = (1 << bits) - 1
-        groups, span, by_bucket = _groups(n, codes.shape[0], per, d)
-        for g in prange(groups):
-            for q in range(g * span, min(codes.shape[0], (g + 1) * span)):
-                byte = np.int32(codes[q])
-                for j in range(per):
-                    i = q * per + j
-                    if i < n:
-                        f = factors[np.int64(g)] if by_bucket else factors[i // d]
-                        out[i] = np.float32(((byte >> (bits * j)) & mask) - s) * f
 
     @_jit
     def abs_sum(v):
@@ -334,12 +317,15 @@ if AVAILABLE:
                 out[q] = byte
 
     @_jit
-    def uniform_decode(codes, bits, d, lo, scale, out):
-        """``out[i] = code_i * scale + lo`` per bucket of ``d``; codes packed ``8/bits`` a
-        byte (``bits`` 1, 2, 4 or 8)."""
+    def bucket_decode(codes, bits, d, offset, scale, lo, out):
+        """``out[i] = (code_i - offset) * scale[bucket] (+ lo[bucket])`` in float32, per
+        bucket of ``d``; codes packed ``8/bits`` a byte (``bits`` 1, 2, 4 or 8).
+        Uniform's decode (offset 0, with ``lo``) and QSGD's (offset ``s``, ``lo``
+        empty: nothing added, so a -0.0 stays -0.0 as in the chain)."""
         n = out.shape[0]
         per = 8 // bits
         mask = (1 << bits) - 1
+        add = lo.shape[0] > 0
         groups, span, by_bucket = _groups(n, codes.shape[0], per, d)
         for g in prange(groups):
             for q in range(g * span, min(codes.shape[0], (g + 1) * span)):
@@ -348,7 +334,8 @@ if AVAILABLE:
                     i = q * per + j
                     if i < n:
                         k = np.int64(g) if by_bucket else i // d
-                        out[i] = np.float32((byte >> (bits * j)) & mask) * scale[k] + lo[k]
+                        x = np.float32(((byte >> (bits * j)) & mask) - offset) * scale[k]
+                        out[i] = x + lo[k] if add else x
 
     @njit(nogil=True, cache=True, inline="always")
     def _rank(edges, a, x):
@@ -422,36 +409,27 @@ if AVAILABLE:
         return 1 if w < 0 else 0
 
     @_jit
-    def top_high_counts(v, chunks, by_sign):
+    def top_counts(v, high, chunks, by_sign):
         """Per stretch of ``v`` (``chunks`` of them) and group (:func:`_group`), how many
-        values have each top-16-bit pattern of ``|v|``'s float32 bits (int32 counts).
-        Larger patterns are larger magnitudes."""
+        values have each bit pattern of ``|v|``'s float32 bits (int32 counts; larger
+        patterns are larger magnitudes): with ``high`` empty, of the top 16 bits
+        (32,768 patterns); else of the low 16 bits (65,536), counting only the values
+        whose top 16 bits are ``high[group]`` (-1: none)."""
         n = v.shape[0]
         bits = v.view(np.int32)
         size = (n + chunks - 1) // chunks
-        counts = np.zeros((chunks, 2, 32768), np.int32)
-        for c in prange(chunks):
-            for i in range(c * size, min(n, (c + 1) * size)):
-                w = bits[i]
-                g = _group(w, by_sign)
-                if g >= 0:
-                    counts[c, g, (w & 0x7FFFFFFF) >> 16] += 1
-        return counts
-
-    @_jit
-    def top_low_counts(v, high, chunks, by_sign):
-        """Per stretch and group, how many values whose top 16 bits of ``|v|`` are
-        ``high[group]`` have each low-16-bit pattern (``high[group]`` -1: none)."""
-        n = v.shape[0]
-        bits = v.view(np.int32)
-        size = (n + chunks - 1) // chunks
-        counts = np.zeros((chunks, 2, 65536), np.int32)
+        low = high.shape[0] > 0
+        counts = np.zeros((chunks, 2, 65536 if low else 32768), np.int32)
         for c in prange(chunks):
             for i in range(c * size, min(n, (c + 1) * size)):
                 w = bits[i]
                 g = _group(w, by_sign)
                 a = w & 0x7FFFFFFF
-                if g >= 0 and (a >> 16) == high[g]:
+                if g < 0:
+                    continue
+                if not low:
+                    counts[c, g, a >> 16] += 1
+                elif (a >> 16) == high[g]:
                     counts[c, g, a & 0xFFFF] += 1
         return counts
 
@@ -490,7 +468,7 @@ if AVAILABLE:
         """DGC's momentum correction in place, the chain's float32 arithmetic: ``u = u*m +
         g; v = v + u`` (Nesterov: ``u = (u + g)*m; v = (v + u) + g``); returns, per
         stretch, the counts of the new ``|v|``'s top-16-bit patterns (group 0 of
-        :func:`top_high_counts`, by magnitude)."""
+        :func:`top_counts`, by magnitude)."""
         n = v.shape[0]
         size = (n + chunks - 1) // chunks
         counts = np.zeros((chunks, 2, 32768), np.int32)
@@ -625,8 +603,8 @@ if AVAILABLE:
 
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
-    bucket_sumsq = qsgd_decode = lookup_2bit = None
+    bucket_sumsq = bucket_decode = lookup_2bit = None
     abs_sum = natural_codes = natural_decode = bit_decode = signum_step = bucket_minmax = None
-    uniform_codes = uniform_decode = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
-    top_high_counts = top_low_counts = top_select = dgc_momentum = None
+    uniform_codes = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
+    top_counts = top_select = dgc_momentum = None
     inceptionn_widths = inceptionn_pack = inceptionn_decode = None
