@@ -40,17 +40,21 @@ def test_backward_passes_per_step_matches_accumulating_by_hand():
         assert set(res["report"]) == set(specs)
 
 
-@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "dgc:ratio=0.05", "qsgd:levels=7",
-                                  "powersgd:rank=2", "randomk:ratio=0.1+fp16"])
-def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(spec, tmp_path):
+def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path):
+    """Every kind of compressor state (residual, DGC's u and v, the noise generator,
+    PowerSGD's Q, shared random-k indices) through torch.save and a fresh launch; one
+    launch for every compressor's first half, one for the resumes."""
+    specs = ["topk:ratio=0.1", "dgc:ratio=0.05", "qsgd:levels=7", "powersgd:rank=2",
+             "randomk:ratio=0.1+fp16"]
     path = str(tmp_path / "ckpt")
-    full = run_horovod("tests.workers.torch_opt:checkpoint_phase", np=2,
-                       kwargs={"spec": spec, "path": path, "phase": "run"})
-    resumed = run_horovod("tests.workers.torch_opt:checkpoint_phase", np=2,
-                          kwargs={"spec": spec, "path": path, "phase": "resume"})
-    for a, b in zip(full, resumed):
-        assert a["params"] == b["params"]
-    assert full[0]["params"] == full[1]["params"]  # ranks agree
+    full = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
+                       kwargs={"specs": specs, "path": path, "phase": "run"})
+    resumed = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
+                          kwargs={"specs": specs, "path": path, "phase": "resume"})
+    for spec in specs:
+        for a, b in zip(full, resumed):
+            assert a[spec]["params"] == b[spec]["params"], spec
+        assert full[0][spec]["params"] == full[1][spec]["params"], spec  # ranks agree
 
 
 def test_summable_compressors_in_horovods_own_optimizer():

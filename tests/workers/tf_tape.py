@@ -215,6 +215,12 @@ def keras_checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
             "iterations": int(opt.iterations.numpy())}
 
 
+def keras_checkpoint_phases(specs, path, phase):
+    """:func:`keras_checkpoint_phase` for several compressors in one launch (one folder
+    each)."""
+    return {spec: keras_checkpoint_phase(spec, f"{path}/{i}", phase) for i, spec in enumerate(specs)}
+
+
 def state_ownership():
     """Who owns TF compressor state: a spec string's state goes with the variables the tape
     differentiates (successive tapes over one model share it, two models never do); one

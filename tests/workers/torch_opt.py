@@ -209,6 +209,11 @@ def checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
     return {"params": {n: p.detach().numpy().tobytes().hex() for n, p in model.named_parameters()}}
 
 
+def checkpoint_phases(specs, path, phase):
+    """:func:`checkpoint_phase` for several compressors in one launch (one folder each)."""
+    return {spec: checkpoint_phase(spec, f"{path}.{i}", phase) for i, spec in enumerate(specs)}
+
+
 def horovod_own_optimizer(specs=("fp16", "bf16", "randomk:ratio=0.1", "powersgd:rank=2", "none"),
                           steps=2):
     """Summable compressors through horovod.torch.DistributedOptimizer; top-k must refuse."""
