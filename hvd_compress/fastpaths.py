@@ -342,14 +342,24 @@ def _dgc(k, B, comp, g, st, meta):
             lows[b] = k.top_counts(vh, np.asarray([b, -1], np.int64), chunks, False)
         return lows[b]
 
+    def bits(thr):  # the float32 bits of a (non-negative) threshold
+        return int(np.float32(B.to_numpy(thr)).view(np.int32))
+
+    def per_chunk(t):  # how many |v| have bits >= t, per stretch (exact)
+        b = t >> 16
+        counts = high[:, 0, b + 1:].sum(axis=1, dtype=np.int64)
+        if t & 0xFFFF:
+            return counts + low_of([b])[:, 0, t & 0xFFFF:].sum(axis=1, dtype=np.int64)
+        return counts + high[:, 0, b]
+
     def count(thr):  # exact, or a lower bound of at least k (all the loop and the choice need)
-        t = int(np.float32(B.to_numpy(thr)).view(np.int32))
+        t = bits(thr)
         b = t >> 16
         if t & 0xFFFF == 0:
             return int(above[b])
         if above[b + 1] >= kk:
             return int(above[b + 1])
-        return int(above[b + 1] + low_of([b])[:, 0, t & 0xFFFF:].sum())
+        return int(per_chunk(t).sum())
 
     thr = comp.lowered(comp.sample_threshold(lambda pos: B.abs(B.gather(st["v"], pos)), meta,
                                              st["step"], like=g), kk, count)
@@ -358,13 +368,8 @@ def _dgc(k, B, comp, g, st, meta):
         idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype, high=high,
                               low_of=low_of)
     else:  # every value that passes, in index order
-        t = int(np.float32(B.to_numpy(thr)).view(np.int32))
-        b = t >> 16
-        counts = high[:, 0, b + 1:].sum(axis=1, dtype=np.int64)
-        if t & 0xFFFF:
-            counts += low_of([b])[:, 0, t & 0xFFFF:].sum(axis=1, dtype=np.int64)
-        else:
-            counts += high[:, 0, b]
+        t = bits(thr)
+        counts = per_chunk(t)
         idx = np.empty(int(counts.sum()), itype)
         none = np.zeros((chunks, 2), np.int64)
         starts = np.stack([np.cumsum(counts) - counts, np.zeros(chunks, np.int64)], axis=1)
