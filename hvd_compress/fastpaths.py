@@ -13,9 +13,14 @@ Each encoder keeps the contract of ``NumpyBackend.fused_encoder`` with a
 Python bool for ``finite``: the step starts as the core's host path does
 (:func:`~hvd_compress.core.base.ef_sum_host`: finiteness, ``residual += g`` in
 place, overflow counted as non-finite and undone); on NaN/Inf it returns at
-once (no noise drawn) and the core runs its reference non-finite step.  The
-scales come from the codec's own helpers (the reference arithmetic); the
-kernels do the per-element passes -- sums, codes, bit packing and, for 1-bit
+once (no noise drawn) and the core runs its reference non-finite step.  TernGrad and
+QSGD, when the noise is not given, hash each element's index under one 64-bit key
+drawn per step from the compressor's generator (the values TensorFlow's compiled
+ops draw for the same key) instead of drawing ``n`` values, which alone took a third
+of QSGD's step; the stream differs from the chain's, both uniform, and explicit noise
+gives the chain's bits.  Without error feedback their statistics pass also tells
+finiteness.  The scales come from the codec's own helpers (the reference
+arithmetic); the kernels do the per-element passes -- sums, codes, bit packing and, for 1-bit
 and threshold, the residual update -- with the same bits
 (``tests/test_kernels.py``).  1-bit by columns (``cols`` > 1) is declined: the
 chain runs.  ``HVD_COMPRESS_FUSED=0`` turns every fast path off.
@@ -56,7 +61,8 @@ def host_encoder(B, codec, cols: int):
     """A host backend's fused encoder for ``codec`` (see the module), or None: turned
     off, numba missing, a codec without kernels, or 1-bit by columns."""
     body = _BODIES.get(codec.name)
-    if (body is None and codec.name not in ("signum", "dgc")) or (codec.name == "onebit" and cols != 1) \
+    own = ("signum", "dgc", *_STEPS)  # encoders of their own signature
+    if (body is None and codec.name not in own) or (codec.name == "onebit" and cols != 1) \
             or (codec.name == "inceptionn" and codec.ef) or not requested():
         return None
     k = _kernels()
@@ -68,10 +74,13 @@ def host_encoder(B, codec, cols: int):
         return lambda g, st, meta, _: _dgc(k, B, codec, g, st, meta)
 
     smallest = _SMALLEST.get(codec.name, 0)
+    step = _STEPS.get(codec.name)
 
     def encode(g, residual, noise, noise_source):
         if B.shape(g)[0] < smallest:
             return None  # declined for this tensor (nothing touched): the chain
+        if step is not None:
+            return step(k, B, codec, g, residual, noise, noise_source)
         v, finite = ef_sum_host(B, g, residual)
         if not finite:
             return None, residual, False
@@ -111,35 +120,73 @@ def _onebit(k, B, codec, v, noise, ef):
     return {"pos": pos, "neg": neg, "signs": B.from_host(out)}
 
 
-def _terngrad(k, B, codec, v, noise, ef):
+def _noise_args(B, v, noise, noise_source):
+    """A kernel's noise arguments: the given noise and a zero key, or no noise and the
+    halves of one 64-bit key drawn from the compressor's generator (the kernel hashes
+    each element's index under it: ``kernels._uniform``)."""
+    if noise is not None:
+        return B.host_view(noise), np.uint64(0), np.uint64(0)
+    key = noise_source.key(like=v)
+    return _NO_NOISE, np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+
+
+_NO_NOISE = np.empty(0, np.float32)
+
+
+def _terngrad(k, B, codec, v, noise, noise_source):
+    """TernGrad's fields, or None where ``v`` is not finite (nothing drawn): its sums and
+    max |v| in one pass, then the codes with the noise given or hashed."""
     n, c = B.shape(v)[0], codec.clip
+    vh = B.host_view(v)
+    s1, s2, top = k.moments(vh)
+    if not (np.isfinite(s1) and np.isfinite(s2)):
+        return None
+    # the chain's max(min(|v|, cap)) is min(max|v|, cap)
     if c > 0:
-        s1, s2 = (B.from_host(np.asarray(t)) for t in k.moments(B.host_view(v)))  # one pass
+        s1, s2 = (B.from_host(np.asarray(t)) for t in (s1, s2))
         cap = np.float32(c * B.to_numpy(codec.sigma(B, s1, s2, n)))
     else:
         cap = np.float32(np.inf)
-    # the chain's max(min(|v|, cap)) is min(max|v|, cap): no pass but a min/max
-    scale = np.minimum(np.float32(B.to_numpy(B.absmax(v))), cap)
+    scale = np.minimum(np.float32(top), cap)
     out = _codes(n, 2)
-    k.terngrad_pack(B.host_view(v), B.host_view(noise), cap, np.float32(scale if scale > 0 else 1.0),
-                    out)
-    fields = {"scale": B.asarray([scale], "float32", like=v), "codes": B.from_host(out)}
-    if ef:
-        _subtract_decoded(B, codec, v, fields)
-    return fields
+    k.terngrad_pack(vh, *_noise_args(B, v, noise, noise_source), cap,
+                    np.float32(scale if scale > 0 else 1.0), out)
+    return {"scale": B.asarray([scale], "float32", like=v), "codes": B.from_host(out)}
 
 
-def _qsgd(k, B, codec, v, noise, ef):
+def _qsgd(k, B, codec, v, noise, noise_source):
+    """QSGD's fields, or None where ``v`` is not finite (nothing drawn): the buckets'
+    float64 sums of squares in one pass (non-finite exactly where a value is), then the
+    codes with the noise given or hashed."""
     n, packed = B.shape(v)[0], codec.bits == 4
-    norms, inv = codec.scales(B, v, B.from_host(k.bucket_sumsq(B.host_view(v), codec.d)))
+    vh = B.host_view(v)
+    sumsq = k.bucket_sumsq(vh, codec.d)
+    if not np.isfinite(sumsq).all():
+        return None
+    norms, inv = codec.scales(B, v, B.from_host(sumsq))
     out = _codes(n, 4) if packed else np.empty(n, np.uint8)  # 4-bit codes: packed by the kernel
-    k.qsgd_codes(B.host_view(v), B.host_view(B.cast(inv, "float32")), B.host_view(noise),
+    k.qsgd_codes(vh, B.host_view(B.cast(inv, "float32")), *_noise_args(B, v, noise, noise_source),
                  codec.s, codec.d, packed, out)
     codes = B.from_host(out)
-    fields = {"norms": norms, "codes": codes if packed else pack_codes(B, codes, codec.bits)}
-    if ef:
+    return {"norms": norms, "codes": codes if packed else pack_codes(B, codes, codec.bits)}
+
+
+def _stats_step(fields_of):
+    """A whole step for a codec whose statistics pass also tells finiteness (its sums
+    are non-finite exactly where a value is): without error feedback no separate
+    check; with it the core's host start (:func:`ef_sum_host`), then the fields and
+    ``v -= decoded``."""
+    def step(k, B, codec, g, residual, noise, noise_source):
+        if residual is None:
+            fields = fields_of(k, B, codec, g, noise, noise_source)
+            return (None, None, False) if fields is None else (fields, None, True)
+        v, finite = ef_sum_host(B, g, residual)
+        if not finite:
+            return None, residual, False
+        fields = fields_of(k, B, codec, v, noise, noise_source)
         _subtract_decoded(B, codec, v, fields)
-    return fields
+        return fields, v, True
+    return step
 
 
 def _sign(k, B, codec, v, noise, ef):
@@ -301,18 +348,44 @@ def _adaq(k, B, comp, v, noise, ef):
     return {"payload": B.from_host(np.concatenate([head.view(np.uint8), idx.view(np.uint8)]))}
 
 
-def _topk(k, B, comp, v, noise, ef):
-    """Top-k's payload (indices, then values): the k largest magnitudes
-    (:func:`_top_by_bits`), their values; with ``ef`` they leave the residual (0, as
-    the chain's ``v + -v``)."""
+def _topk(k, B, comp, g, residual, noise, noise_source):
+    """Top-k's whole step and payload (indices, then values): the k largest magnitudes
+    (:func:`_top_by_bits`) and their values.  Its first count of the bit patterns is
+    taken on ``g`` itself without error feedback (the count of the NaN/Inf patterns
+    tells finiteness), and with it in the pass that adds ``g`` into the residual, after
+    ``g``'s finiteness, an overflow found in the counts undone as the core's host path
+    does (:func:`ef_sum_host`); the values sent leave the residual (0, as the chain's
+    ``v + -v``)."""
+    gh = B.host_view(g)
+    n = gh.shape[0]
+    chunks = _select_chunks(n)
+    if residual is None:
+        high = k.top_counts(gh, _NO_HIGH, chunks, False)
+        if _non_finite(high):
+            return None, None, False
+        v = g
+    else:
+        if not bool(B.all_finite(g)):
+            return None, residual, False
+        high = k.ef_add_counts(B.host_view(residual), gh, chunks)
+        if _non_finite(high):  # float32 overflow of the sum: undone, a non-finite step
+            B.isub(residual, g)
+            return None, residual, False
+        v = residual
     vh = B.host_view(v)
-    n = vh.shape[0]
     kk = comp.k_for(comp.meta_for(v))
-    idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, index_dtype(n))
+    idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, index_dtype(n), high=high)
     values = vh[idx]
-    if ef:
+    if residual is not None:
         vh[idx] = 0.0
-    return {"payload": B.from_host(np.concatenate([idx.view(np.uint8), values.view(np.uint8)]))}
+    payload = B.from_host(np.concatenate([idx.view(np.uint8), values.view(np.uint8)]))
+    return {"payload": payload}, residual, True
+
+
+def _non_finite(high):
+    """Whether counts of the top 16 bits of ``|v|`` saw an Inf or a NaN (patterns from
+    0x7F80 up)."""
+    return bool(high[:, :, 0x7F80:].any())
 
 
 def _dgc(k, B, comp, g, st, meta):
@@ -411,10 +484,14 @@ def _inceptionn(k, B, comp, v, noise, ef):
 # the chain's selection on smaller tensors)
 _SMALLEST = {"adaq": 1 << 16, "topk": 1 << 16}
 
-_BODIES = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd,
+_BODIES = {"threshold": _threshold, "onebit": _onebit,
            "signsgd": _sign, "efsignsgd": _sign, "natural": _natural, "uniform": _uniform,
-           "eightbit": _eightbit, "sketchml": _sketchml, "adaq": _adaq, "topk": _topk,
+           "eightbit": _eightbit, "sketchml": _sketchml, "adaq": _adaq,
            "inceptionn": _inceptionn}
+
+# whole steps (g, residual, noise, noise_source -> fields, residual, finite) for codecs
+# whose first pass does more than the core's host start
+_STEPS = {"terngrad": _stats_step(_terngrad), "qsgd": _stats_step(_qsgd), "topk": _topk}
 
 
 def host_decoder(B, codec, cols: int):

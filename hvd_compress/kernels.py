@@ -39,7 +39,7 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "bit_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_counts", "top_select",
-           "dgc_momentum",
+           "dgc_momentum", "ef_add_counts",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
 
@@ -47,6 +47,8 @@ def enabled() -> bool:
     """Whether the kernels are installed and not turned off."""
     return AVAILABLE and requested()
 
+
+_BLOCK = 4096  # values a block of the noise-taking kernels works on (a multiple of 8)
 
 if AVAILABLE:
     _jit = njit(parallel=True, nogil=True, cache=True, fastmath=False, error_model="numpy")
@@ -106,51 +108,103 @@ if AVAILABLE:
 
     @_jit
     def moments(v):
-        """(sum of v, sum of v*v), products and accumulation in float64 (as the reference)."""
+        """(sum of v, sum of v*v, max |v|), products and sums in float64 (as the reference);
+        a NaN or Inf in ``v`` makes one of the sums non-finite (float32 squares cannot
+        overflow float64), so they also answer whether ``v`` is finite."""
         s1 = 0.0
         s2 = 0.0
+        top = np.float32(0.0)
         for i in prange(v.shape[0]):
             x = np.float64(v[i])
             s1 += x
             s2 += x * x
-        return s1, s2
+            top = max(top, abs(v[i]))
+        return s1, s2, top
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _fmix32(h):
+        """murmur3's 32-bit finaliser on a value held in 64 bits (kept below 2**32)."""
+        h ^= h >> np.uint64(16)
+        h = (h * np.uint64(0x85EBCA6B)) & np.uint64(0xFFFFFFFF)
+        h ^= h >> np.uint64(13)
+        h = (h * np.uint64(0xC2B2AE35)) & np.uint64(0xFFFFFFFF)
+        h ^= h >> np.uint64(16)
+        return h
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _fill_uniform(noise, start, m, k0, k1, u):
+        """``u[:m]``: the uniform [0, 1) values of elements ``start .. start+m``: the noise
+        given, or (``noise`` empty) a two-round hash of each index under the 64-bit key
+        ``(k1, k0)`` with 24 random bits -- the values TensorFlow's compiled ops draw
+        (``fused/quantize_ops.cc``).  A loop without branches: it vectorises."""
+        if noise.shape[0]:
+            for j in range(m):
+                u[j] = noise[start + j]
+            return
+        lo = np.uint64(start) & np.uint64(0xFFFFFFFF)
+        k1x = k1 ^ (np.uint64(start) >> np.uint64(32))  # a block never straddles 2**32
+        for j in range(m):
+            h = ((lo + np.uint64(j)) * np.uint64(0x9E3779B1) + k0) & np.uint64(0xFFFFFFFF)
+            h = _fmix32(_fmix32(h) ^ k1x)
+            u[j] = np.float32(np.int32(h >> np.uint64(8))) * np.float32(1.0 / 16777216.0)
 
     @_jit
-    def terngrad_pack(v, noise, cap, safe, out):
+    def terngrad_pack(v, noise, k0, k1, cap, safe, out):
         """TernGrad codes (1: +1, 2: -1, 0) with P(keep) = min(|v|, cap) / safe, packed
-        4 a byte."""
+        4 a byte; the noise given, or hashed under the key (:func:`_fill_uniform`).
+        Block by block (:data:`_BLOCK` values): noise, codes, packing, each loop
+        vectorised."""
         n = v.shape[0]
-        for q in prange(out.shape[0]):
-            b = 0
-            for j in range(4):
-                i = q * 4 + j
-                if i < n:
-                    x = v[i]
-                    prob = min(abs(x), cap) / safe
-                    keep = np.int32(noise[i] < prob)  # a select, not a branch
-                    b |= (keep + keep * np.int32(x < 0)) << (2 * j)
-            out[q] = b
+        blocks = (n + _BLOCK - 1) // _BLOCK
+        for b in prange(blocks):
+            u = np.empty(_BLOCK, np.float32)
+            code = np.zeros(_BLOCK + 3, np.int32)
+            start = b * _BLOCK
+            m = min(_BLOCK, n - start)
+            _fill_uniform(noise, start, m, k0, k1, u)
+            for j in range(m):
+                x = v[start + j]
+                keep = np.int32(u[j] < min(abs(x), cap) / safe)  # a select, not a branch
+                code[j] = keep + keep * np.int32(x < 0)
+            o = start // 4
+            for q in range((m + 3) // 4):
+                out[o + q] = code[4 * q] | code[4 * q + 1] << 2 | code[4 * q + 2] << 4 | \
+                    code[4 * q + 3] << 6
 
     @_jit
-    def qsgd_codes(v, inv, noise, s, d, packed, out):
-        """QSGD codes s + sign * min(floor(|v| * inv[bucket] + noise), s); packed 2 a
-        byte when ``packed`` (4-bit codes), else one a byte."""
+    def qsgd_codes(v, inv, noise, k0, k1, s, d, packed, out):
+        """QSGD codes s + sign * min(floor(|v| * inv[bucket] + u), s); packed 2 a byte
+        when ``packed`` (4-bit codes), else one a byte; ``u`` the noise given, or hashed
+        under the key (:func:`_fill_uniform`).  Block by block (:data:`_BLOCK` values):
+        noise, each value's bucket factor, codes, packing, each loop vectorised."""
         n = v.shape[0]
-        per = 2 if packed else 1
-        groups, span, by_bucket = _groups(n, out.shape[0], per, d)
-        for g in prange(groups):
-            for q in range(g * span, min(out.shape[0], (g + 1) * span)):
-                b = 0
-                for j in range(per):
-                    i = q * per + j
-                    if i < n:
-                        x = v[i]
-                        f = inv[np.int64(g)] if by_bucket else inv[i // d]
-                        # floor of a non-negative value: its truncation (no libm call)
-                        lv = min(np.int32(abs(x) * f + noise[i]), s)
-                        code = s + lv - 2 * lv * np.int32(x < 0)  # no branch on the sign
-                        b |= code << (4 * j)
-                out[q] = b
+        blocks = (n + _BLOCK - 1) // _BLOCK
+        for b in prange(blocks):
+            u = np.empty(_BLOCK, np.float32)
+            f = np.empty(_BLOCK, np.float32)
+            code = np.zeros(_BLOCK + 1, np.int32)
+            start = b * _BLOCK
+            m = min(_BLOCK, n - start)
+            _fill_uniform(noise, start, m, k0, k1, u)
+            j = 0
+            while j < m:  # the buckets' factors, run by run
+                q = (start + j) // d
+                end = min(m, (q + 1) * d - start)
+                for t in range(j, end):
+                    f[t] = inv[q]
+                j = end
+            for t in range(m):
+                x = v[start + t]
+                # floor of a non-negative value: its truncation (no libm call)
+                lv = min(np.int32(abs(x) * f[t] + u[t]), s)
+                code[t] = s + lv - 2 * lv * np.int32(x < 0)  # no branch on the sign
+            if packed:
+                o = start // 2
+                for t in range((m + 1) // 2):
+                    out[o + t] = code[2 * t] | code[2 * t + 1] << 4
+            else:
+                for t in range(m):
+                    out[start + t] = code[t]
 
     @_jit
     def bucket_sumsq(v, d):
@@ -462,6 +516,21 @@ if AVAILABLE:
                         left1 -= 1
                     second[at1] = i
                     at1 += 1
+
+    @_jit
+    def ef_add_counts(r, g, chunks):
+        """``r += g`` in place (error feedback's sum, float32) and, per stretch, the
+        counts of the new ``|r|``'s top-16-bit patterns (group 0 of :func:`top_counts`):
+        the sum and the selection's first count in one pass."""
+        n = r.shape[0]
+        size = (n + chunks - 1) // chunks
+        counts = np.zeros((chunks, 2, 32768), np.int32)
+        for c in prange(chunks):
+            bits = r.view(np.int32)  # taken from r itself (see dgc_momentum)
+            for i in range(c * size, min(n, (c + 1) * size)):
+                r[i] = r[i] + g[i]
+                counts[c, 0, (bits[i] & 0x7FFFFFFF) >> 16] += 1
+        return counts
 
     @_jit
     def dgc_momentum(g, u, v, m, nesterov, chunks):

@@ -207,7 +207,7 @@ def test_the_hook_serves_host_memory_and_may_decline(backend, monkeypatch):
 @pytest.mark.parametrize("spec", ["threshold:tau=0.01", "onebit", "terngrad:ef=true", "qsgd:levels=7,ef=true",
                                   "qsgd:levels=16", "onebit:ef=false", "efsignsgd", "natural:ef=true",
                                   "uniform:ef=true", "eightbit:ef=true", "signsgd", "sketchml:ef=true",
-                                  "signum", "adaq", "inceptionn", "topk"])
+                                  "signum", "adaq", "inceptionn", "topk", "topk:ef=false", "terngrad"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatch):
     """NaN/Inf in the gradient, or a float32 overflow of the error-feedback sum: the same
@@ -267,3 +267,116 @@ def test_start_table_counts_exactly_like_a_binary_search(scale):
     inv = np.float32(scale)
     kernels.eightbit_codes(x.copy(), inv, edges, start_table(edges, inv), table, np.float32(1), out, False)
     np.testing.assert_array_equal(out, np.searchsorted(edges, x * inv, side="right"))
+
+
+# -- hashed noise (noise not given: TernGrad and QSGD) --------------------------------------
+def _model_uniform(n, key):
+    """An independent model of the hashed noise, written from its definition in
+    ``tensorflow/fused/quantize_ops.cc``: murmur3's finaliser twice over the index under
+    the key, 24 bits, in uint32 arithmetic."""
+    def fmix(h):
+        h = h ^ (h >> np.uint32(16))
+        h = h * np.uint32(0x85EBCA6B)
+        h = h ^ (h >> np.uint32(13))
+        h = h * np.uint32(0xC2B2AE35)
+        return h ^ (h >> np.uint32(16))
+    i = np.arange(n, dtype=np.uint64)
+    k0, k1 = np.uint32(key & 0xFFFFFFFF), np.uint32(key >> 32)
+    with np.errstate(over="ignore"):
+        high = (i >> np.uint64(32)).astype(np.uint32)
+        h = fmix(fmix(i.astype(np.uint32) * np.uint32(0x9E3779B1) + k0) ^ k1 ^ high)
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)
+
+
+class _Key:
+    """A noise source that hands out one fixed key and counts how often it was asked."""
+
+    def __init__(self, key):
+        self.value, self.asked = key, 0
+
+    def key(self, like=None):
+        self.asked += 1
+        return self.value
+
+
+@pytest.mark.parametrize("spec", ["qsgd:levels=7", "qsgd:levels=16,bucket=64", "terngrad", "terngrad:clip=0"])
+def test_hashed_noise_is_the_defined_hash(spec):
+    """With a key, the kernels' codes are the codes of the given noise that the model of the
+    hash draws -- and, where TensorFlow's ops are built, the ops' codes for the same key."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(70001) * 1e-2).astype(np.float32)
+    key = 0xDEADBEEF12345678
+    codec = build(spec).codec
+    fields_of = {"qsgd": fastpaths._qsgd, "terngrad": fastpaths._terngrad}[codec.name]
+    hashed = fields_of(kernels, NUMPY, codec, x, None, _Key(key))
+    given = fields_of(kernels, NUMPY, codec, x, _model_uniform(x.size, key), None)
+    for name in hashed:
+        np.testing.assert_array_equal(hashed[name], given[name])
+    try:
+        import tensorflow as tf
+
+        from hvd_compress.tensorflow import fused_ops
+        lib = fused_ops.library()
+    except ImportError:
+        lib = None
+    if lib is None:
+        return
+    empty, k = tf.zeros([0], tf.float32), tf.constant([np.uint64(key).view(np.int64)], tf.int64)
+    if codec.name == "qsgd":
+        got = lib.hvdc_qsgd_encode(tf.constant(x), empty, empty, k, levels=codec.s, bucket=codec.d)
+        names = ("norms", "codes")
+    else:
+        got = lib.hvdc_tern_grad_encode(tf.constant(x), empty, empty, k, clip=codec.clip)
+        names = ("scale", "codes")
+    for name, t in zip(names, got):
+        np.testing.assert_array_equal(np.asarray(hashed[name]).ravel(), t.numpy().ravel())
+
+
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["qsgd:levels=3", "terngrad", "qsgd:levels=7,ef=true"])
+def test_hashed_noise_keeps_quantizers_unbiased_and_fresh(spec, backend):
+    """Noise drawn by hash: a new key each step (payloads differ), the same for the same
+    seed, and the decoded mean over 400 steps is the (clipped) input: unbiased."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(4000) * 1e-2).astype(np.float32)
+    xt = x if backend is NUMPY else torch.from_numpy(x)
+    comp, twin = build(spec, backend), build(spec, backend)
+    steps, total, first = 400, np.zeros(x.size), []
+    ef = "ef=true" in spec
+    for step in range(steps):
+        before = np.array(backend.to_numpy(comp.states["w"]["residual"]), np.float64) \
+            if ef and step else 0.0
+        enc = comp.encode(xt, "w")
+        if step < 2:
+            first.append(np.asarray(backend.to_numpy(enc.payload)).tobytes())
+            assert np.asarray(backend.to_numpy(twin.encode(xt, "w").payload)).tobytes() == first[-1]
+        decoded = np.asarray(backend.to_numpy(comp.aggregate([enc.payload], enc)), np.float64)
+        total += decoded
+        if ef:  # error feedback: what was not sent stays in the residual (float32 rounding)
+            after = np.asarray(backend.to_numpy(comp.states["w"]["residual"]), np.float64)
+            v = before + x
+            np.testing.assert_allclose(decoded + after, v, rtol=0, atol=1e-6 * np.abs(v).max())
+    assert first[0] != first[1]
+    if ef:
+        return
+    target = np.clip(x, -2.5 * x.std(), 2.5 * x.std()) if spec == "terngrad" else x  # TernGrad clips
+    err = total / steps - target
+    assert abs(err.mean()) < 3 * err.std() / np.sqrt(x.size)
+    assert np.abs(err).max() < 0.5 * np.abs(x).max()
+
+
+@pytest.mark.parametrize("spec", ["qsgd:levels=7", "terngrad", "qsgd:levels=7,ef=true"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_hashed_noise_non_finite_draws_no_key(spec, bad, monkeypatch):
+    """A NaN/Inf gradient: the kernels ask for no key (the generator is untouched) and the
+    core's non-finite step runs, as without the fast path."""
+    x = np.linspace(-1, 1, 70001, dtype=np.float32)
+    x[123] = bad
+    outs = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", fused)
+        comp = build(spec)
+        before = comp.noise.state()
+        enc = comp.encode(x, "w")
+        outs.append((np.asarray(enc.payload).tobytes(), comp.noise.state() == before))
+    assert outs[0] == outs[1]

@@ -408,6 +408,10 @@ class NumpyBackend:
     def uniform(self, gen, n: int, like=None):
         return fill_uniform(gen, np.empty(n, np.float32))
 
+    def random_key(self, gen, like=None) -> int:
+        """A uniform 64-bit integer from ``gen`` (a fast path's noise key)."""
+        return int(gen.integers(0, (1 << 64) - 1, dtype=np.uint64, endpoint=True))
+
     def generator_state(self, gen):
         return gen.bit_generator.state
 

@@ -305,6 +305,11 @@ class NoiseSource:
     def draw(self, n: int, like=None):
         return self.B.uniform(self.gen, n, like=like)
 
+    def key(self, like=None) -> int:
+        """One 64-bit key from the generator, for a host fast path that hashes each
+        element's index under it instead of drawing ``n`` values (TernGrad, QSGD)."""
+        return self.B.random_key(self.gen, like=like)
+
     def state(self):
         return self.B.generator_state(self.gen)
 

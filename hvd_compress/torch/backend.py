@@ -365,6 +365,15 @@ class TorchBackend:
     def uniform(self, gen, n, like=None):
         return gen.uniform(n, _dev(like))
 
+    def random_key(self, gen, like=None):
+        """A uniform 64-bit integer from the generator for ``like``'s device (host fast
+        paths: CPU tensors, numpy's generator, as the numpy backend draws it)."""
+        g = gen.get(_dev(like))
+        if isinstance(g, np.random.Generator):
+            return int(g.integers(0, (1 << 64) - 1, dtype=np.uint64, endpoint=True))
+        return int(torch.randint(-(1 << 63), (1 << 63) - 1, (1,), generator=g, device=g.device,
+                                 dtype=torch.int64).item()) & ((1 << 64) - 1)
+
     def generator_state(self, gen):
         return gen.state()
 
