@@ -61,7 +61,7 @@ def host_encoder(B, codec, cols: int):
     """A host backend's fused encoder for ``codec`` (see the module), or None: turned
     off, numba missing, a codec without kernels, or 1-bit by columns."""
     body = _BODIES.get(codec.name)
-    own = ("signum", "dgc", *_STEPS)  # encoders of their own signature
+    own = ("signum", "dgc", "stratified", *_STEPS)  # encoders of their own signature
     if (body is None and codec.name not in own) or (codec.name == "onebit" and cols != 1) \
             or (codec.name == "inceptionn" and codec.ef) or not requested():
         return None
@@ -72,6 +72,8 @@ def host_encoder(B, codec, cols: int):
         return lambda g, momentum, noise, noise_source: _signum(k, B, codec, g, momentum)
     if codec.name == "dgc":  # its state is u and v (see DGC._encode_fused)
         return lambda g, st, meta, _: _dgc(k, B, codec, g, st, meta)
+    if codec.name == "stratified":  # core.sampling's indices (random-k's, DGC's sample)
+        return lambda n, kk, key0, key1: _stratified(k, B, n, kk, key0, key1)
 
     smallest = _SMALLEST.get(codec.name, 0)
     step = _STEPS.get(codec.name)
@@ -90,6 +92,15 @@ def host_encoder(B, codec, cols: int):
         fields = body(k, B, codec, v, noise, residual is not None)
         return fields, (v if residual is not None else None), True
     return encode
+
+
+def _stratified(k, B, n, kk, key0, key1):
+    """:func:`~hvd_compress.core.sampling.stratified_indices`'s indices and sizes from
+    one kernel (the chain makes about twenty passes of integer operations)."""
+    indices, sizes = np.empty(kk, np.int64), np.empty(kk, np.int64)
+    k.stratified(np.int64(n), np.int64(kk), np.uint64(int(B.to_numpy(key0))),
+                 np.uint64(int(B.to_numpy(key1))), indices, sizes)
+    return B.from_host(indices), B.from_host(sizes)
 
 
 def _codes(n, bits):
@@ -389,65 +400,53 @@ def _non_finite(high):
 
 
 def _dgc(k, B, comp, g, st, meta):
-    """DGC's step for a sampled tensor (see ``DGC._encode_fused``): the momentum
-    correction in one pass that also counts the new ``|v|``'s bit patterns; the
-    compressor's own sampled threshold and correction loop, each count answered from
-    those counts (a pass only when the threshold falls inside a pattern and it
-    matters); then the top-k (:func:`_top_by_bits`, reusing the counts) when at
-    least k pass -- what the chain's candidates give -- or every value that passes;
-    the sent values leave ``v`` and, with masking, ``u``.  Returns the payload and
-    the selection (indices, valid slots, values sent), or None (NaN/Inf in ``g``:
-    nothing touched, the chain runs)."""
+    """DGC's step for a sampled tensor (see ``DGC._encode_fused``).  The compressor's own
+    sampled threshold (:meth:`DGC.sample_threshold`) is taken before the update, on the
+    sampled positions' new ``|v|`` computed there with the update's float32 arithmetic;
+    the momentum correction's one pass then counts the values at or above it and
+    above its first lowering (the float32 product :meth:`DGC.lowered` computes), which
+    answers the correction loop almost always (a deeper lowering costs one read pass
+    each).  Where at least k pass, the k largest of those that pass are the top-k
+    (the chain takes the k largest of its candidates); else every value that passes,
+    in index order.  Those that pass are gathered in one more pass -- or, when far
+    more than k pass (a threshold from an unlucky sample), the top-k comes from
+    :func:`_top_by_bits`.  The sent values leave ``v`` and, with masking, ``u``.
+    Returns the payload and the selection (indices, valid slots, values sent), or None
+    (NaN/Inf in ``g``: nothing touched, the chain runs)."""
     if not ef_sum_host(B, g, None)[1]:
         return None
     gh, uh, vh = B.host_view(g), B.host_view(st["u"]), B.host_view(st["v"])
     n, kk = vh.shape[0], comp.k_for(meta)
+    m, nesterov = np.float32(comp.params["momentum"]), bool(comp.params["nesterov"])
+
+    def new_mag(pos):  # the sampled positions' |v| after the update, as the kernel makes it
+        return B.from_host(k.dgc_sample(gh, uh, vh, B.host_view(pos), m, nesterov))
+
+    thr = comp.sample_threshold(new_mag, meta, st["step"], like=g)
+    tried = []  # the loop's thresholds: thr, then each lowering (a count of 0 lowers)
+    last = comp.lowered(thr, kk, lambda t: tried.append(t) or 0)
+    ts = np.asarray([np.float32(B.to_numpy(t)) for t in tried + [last]], np.float32)
+    if not np.isfinite(ts).all():  # an Inf/NaN momentum sampled: the chain (nothing touched)
+        return None
     chunks = _select_chunks(n)
-    high = k.dgc_momentum(gh, uh, vh, np.float32(comp.params["momentum"]),
-                          bool(comp.params["nesterov"]), chunks)
-    merged = high[:, 0].sum(axis=0, dtype=np.int64)
-    above = np.concatenate([np.cumsum(merged[::-1])[::-1], [0]])  # values in patterns >= b
-    lows = {}
+    per = dict(zip(ts[:2].tolist(), k.dgc_momentum(gh, uh, vh, m, nesterov, ts[0], ts[1], chunks).T))
 
-    def low_of(top):  # the low-16-bit counts within pattern top[0], kept for the selection
-        b = int(top[0])
-        if b not in lows:
-            lows[b] = k.top_counts(vh, np.asarray([b, -1], np.int64), chunks, False)
-        return lows[b]
+    def per_chunk(t):  # how many |v| >= t, per stretch: counted in the pass, or one more
+        t = float(np.float32(B.to_numpy(t)))
+        if t not in per:
+            per[t] = k.count_at_least(vh, np.float32(t), chunks)
+        return per[t]
 
-    def bits(thr):  # the float32 bits of a (non-negative) threshold
-        return int(np.float32(B.to_numpy(thr)).view(np.int32))
-
-    def per_chunk(t):  # how many |v| have bits >= t, per stretch (exact)
-        b = t >> 16
-        counts = high[:, 0, b + 1:].sum(axis=1, dtype=np.int64)
-        if t & 0xFFFF:
-            return counts + low_of([b])[:, 0, t & 0xFFFF:].sum(axis=1, dtype=np.int64)
-        return counts + high[:, 0, b]
-
-    def count(thr):  # exact, or a lower bound of at least k (all the loop and the choice need)
-        t = bits(thr)
-        b = t >> 16
-        if t & 0xFFFF == 0:
-            return int(above[b])
-        if above[b + 1] >= kk:
-            return int(above[b + 1])
-        return int(per_chunk(t).sum())
-
-    thr = comp.lowered(comp.sample_threshold(lambda pos: B.abs(B.gather(st["v"], pos)), meta,
-                                             st["step"], like=g), kk, count)
-    itype = index_dtype(n)
-    if count(thr) >= kk:  # the k largest of the candidates: the top-k
-        idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype, high=high,
-                              low_of=low_of)
-    else:  # every value that passes, in index order
-        t = bits(thr)
-        counts = per_chunk(t)
-        idx = np.empty(int(counts.sum()), itype)
-        none = np.zeros((chunks, 2), np.int64)
-        starts = np.stack([np.cumsum(counts) - counts, np.zeros(chunks, np.int64)], axis=1)
-        k.top_select(vh, np.asarray([t - 1, 1 << 31], np.int64), none, starts, idx, idx[:0],
-                     chunks, False)
+    t = comp.lowered(thr, kk, lambda t: int(per_chunk(t).sum()))
+    counts = per_chunk(t)
+    passed, itype = int(counts.sum()), index_dtype(n)
+    if passed > _FAR_MORE * kk:  # the top-k from the bit-pattern counts (two more passes)
+        idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
+    else:
+        idx = np.empty(passed, itype)
+        k.at_least(vh, np.float32(B.to_numpy(t)), np.cumsum(counts) - counts, idx, chunks)
+        if passed >= kk:  # the k largest of them, ties to the lower index
+            idx = np.sort(idx[np.argsort(-np.abs(vh[idx]), kind="stable")[:kk]])
     got = idx.shape[0]
     indices, values = np.zeros(kk, itype), np.zeros(kk, np.float32)
     indices[:got] = idx
@@ -459,6 +458,9 @@ def _dgc(k, B, comp, g, st, meta):
     valid = np.arange(kk) < got
     return (B.from_host(payload), B.from_host(indices.astype(np.int64)), B.from_host(valid),
             B.from_host(values))
+
+
+_FAR_MORE = 8  # more than this many times k passing: DGC's top-k by bit-pattern counts
 
 
 def _inceptionn(k, B, comp, v, noise, ef):

@@ -39,7 +39,7 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "bit_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_counts", "top_select",
-           "dgc_momentum", "ef_add_counts",
+           "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "ef_add_counts",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
 
@@ -138,8 +138,9 @@ if AVAILABLE:
         ``(k1, k0)`` with 24 random bits -- the values TensorFlow's compiled ops draw
         (``fused/quantize_ops.cc``).  A loop without branches: it vectorises."""
         if noise.shape[0]:
+            ns = noise[start:start + m]
             for j in range(m):
-                u[j] = noise[start + j]
+                u[j] = ns[j]
             return
         lo = np.uint64(start) & np.uint64(0xFFFFFFFF)
         k1x = k1 ^ (np.uint64(start) >> np.uint64(32))  # a block never straddles 2**32
@@ -162,8 +163,9 @@ if AVAILABLE:
             start = b * _BLOCK
             m = min(_BLOCK, n - start)
             _fill_uniform(noise, start, m, k0, k1, u)
+            vs = v[start:start + m]
             for j in range(m):
-                x = v[start + j]
+                x = vs[j]
                 keep = np.int32(u[j] < min(abs(x), cap) / safe)  # a select, not a branch
                 code[j] = keep + keep * np.int32(x < 0)
             o = start // 4
@@ -193,8 +195,9 @@ if AVAILABLE:
                 for t in range(j, end):
                     f[t] = inv[q]
                 j = end
+            vs = v[start:start + m]
             for t in range(m):
-                x = v[start + t]
+                x = vs[t]
                 # floor of a non-negative value: its truncation (no libm call)
                 lv = min(np.int32(abs(x) * f[t] + u[t]), s)
                 code[t] = s + lv - 2 * lv * np.int32(x < 0)  # no branch on the sign
@@ -492,30 +495,62 @@ if AVAILABLE:
         """Per group, the indices (increasing) of the values whose ``|v|`` bits exceed
         ``cut[group]``, and of those equal to it the ``ties[chunk, group]`` first of
         each stretch, written from ``starts[chunk, group]`` on into ``first`` (group
-        0) and ``second`` (group 1)."""
+        0) and ``second`` (group 1).  64 values at a time are first counted against the
+        lower cut (a loop that vectorises); only groups with one are looked at again."""
         n = v.shape[0]
         bits = v.view(np.int32)
         size = (n + chunks - 1) // chunks
+        low = min(cut[0], cut[1])
         for c in prange(chunks):
             at0 = starts[c, 0]
             at1 = starts[c, 1]
             left0 = ties[c, 0]
             left1 = ties[c, 1]
-            for i in range(c * size, min(n, (c + 1) * size)):
-                w = bits[i]
-                g = _group(w, by_sign)
-                a = np.int64(w & 0x7FFFFFFF)
-                if g == 0:
-                    if a > cut[0] or (a == cut[0] and left0 > 0):
-                        if a == cut[0]:
-                            left0 -= 1
-                        first[at0] = i
-                        at0 += 1
-                elif g == 1 and (a > cut[1] or (a == cut[1] and left1 > 0)):
-                    if a == cut[1]:
-                        left1 -= 1
-                    second[at1] = i
-                    at1 += 1
+            end = min(n, (c + 1) * size)
+            for b in range(c * size, end, 64):
+                ws = bits[b:min(end, b + 64)]
+                hits = 0
+                for j in range(ws.shape[0]):
+                    hits += np.int32(np.int64(ws[j] & 0x7FFFFFFF) >= low)
+                if hits == 0:
+                    continue
+                for j in range(ws.shape[0]):
+                    i = b + j
+                    w = ws[j]
+                    g = _group(w, by_sign)
+                    a = np.int64(w & 0x7FFFFFFF)
+                    if g == 0:
+                        if a > cut[0] or (a == cut[0] and left0 > 0):
+                            if a == cut[0]:
+                                left0 -= 1
+                            first[at0] = i
+                            at0 += 1
+                    elif g == 1 and (a > cut[1] or (a == cut[1] and left1 > 0)):
+                        if a == cut[1]:
+                            left1 -= 1
+                        second[at1] = i
+                        at1 += 1
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _lowbias32(x):
+        """lowbias32 (:func:`hvd_compress.core.sampling.hash32`) on a value below 2**32."""
+        x ^= x >> np.uint64(16)
+        x = (x * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
+        x ^= x >> np.uint64(15)
+        x = (x * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
+        return x ^ (x >> np.uint64(16))
+
+    @_jit
+    def stratified(n, k, key0, key1, indices, sizes):
+        """:func:`hvd_compress.core.sampling.stratified_indices` in one pass: stratum
+        ``j`` is ``[j*n//k, (j+1)*n//k)``, its index ``lo + (h_j * size) >> 32`` for the
+        keyed hash ``h_j``; int64 results into ``indices`` and ``sizes``."""
+        for j in prange(k):
+            lo = np.int64(j) * n // k
+            size = (np.int64(j) + 1) * n // k - lo
+            h = _lowbias32(_lowbias32(np.uint64(j) ^ key0) ^ key1)
+            indices[j] = lo + np.int64((h * np.uint64(size)) >> np.uint64(32))
+            sizes[j] = size
 
     @_jit
     def ef_add_counts(r, g, chunks):
@@ -526,36 +561,95 @@ if AVAILABLE:
         size = (n + chunks - 1) // chunks
         counts = np.zeros((chunks, 2, 32768), np.int32)
         for c in prange(chunks):
-            bits = r.view(np.int32)  # taken from r itself (see dgc_momentum)
+            bits = r.view(np.int32)  # taken from r itself: a view passed in would be
+            # assumed not to alias r, and read before the store
             for i in range(c * size, min(n, (c + 1) * size)):
                 r[i] = r[i] + g[i]
                 counts[c, 0, (bits[i] & 0x7FFFFFFF) >> 16] += 1
         return counts
 
     @_jit
-    def dgc_momentum(g, u, v, m, nesterov, chunks):
+    def dgc_momentum(g, u, v, m, nesterov, t0, t1, chunks):
         """DGC's momentum correction in place, the chain's float32 arithmetic: ``u = u*m +
         g; v = v + u`` (Nesterov: ``u = (u + g)*m; v = (v + u) + g``); returns, per
-        stretch, the counts of the new ``|v|``'s top-16-bit patterns (group 0 of
-        :func:`top_counts`, by magnitude)."""
+        stretch (``chunks`` of them), how many of the new ``|v|`` are ``>= t0`` and
+        ``>= t1`` (int64, shape (chunks, 2)).  Each stretch is a slice indexed from 0:
+        the loop vectorises (indexed from the stretch's start it did not)."""
         n = v.shape[0]
         size = (n + chunks - 1) // chunks
-        counts = np.zeros((chunks, 2, 32768), np.int32)
+        counts = np.zeros((chunks, 2), np.int64)
         for c in prange(chunks):
-            # the view taken here, from v itself: a view passed into the parallel loop
-            # would be assumed not to alias v, and read before the store
-            bits = v.view(np.int32)
-            for i in range(c * size, min(n, (c + 1) * size)):
-                if nesterov:
-                    x = (u[i] + g[i]) * m
-                    u[i] = x
-                    v[i] = (v[i] + x) + g[i]
-                else:
-                    x = u[i] * m + g[i]
-                    u[i] = x
-                    v[i] = v[i] + x
-                counts[c, 0, (bits[i] & 0x7FFFFFFF) >> 16] += 1
+            lo, hi = c * size, min(n, (c + 1) * size)
+            gs, us, vs = g[lo:hi], u[lo:hi], v[lo:hi]
+            c0 = 0
+            c1 = 0
+            if nesterov:
+                for i in range(hi - lo):
+                    x = (us[i] + gs[i]) * m
+                    us[i] = x
+                    y = (vs[i] + x) + gs[i]
+                    vs[i] = y
+                    c0 += np.int64(abs(y) >= t0)
+                    c1 += np.int64(abs(y) >= t1)
+            else:
+                for i in range(hi - lo):
+                    x = us[i] * m + gs[i]
+                    us[i] = x
+                    y = vs[i] + x
+                    vs[i] = y
+                    c0 += np.int64(abs(y) >= t0)
+                    c1 += np.int64(abs(y) >= t1)
+            counts[c, 0] = c0
+            counts[c, 1] = c1
         return counts
+
+    @_jit
+    def dgc_sample(g, u, v, pos, m, nesterov):
+        """``|v|`` after DGC's momentum correction at positions ``pos`` (nothing written)."""
+        out = np.empty(pos.shape[0], np.float32)
+        for j in prange(pos.shape[0]):
+            i = pos[j]
+            if nesterov:
+                x = (u[i] + g[i]) * m
+                out[j] = abs((v[i] + x) + g[i])
+            else:
+                out[j] = abs(v[i] + (u[i] * m + g[i]))
+        return out
+
+    @_jit
+    def count_at_least(v, t, chunks):
+        """Per stretch, how many ``|v| >= t`` (int64)."""
+        n = v.shape[0]
+        size = (n + chunks - 1) // chunks
+        counts = np.zeros(chunks, np.int64)
+        for c in prange(chunks):
+            vs = v[c * size:min(n, (c + 1) * size)]
+            got = 0
+            for i in range(vs.shape[0]):
+                got += np.int64(abs(vs[i]) >= t)
+            counts[c] = got
+        return counts
+
+    @_jit
+    def at_least(v, t, starts, out, chunks):
+        """The indices (increasing) of the values with ``|v| >= t``, each stretch's written
+        from ``starts[stretch]`` on into ``out``: 64 values at a time counted (a loop
+        that vectorises), and only the groups with one looked at again."""
+        n = v.shape[0]
+        size = (n + chunks - 1) // chunks
+        for c in prange(chunks):
+            at = starts[c]
+            end = min(n, (c + 1) * size)
+            for b in range(c * size, end, 64):
+                vs = v[b:min(end, b + 64)]
+                hits = 0
+                for i in range(vs.shape[0]):
+                    hits += np.int32(abs(vs[i]) >= t)
+                if hits:
+                    for i in range(vs.shape[0]):
+                        if abs(vs[i]) >= t:
+                            out[at] = b + i
+                            at += 1
 
     @_jit
     def inceptionn_widths(v, inv, codes, chunks):

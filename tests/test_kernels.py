@@ -380,3 +380,20 @@ def test_hashed_noise_non_finite_draws_no_key(spec, bad, monkeypatch):
         enc = comp.encode(x, "w")
         outs.append((np.asarray(enc.payload).tobytes(), comp.noise.state() == before))
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 3), (1000, 1000), (70001, 701), (25_557_032, 2000)])
+def test_stratified_kernel_gives_the_chains_indices(n, k, backend, monkeypatch):
+    """random-k's indices and DGC's sample positions from the kernel are the chain's."""
+    from hvd_compress.core.sampling import stratified_indices, stream_keys
+    like = np.zeros(1, np.float32) if backend is NUMPY else torch.zeros(1)
+    got = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", fused)
+        key0, key1 = stream_keys(backend, 7, f"w{n}", 3, 1, like=like)
+        got.append([np.asarray(backend.to_numpy(a)) for a in stratified_indices(backend, n, k, key0, key1,
+                                                                                 like=like)])
+    for fast, chain in zip(*got):
+        assert fast.dtype == chain.dtype == np.int64
+        np.testing.assert_array_equal(fast, chain)

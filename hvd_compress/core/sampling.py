@@ -56,6 +56,17 @@ def hash_stream(B, key0, key1, n: int, like=None):
     return hash32(B, B.bit_xor(hash32(B, B.bit_xor(i, key0)), key1))
 
 
+class Stratified:
+    """What :func:`stratified_indices` asks the backend's fast-path hook for
+    (``B.fused_encoder(STRATIFIED, 1, like)``): a callable ``(n, k, key0, key1) ->
+    (indices, sizes)`` with this function's values, or None (then the chain below)."""
+
+    name = "stratified"
+
+
+STRATIFIED = Stratified()
+
+
 def stratified_indices(B, n: int, k: int, key0, key1, like=None):
     """``k`` distinct indices in ``[0, n)``, one drawn uniformly from each of ``k`` strata.
 
@@ -67,6 +78,9 @@ def stratified_indices(B, n: int, k: int, key0, key1, like=None):
     """
     if not 1 <= k <= n:
         raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    fast = B.fused_encoder(STRATIFIED, 1, like=like)
+    if fast is not None:
+        return fast(n, k, key0, key1)
     j = B.arange(k + 1, "int64", like=like)
     bounds = (j * n) // k
     lo, hi = bounds[:-1], bounds[1:]
