@@ -360,43 +360,73 @@ def _adaq(k, B, comp, v, noise, ef):
 
 
 def _topk(k, B, comp, g, residual, noise, noise_source):
-    """Top-k's whole step and payload (indices, then values): the k largest magnitudes
-    (:func:`_top_by_bits`) and their values.  Its first count of the bit patterns is
-    taken on ``g`` itself without error feedback (the count of the NaN/Inf patterns
-    tells finiteness), and with it in the pass that adds ``g`` into the residual, after
-    ``g``'s finiteness, an overflow found in the counts undone as the core's host path
-    does (:func:`ef_sum_host`); the values sent leave the residual (0, as the chain's
-    ``v + -v``)."""
+    """Top-k's whole step and payload (indices, then values): the k largest magnitudes,
+    ties to the lower index, and their values.  A cut a little below the k-th largest
+    is read from a strided sample of ``|g + residual|`` (:func:`_sample_cut`); the
+    pass that adds ``g`` into the residual (without error feedback: a read of ``g``)
+    counts the values at or above it and the non-finite ones; one more pass gathers
+    those at or above it, and the k largest of them are the top-k
+    (:func:`_k_largest`).  Where fewer than k pass, or far more, the top-k comes from
+    :func:`_top_by_bits`.  Non-finite: ``g`` is checked before the sum, an overflow of
+    the sum undone as the core's host path does (:func:`ef_sum_host`).  The values
+    sent leave the residual (0, as the chain's ``v + -v``)."""
     gh = B.host_view(g)
-    n = gh.shape[0]
-    chunks = _select_chunks(n)
-    if residual is None:
-        high = k.top_counts(gh, _NO_HIGH, chunks, False)
-        if _non_finite(high):
-            return None, None, False
-        v = g
-    else:
-        if not bool(B.all_finite(g)):
-            return None, residual, False
-        high = k.ef_add_counts(B.host_view(residual), gh, chunks)
-        if _non_finite(high):  # float32 overflow of the sum: undone, a non-finite step
+    n, ef = gh.shape[0], residual is not None
+    kk, itype, chunks = comp.k_for(comp.meta_for(g)), index_dtype(n), _select_chunks(n)
+    if ef and not bool(B.all_finite(g)):
+        return None, residual, False
+    vh = B.host_view(residual) if ef else gh
+    t = _sample_cut(gh, vh if ef else None, kk)
+    counts, bad = k.add_count(vh, gh, t, ef, chunks)
+    if bad.any():
+        if ef:  # float32 overflow of the sum: undone, a non-finite step
             B.isub(residual, g)
-            return None, residual, False
-        v = residual
-    vh = B.host_view(v)
-    kk = comp.k_for(comp.meta_for(v))
-    idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, index_dtype(n), high=high)
-    values = vh[idx]
-    if residual is not None:
+        return None, residual, False
+    passed = int(counts.sum())
+    if kk <= passed <= _FAR_MORE * kk:
+        cand, vals = np.empty(passed, itype), np.empty(passed, np.float32)
+        k.at_least(vh, t, np.cumsum(counts) - counts, cand, vals, chunks)
+        keep = _k_largest(vals, kk)
+        idx, values = cand[keep], vals[keep]
+    else:
+        idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
+        values = vh[idx]
+    if ef:
         vh[idx] = 0.0
     payload = B.from_host(np.concatenate([idx.view(np.uint8), values.view(np.uint8)]))
     return {"payload": payload}, residual, True
 
 
-def _non_finite(high):
-    """Whether counts of the top 16 bits of ``|v|`` saw an Inf or a NaN (patterns from
-    0x7F80 up)."""
-    return bool(high[:, :, 0x7F80:].any())
+_SAMPLE_HITS = 200  # sampled values expected above the k-th largest (the cut's resolution)
+
+
+def _sample_cut(gh, rh, kk):
+    """A magnitude a little below the k-th largest of ``|g + r|`` (``r`` None: of
+    ``|g|``), from every ``stride``-th value: the sample's value of rank ``e + 3
+    sqrt(e) + 1``, ``e`` the sampled values expected above the k-th largest, so that at
+    least k, and about 1.2 k, pass.  Only the speed depends on it, never the result;
+    +Inf where a sample would be most of the tensor (then the bit-pattern top-k)."""
+    n = gh.shape[0]
+    stride = max(1, n // max(1, -(-_SAMPLE_HITS * n // kk)))
+    if stride < 4:
+        return np.float32(np.inf)
+    sample = np.abs(gh[::stride] + rh[::stride]) if rh is not None else np.abs(gh[::stride])
+    s = sample.shape[0]
+    e = kk * s / n
+    rank = min(s, int(e + 3 * np.sqrt(e)) + 1)
+    return np.float32(np.partition(sample, s - rank)[s - rank])
+
+
+def _k_largest(vals, kk):
+    """Which of the candidates' values ``vals`` (in index order; at least ``kk``) are
+    the ``kk`` largest magnitudes, ties to the lower index: a mask, without a sort."""
+    mags = np.abs(vals)
+    m = mags.shape[0]
+    kth = np.partition(mags, m - kk)[m - kk]
+    keep = mags > kth
+    equal = np.flatnonzero(mags == kth)[:kk - int(np.count_nonzero(keep))]
+    keep[equal] = True
+    return keep
 
 
 def _dgc(k, B, comp, g, st, meta):
@@ -443,10 +473,10 @@ def _dgc(k, B, comp, g, st, meta):
     if passed > _FAR_MORE * kk:  # the top-k from the bit-pattern counts (two more passes)
         idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
     else:
-        idx = np.empty(passed, itype)
-        k.at_least(vh, np.float32(B.to_numpy(t)), np.cumsum(counts) - counts, idx, chunks)
+        idx, vals = np.empty(passed, itype), np.empty(passed, np.float32)
+        k.at_least(vh, np.float32(B.to_numpy(t)), np.cumsum(counts) - counts, idx, vals, chunks)
         if passed >= kk:  # the k largest of them, ties to the lower index
-            idx = np.sort(idx[np.argsort(-np.abs(vh[idx]), kind="stable")[:kk]])
+            idx = idx[_k_largest(vals, kk)]
     got = idx.shape[0]
     indices, values = np.zeros(kk, itype), np.zeros(kk, np.float32)
     indices[:got] = idx

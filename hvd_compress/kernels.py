@@ -39,7 +39,7 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "bit_decode", "signum_step",
            "bucket_minmax", "uniform_codes", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_counts", "top_select",
-           "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "ef_add_counts",
+           "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "add_count",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
 
 
@@ -553,20 +553,35 @@ if AVAILABLE:
             sizes[j] = size
 
     @_jit
-    def ef_add_counts(r, g, chunks):
-        """``r += g`` in place (error feedback's sum, float32) and, per stretch, the
-        counts of the new ``|r|``'s top-16-bit patterns (group 0 of :func:`top_counts`):
-        the sum and the selection's first count in one pass."""
-        n = r.shape[0]
+    def add_count(r, g, t, add, chunks):
+        """With ``add``, ``r += g`` in place (error feedback's sum, float32); per stretch
+        (``chunks`` of them), how many of the new ``|r|`` (without ``add``: of ``|g|``)
+        are ``>= t``, and how many are not finite (int64 each)."""
+        n = g.shape[0]
         size = (n + chunks - 1) // chunks
-        counts = np.zeros((chunks, 2, 32768), np.int32)
+        counts = np.zeros(chunks, np.int64)
+        bad = np.zeros(chunks, np.int64)
+        top = np.float32(3.4028234663852886e38)
         for c in prange(chunks):
-            bits = r.view(np.int32)  # taken from r itself: a view passed in would be
-            # assumed not to alias r, and read before the store
-            for i in range(c * size, min(n, (c + 1) * size)):
-                r[i] = r[i] + g[i]
-                counts[c, 0, (bits[i] & 0x7FFFFFFF) >> 16] += 1
-        return counts
+            lo, hi = c * size, min(n, (c + 1) * size)
+            gs, rs = g[lo:hi], r[lo:hi]
+            got = 0
+            odd = 0
+            if add:
+                for i in range(hi - lo):
+                    y = rs[i] + gs[i]
+                    rs[i] = y
+                    a = abs(y)
+                    got += np.int64(a >= t)
+                    odd += np.int64(a > top) | np.int64(a != a)
+            else:
+                for i in range(hi - lo):
+                    a = abs(gs[i])
+                    got += np.int64(a >= t)
+                    odd += np.int64(a > top) | np.int64(a != a)
+            counts[c] = got
+            bad[c] = odd
+        return counts, bad
 
     @_jit
     def dgc_momentum(g, u, v, m, nesterov, t0, t1, chunks):
@@ -631,12 +646,14 @@ if AVAILABLE:
         return counts
 
     @_jit
-    def at_least(v, t, starts, out, chunks):
+    def at_least(v, t, starts, out, vals, chunks):
         """The indices (increasing) of the values with ``|v| >= t``, each stretch's written
-        from ``starts[stretch]`` on into ``out``: 64 values at a time counted (a loop
-        that vectorises), and only the groups with one looked at again."""
+        from ``starts[stretch]`` on into ``out``, and the values into ``vals`` (where it
+        is not empty): 64 values at a time counted (a loop that vectorises), and only
+        the groups with one looked at again."""
         n = v.shape[0]
         size = (n + chunks - 1) // chunks
+        keep = vals.shape[0] > 0
         for c in prange(chunks):
             at = starts[c]
             end = min(n, (c + 1) * size)
@@ -647,8 +664,11 @@ if AVAILABLE:
                     hits += np.int32(abs(vs[i]) >= t)
                 if hits:
                     for i in range(vs.shape[0]):
-                        if abs(vs[i]) >= t:
+                        x = vs[i]
+                        if abs(x) >= t:
                             out[at] = b + i
+                            if keep:
+                                vals[at] = x
                             at += 1
 
     @_jit
