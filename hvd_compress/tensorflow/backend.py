@@ -342,8 +342,12 @@ class TensorFlowBackend:
         return tf.cast(bits, tf.float32)
 
     # -- linear algebra -------------------------------------------------------------
-    def matmul(self, a, b):
-        return tf.matmul(a, b)
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        """``tf.linalg.matmul``: it multiplies by a transpose without making it."""
+        return tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    def subtract_product(self, c, a, b):
+        return c - tf.linalg.matmul(a, b, transpose_b=True)
 
     def transpose(self, x):
         return tf.transpose(x)
