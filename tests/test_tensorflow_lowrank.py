@@ -8,6 +8,8 @@ keeps its state through a non-finite step.
 """
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
 from hvd_compress.tensorflow.backend import _host_only  # noqa: E402
 
 TFB = TensorFlowBackend()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # rows x cols, rank: one element; odd sizes; across 8-wide lanes and 64-element spans (M Q),
 # 16-row groups and blocks of several groups (M^T P), 1024-column chunks (P Q^T)
 SHAPES = [(1, 1, 1), (7, 9, 2), (33, 300, 3), (5, 2100, 16), (130, 1037, 1), (2000, 70, 2)]
@@ -122,3 +125,21 @@ def test_powersgd_non_finite_step_keeps_state(fused, monkeypatch):
     assert not np.any(np.isfinite(out.numpy()))
     for key, value in before.items():
         np.testing.assert_array_equal(comp.states["w"][key].numpy(), value)
+
+
+def test_results_do_not_depend_on_the_number_of_threads(ops):
+    """The same PowerSGD step (every product) with one intra-op thread as with two."""
+    code = ("import sys, hashlib, numpy as np, tensorflow as tf\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n"
+            "from hvd_compress.core import build\n"
+            "from hvd_compress.tensorflow import TensorFlowBackend\n"
+            "x = tf.constant(np.random.default_rng(0).standard_normal((3000, 700)).astype(np.float32))\n"
+            "c = build('powersgd:rank=3', TensorFlowBackend())\n"
+            "e = c.encode(x, 'w'); out = [e.payload]\n"
+            "e = c.next_round(e, e.payload); out += [e.payload, c.states['w']['residual']]\n"
+            "out.append(c.aggregate(e.payload, e))\n"
+            "print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in out)).hexdigest())\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
+    digests = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=300, check=True).stdout.strip() for t in (1, 2)]
+    assert len(digests[0]) == 64 and digests[0] == digests[1]
