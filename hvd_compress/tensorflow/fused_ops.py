@@ -238,7 +238,8 @@ def lowrank():
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Build (or find in the cache) the fused TensorFlow CPU ops "
-                                             "of the quantizers, load them and print the library's path.")
+                                             "of the quantizers and PowerSGD, load them and print the "
+                                             "library's path.")
     ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
