@@ -387,8 +387,17 @@ class NumpyBackend:
         return (bits.astype(np.uint32) << 16).view(np.float32)
 
     # -- linear algebra -------------------------------------------------------------
-    def matmul(self, a, b):
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        """``a @ b``, with ``a`` (``a^T b``) or ``b`` (``a b^T``) transposed first; a
+        backend may multiply by the transpose without making it."""
+        a = self.transpose(a) if transpose_a else a
+        b = self.transpose(b) if transpose_b else b
         return a @ b
+
+    def subtract_product(self, c, a, b):
+        """``c - a b^T`` (PowerSGD's residual: a matrix less a low-rank product of thin
+        ``a`` and ``b``); a backend may do it in one pass without making ``a b^T``."""
+        return c - self.matmul(a, b, transpose_b=True)
 
     def transpose(self, x):
         return np.ascontiguousarray(x.T)

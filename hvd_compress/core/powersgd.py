@@ -112,11 +112,11 @@ class PowerSGD(Compressor):
         meta = enc.meta
         st = self.states[meta.name]
         p_hat = B.orthonormalize(reduced)
-        q_w = B.matmul(B.transpose(enc.ctx.m), p_hat) * enc.ctx.flag
-        if self.ef:
-            mine = B.reshape(B.matmul(p_hat, B.transpose(q_w)), (-1,))
-            new = B.reshape(enc.ctx.m, (-1,)) - mine
-            st["residual"] = B.where(B.all_finite(new) & enc.ctx.finite, new, st["residual"])
+        q_w = B.matmul(enc.ctx.m, p_hat, transpose_a=True) * enc.ctx.flag
+        if self.ef:  # what this rank's contribution lost; kept unless M or the factors were not finite
+            new = B.reshape(B.subtract_product(enc.ctx.m, p_hat, q_w), (-1,))
+            old = st["residual"]
+            st["residual"] = B.cond(B.all_finite(new) & enc.ctx.finite, lambda: new, lambda: old)
         _, cols = matrix_shape(meta)
         return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=Rounds(p_hat=p_hat))
 
@@ -126,7 +126,7 @@ class PowerSGD(Compressor):
         if enc.ctx.dense:
             return self._finish(received, meta, out)
         st = self.states[meta.name]
-        total = B.matmul(enc.ctx.p_hat, B.transpose(received))
+        total = B.matmul(enc.ctx.p_hat, received, transpose_b=True)
         q_next = received * (1.0 / self.world_size)
         st["q"] = B.where(B.all_finite(q_next), q_next, st["q"])
         st["step"] = st["step"] + 1

@@ -7,7 +7,8 @@ path: no value is read on the host, data-dependent choices go through
 ``tf.where``, and the "in place" operations return new tensors (the core always
 uses what they return).  Where no GPU is visible, the quantizers' encoding and
 decoding run as the compiled CPU ops of :mod:`.fused_ops` (``fused_encoder``,
-``fused_unpack``), with the same bits.
+``fused_unpack``), with the same bits, and so do PowerSGD's products with thin
+factors (``matmul``, ``subtract_product``) and ``all_finite``, to float32 rounding.
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ class TensorFlowBackend:
         return tf.reduce_max(x, axis=axis)
 
     def all_finite(self, x):
+        ops = fused_ops.lowrank() if _host_only() and x.dtype == tf.float32 else None
+        if ops is not None:  # one pass (the minimum and the maximum take two)
+            return ops.hvdc_all_finite(x)
         return tf.math.is_finite(tf.reduce_min(x)) & tf.math.is_finite(tf.reduce_max(x))
 
     def absmax(self, x):
@@ -342,8 +346,22 @@ class TensorFlowBackend:
         return tf.cast(bits, tf.float32)
 
     # -- linear algebra -------------------------------------------------------------
-    def matmul(self, a, b):
-        return tf.matmul(a, b)
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        """With a thin factor (PowerSGD's ``M Q``, ``M^T P``, ``P Q^T``) and no GPU
+        visible, the compiled one-pass products of :mod:`.fused_ops`; else ``tf.matmul``,
+        which multiplies by a transpose without making it."""
+        ops = fused_ops.lowrank() if _host_only() else None
+        if ops is not None and not transpose_b and a.shape.rank == 2 and _thin(b) and _float32(a, b):
+            return ops.hvdc_matmul_t(a, b) if transpose_a else ops.hvdc_matmul(a, b)
+        if ops is not None and transpose_b and not transpose_a and _thin(a, b) and _float32(a, b):
+            return ops.hvdc_low_rank(a, b)
+        return tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    def subtract_product(self, c, a, b):
+        ops = fused_ops.lowrank() if _host_only() else None
+        if ops is not None and c.shape.rank == 2 and _thin(a, b) and _float32(c, a, b):
+            return ops.hvdc_sub_low_rank(c, a, b)
+        return c - tf.linalg.matmul(a, b, transpose_b=True)
 
     def transpose(self, x):
         return tf.transpose(x)
@@ -392,6 +410,16 @@ def _divide(a, b):
     if isinstance(b, (int, float)) and b != 0:
         return tf.math.divide_no_nan(a, tf.constant(b, dtype=a.dtype))
     return tf.math.divide(a, _like(b, a))
+
+
+def _thin(*xs) -> bool:
+    """Whether every one of ``xs`` is a matrix of 1 to ``fused_ops.MAX_RANK`` columns."""
+    return all(x.shape.rank == 2 and x.shape[1] is not None and 1 <= x.shape[1] <= fused_ops.MAX_RANK
+               for x in xs)
+
+
+def _float32(*xs) -> bool:
+    return all(x.dtype == tf.float32 for x in xs)
 
 
 def _sampling_plan(x, k):

@@ -1,4 +1,5 @@
-"""Fused TensorFlow CPU ops for the quantizers: built from ``fused/quantize_ops.cc``.
+"""Fused TensorFlow CPU ops for the quantizers and for PowerSGD's products: built from
+``fused/quantize_ops.cc`` and ``fused/lowrank_ops.cc`` into one library.
 
 Run as the core's chain of TensorFlow ops, a quantizer makes a pass over
 memory, and a fresh tensor, per element-wise step: 15-40 times the cost of
@@ -23,6 +24,14 @@ element's index (uniform on [0, 1) with 24 random bits), instead of
 materialising a noise tensor, which alone costs about 7 copies; the noise
 stream therefore differs from the chain's (both are uniform).  Explicit
 noise gives the reference's bits.
+
+PowerSGD (:func:`lowrank`): its products with a thin factor (``M Q``, ``M^T P``,
+``P Q^T``), the residual ``M - P Q^T`` and the finiteness check each take one
+pass, where TensorFlow's ops materialise a transpose, run general products that
+are slow for a few columns, and subtract in a pass of their own.  Long sums
+go to float64 by short float32 blocks, in a fixed order: results agree with
+the numpy reference's float32 products to rounding (tested), and do not depend
+on the number of threads.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from pathlib import Path
 from .. import fastpaths
 
 SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
+#: every source of the one library: the quantizers' ops and PowerSGD's products
+SOURCES = [SOURCE, SOURCE.with_name("lowrank_ops.cc")]
 _FLAGS = ["-shared", "-fPIC", "-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
           "-Wno-deprecated-declarations"]
 
@@ -68,7 +79,7 @@ def _command(out: Path) -> list:
     import tensorflow as tf
     cxx = shlex.split(os.environ.get("CXX", "g++"))
     return (cxx + _FLAGS + _cpu_flags() + list(tf.sysconfig.get_compile_flags())
-            + [str(SOURCE), "-o", str(out)] + list(tf.sysconfig.get_link_flags()))
+            + [str(src) for src in SOURCES] + ["-o", str(out)] + list(tf.sysconfig.get_link_flags()))
 
 
 def library_path() -> Path:
@@ -81,8 +92,9 @@ def library_path() -> Path:
     except (OSError, subprocess.SubprocessError):
         version = ["no compiler"]
     h = hashlib.sha256()
-    flags = [a for a in probe if a != str(SOURCE)]  # the source by content, not by where it lies
-    parts = [SOURCE.read_bytes(), tf.__version__.encode(), " ".join(flags).encode()]
+    names = {str(src) for src in SOURCES}
+    flags = [a for a in probe if a not in names]  # the sources by content, not by where they lie
+    parts = [src.read_bytes() for src in SOURCES] + [tf.__version__.encode(), " ".join(flags).encode()]
     for part in parts + [v.encode() for v in version]:
         h.update(part)
         h.update(b"\0")
@@ -117,7 +129,8 @@ def build(verbose: bool = False) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"compiling {SOURCE.name} failed ({cmd[0]} exit {proc.returncode}):\n"
+            names = ", ".join(src.name for src in SOURCES)
+            raise RuntimeError(f"compiling {names} failed ({cmd[0]} exit {proc.returncode}):\n"
                                + "\n".join(proc.stderr.splitlines()[-20:]))
         os.replace(tmp, out)
     return out
@@ -210,9 +223,23 @@ def unpack(data, bits: int, n: int, values, factors=None, d=None, cols: int = 1)
     return lib.hvdc_unpack(data, table, factors, n=n, bits=bits, bucket=d or max(n, 1), cols=cols)
 
 
+# -- PowerSGD's products (lowrank_ops.cc) --------------------------------------------------
+#: the most columns a thin factor may have for the compiled products
+MAX_RANK = 16
+
+
+def lowrank():
+    """The op module for the products with a thin factor -- ``hvdc_matmul(m, q)`` (M Q),
+    ``hvdc_matmul_t(m, p)`` (M^T P), ``hvdc_low_rank(p, q)`` (P Q^T),
+    ``hvdc_sub_low_rank(m, p, q)`` (M - P Q^T) -- and ``hvdc_all_finite(x)``, or None
+    without the library."""
+    return library()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Build (or find in the cache) the fused TensorFlow CPU ops "
-                                             "of the quantizers, load them and print the library's path.")
+                                             "of the quantizers and PowerSGD, load them and print the "
+                                             "library's path.")
     ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:

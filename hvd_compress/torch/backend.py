@@ -346,8 +346,13 @@ class TorchBackend:
         return bits.to(torch.float32)
 
     # -- linear algebra -------------------------------------------------------------
-    def matmul(self, a, b):
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        a = self.transpose(a) if transpose_a else a
+        b = self.transpose(b) if transpose_b else b
         return a @ b
+
+    def subtract_product(self, c, a, b):
+        return c - self.matmul(a, b, transpose_b=True)
 
     def transpose(self, x):
         return x.t().contiguous()
