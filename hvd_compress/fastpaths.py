@@ -385,7 +385,7 @@ def _dgc(k, B, comp, g, st, meta):
     payload = np.concatenate([indices.view(np.uint8), values.view(np.uint8)])
     valid = np.arange(kk) < got
     return (B.from_host(payload), B.from_host(indices.astype(np.int64)), B.from_host(valid),
-            B.from_host(values))
+            B.from_host(values), None)  # None: u and v updated in place
 
 
 def _inceptionn(k, B, comp, v, noise, ef):
