@@ -1,4 +1,5 @@
-"""Fused TensorFlow CPU ops for the quantizers: built from ``fused/quantize_ops.cc``.
+"""Fused TensorFlow CPU ops for the quantizers and the sparsifiers: built from
+``fused/quantize_ops.cc`` and ``fused/sparse_ops.cc`` into one library.
 
 Run as the core's chain of TensorFlow ops, a quantizer makes a pass over
 memory, and a fresh tensor, per element-wise step: 15-40 times the cost of
@@ -23,6 +24,15 @@ element's index (uniform on [0, 1) with 24 random bits), instead of
 materialising a noise tensor, which alone costs about 7 copies; the noise
 stream therefore differs from the chain's (both are uniform).  Explicit
 noise gives the reference's bits.
+
+Sparsifiers: top-k's and random-k's encoding (error-feedback sum, selection or
+gather, new residual) and DGC's (momentum correction, sampled threshold and
+correction loop, selection, masking) are one op each, and decoding scatters
+into a zeroed tensor in one (``scatter_add``); the selection is the core's
+(the k largest magnitudes, ties to the lower index), found from counts of the
+values' float32 bit patterns, so payloads and state keep the reference's
+bits.  Random-k's indices and DGC's sample positions come from the core
+(:mod:`hvd_compress.core.sampling`), as TF ops on k or s elements.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from pathlib import Path
 
 from .. import fastpaths
 
-SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
+SOURCES = [Path(__file__).with_name("fused") / name for name in ("quantize_ops.cc", "sparse_ops.cc")]
 _FLAGS = ["-shared", "-fPIC", "-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
           "-Wno-deprecated-declarations"]
 
@@ -68,7 +78,7 @@ def _command(out: Path) -> list:
     import tensorflow as tf
     cxx = shlex.split(os.environ.get("CXX", "g++"))
     return (cxx + _FLAGS + _cpu_flags() + list(tf.sysconfig.get_compile_flags())
-            + [str(SOURCE), "-o", str(out)] + list(tf.sysconfig.get_link_flags()))
+            + [str(src) for src in SOURCES] + ["-o", str(out)] + list(tf.sysconfig.get_link_flags()))
 
 
 def library_path() -> Path:
@@ -81,8 +91,9 @@ def library_path() -> Path:
     except (OSError, subprocess.SubprocessError):
         version = ["no compiler"]
     h = hashlib.sha256()
-    flags = [a for a in probe if a != str(SOURCE)]  # the source by content, not by where it lies
-    parts = [SOURCE.read_bytes(), tf.__version__.encode(), " ".join(flags).encode()]
+    sources = {str(src) for src in SOURCES}
+    flags = [a for a in probe if a not in sources]  # the sources by content, not by where they lie
+    parts = [src.read_bytes() for src in SOURCES] + [tf.__version__.encode(), " ".join(flags).encode()]
     for part in parts + [v.encode() for v in version]:
         h.update(part)
         h.update(b"\0")
@@ -117,7 +128,8 @@ def build(verbose: bool = False) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
-            raise RuntimeError(f"compiling {SOURCE.name} failed ({cmd[0]} exit {proc.returncode}):\n"
+            names = ", ".join(src.name for src in SOURCES)
+            raise RuntimeError(f"compiling {names} failed ({cmd[0]} exit {proc.returncode}):\n"
                                + "\n".join(proc.stderr.splitlines()[-20:]))
         os.replace(tmp, out)
     return out
@@ -134,8 +146,8 @@ def library():
             _LIB = tf.load_op_library(str(build()))
         except Exception as exc:  # noqa: BLE001 - any failure means: run the chain
             _LIB, _ERROR = False, f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"hvd_compress: fused TensorFlow ops unavailable, the quantizers run as "
-                          f"chains of TF ops ({_ERROR})", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"hvd_compress: fused TensorFlow ops unavailable, the quantizers and "
+                          f"sparsifiers run as chains of TF ops ({_ERROR})", RuntimeWarning, stacklevel=2)
     return _LIB or None
 
 
@@ -146,11 +158,16 @@ def error() -> str:
 
 # -- the ops, one per codec ----------------------------------------------------------------
 def encoder(codec, cols: int):
-    """A fused encoder for ``codec`` -- ``(g, residual, noise, noise_source) -> (fields,
-    new residual, finite)``, ``finite`` a 0-d tensor -- or None where there is none (other
-    codecs).  ``cols``: 1-bit SGD's columns."""
+    """A fused encoder for ``codec`` -- a quantizer's: ``(g, residual, noise, noise_source)
+    -> (fields, new residual, finite)``, ``finite`` a 0-d tensor; a sparsifier's (``codec``
+    is the compressor): the callable its ``_encode_fused`` expects -- or None where there is
+    none (other codecs).  ``cols``: 1-bit SGD's columns."""
     lib = library()
-    if lib is None or codec.name not in _ENCODERS:
+    if lib is None:
+        return None
+    if codec.name in _SPARSIFIERS:
+        return _SPARSIFIERS[codec.name](lib, codec)
+    if codec.name not in _ENCODERS:
         return None
     import tensorflow as tf
 
@@ -195,6 +212,76 @@ def _qsgd(lib, tf, codec, cols, g, residual, noise, gen):
 
 
 _ENCODERS = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
+
+
+# -- the sparsifiers (codec: the compressor) ---------------------------------------------
+def _topk(lib, comp):
+    """Top-k's whole payload (``PayloadFastPath``): ``(g, residual, _, _) -> ({"payload"},
+    new residual, finite)``; a non-finite step's values are NaN already."""
+    import tensorflow as tf
+
+    from ..core.bitpack import join_segments
+    from ..core.sparsifiers import index_dtype
+
+    def encode(g, residual, noise, noise_source):
+        meta = comp.meta_for(g)
+        itype = tf.int32 if index_dtype(meta.numel) == "int32" else tf.int64
+        idx, values, rout, finite = lib.hvdc_topk_encode(
+            g, _empty(tf) if residual is None else residual, k=comp.k_for(meta), index_type=itype)
+        payload = join_segments(comp.B, comp.layout(meta), {"indices": idx, "values": values})
+        return {"payload": payload}, (None if residual is None else rout), finite
+    return encode
+
+
+def _randomk(lib, comp):
+    """Random-k's values at the core's indices: ``(g, residual, indices, scale) -> (values,
+    new residual, finite)``; a non-finite step's values are NaN already."""
+    import tensorflow as tf
+
+    def encode(g, residual, idx, scale):
+        values, rout, finite = lib.hvdc_randomk_encode(
+            g, _empty(tf) if residual is None else residual, tf.cast(idx, tf.int64),
+            _empty(tf) if scale is None else tf.cast(scale, tf.float32))
+        return values, (None if residual is None else rout), finite
+    return encode
+
+
+def _dgc(lib, comp):
+    """DGC's step for a sampled tensor: ``(g, state, meta, _) -> (payload, indices, valid,
+    sent, (u, v, finite))`` (``DGC._encode_fused``); a non-finite step's values are NaN
+    already."""
+    import tensorflow as tf
+
+    from ..core.bitpack import join_segments
+    from ..core.sparsifiers import index_dtype
+
+    def encode(g, st, meta, _):
+        pos, want = comp.sample_plan(meta, st["step"], like=g)
+        p = comp.params
+        idx, values, valid, u, v, finite = lib.hvdc_dgc_encode(
+            g, st["u"], st["v"], tf.cast(pos, tf.int64), k=comp.k_for(meta), want=want,
+            momentum=float(p["momentum"]), nesterov=bool(p["nesterov"]), masking=bool(p["masking"]))
+        fields = {"indices": tf.cast(idx, tf.int32 if index_dtype(meta.numel) == "int32" else tf.int64),
+                  "values": values}
+        payload = join_segments(comp.B, comp.layout(meta), fields)
+        return payload, idx, valid, values, (u, v, finite)
+    return encode
+
+
+_SPARSIFIERS = {"topk": _topk, "randomk": _randomk, "dgc": _dgc}
+
+
+def scatter_add(acc, idx, values, n: int):
+    """``acc`` (None: zeros) with float32 ``values`` added at ``idx`` in slot order (numpy's
+    ``add.at``), a new length-``n`` tensor; or None without the ops."""
+    lib = library()
+    if lib is None:
+        return None
+    import tensorflow as tf
+    if idx.dtype not in (tf.int32, tf.int64):
+        idx = tf.cast(idx, tf.int64)
+    return lib.hvdc_scatter_add(_empty(tf) if acc is None else acc, tf.reshape(idx, [-1]),
+                                tf.reshape(tf.cast(values, tf.float32), [-1]), n=n)
 
 
 def unpack(data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
