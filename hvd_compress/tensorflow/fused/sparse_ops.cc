@@ -27,12 +27,16 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -103,6 +107,96 @@ inline void Fence() {
 
 inline void CountHigh(const float* __restrict v, int m, int32_t* __restrict high) {
   for (int j = 0; j < m; ++j) ++high[Mag(v[j]) >> 16];
+}
+
+// Big outputs (the new residual, u and v, the decoded tensor) come from a
+// small cache of this library's own buffers, reused by size once the tensors
+// holding them are gone: a fresh 100 MB buffer from malloc is fresh pages
+// from the kernel, whose faults and zeroing cost about as much as copying
+// the tensor, at every step.  Buffers of 1 MiB and more are kept, 1 GiB in
+// all at most (the oldest are freed first).
+class BufferCache {
+ public:
+  static BufferCache& Get() {
+    static BufferCache* cache = new BufferCache();  // never destroyed: tensors may outlive exit
+    return *cache;
+  }
+  static constexpr size_t kSmallest = size_t{1} << 20;
+  static constexpr size_t kHeld = size_t{1} << 30;
+
+  void* Take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t j = kept_.size(); j-- > 0;) {
+        if (kept_[j].first == bytes) {
+          void* p = kept_[j].second;
+          kept_.erase(kept_.begin() + j);
+          held_ -= bytes;
+          return p;
+        }
+      }
+    }
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+
+  void Give(void* p, size_t bytes) {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bytes > kHeld) {
+        drop.push_back(p);
+      } else {
+        while (held_ + bytes > kHeld) {
+          drop.push_back(kept_.front().second);
+          held_ -= kept_.front().first;
+          kept_.erase(kept_.begin());
+        }
+        kept_.emplace_back(bytes, p);
+        held_ += bytes;
+      }
+    }
+    for (void* q : drop) std::free(q);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<size_t, void*>> kept_;  // oldest first
+  size_t held_ = 0;
+};
+
+class CachedBuffer : public tensorflow::TensorBuffer {
+ public:
+  explicit CachedBuffer(size_t bytes) : TensorBuffer(BufferCache::Get().Take(bytes)), bytes_(bytes) {}
+  ~CachedBuffer() override { BufferCache::Get().Give(data(), bytes_); }
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocated_bytes(static_cast<int64_t>(bytes_));
+    proto->set_allocator_name("hvdc_buffer_cache");
+  }
+
+ private:
+  size_t bytes_;
+};
+
+// A float output of n elements, from the cache where it is big.
+Status FloatOutput(OpKernelContext* ctx, const char* name, int64_t n, float** data) {
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  if (bytes < BufferCache::kSmallest) {
+    Tensor* t;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(name, TensorShape({n}), &t));
+    *data = t->flat<float>().data();
+    return tensorflow::OkStatus();
+  }
+  auto* buf = new CachedBuffer(bytes);
+  if (buf->data() == nullptr) {
+    buf->Unref();
+    return tensorflow::errors::ResourceExhausted("cannot allocate ", bytes, " bytes");
+  }
+  Tensor t(tensorflow::DT_FLOAT, TensorShape({n}), tensorflow::core::RefCountPtr<tensorflow::TensorBuffer>(buf));
+  *data = t.flat<float>().data();
+  return ctx->set_output(name, t);
 }
 
 // Fixed stretches of [0, n): up to 16, fewer for small tensors.
@@ -376,13 +470,14 @@ class TopkEncodeOp : public OpKernel {
     OP_REQUIRES(ctx, !ef || r_t.NumElements() == n,
                 InvalidArgument("residual has ", r_t.NumElements(), " elements, grad ", n));
     OP_REQUIRES(ctx, k >= 1 && k <= n, InvalidArgument("k = ", k, " for ", n, " elements"));
-    Tensor *idx_t, *val_t, *rout_t;
+    Tensor *idx_t, *val_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("indices", TensorShape({k}), &idx_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output("values", TensorShape({k}), &val_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("residual_out", TensorShape({ef ? n : 0}), &rout_t));
+    float* rout = nullptr;
+    OP_REQUIRES_OK(ctx, FloatOutput(ctx, "residual_out", ef ? n : 0, &rout));
+    if (!ef) rout = nullptr;
     const float* g = g_t.flat<float>().data();
     const float* r = ef ? r_t.flat<float>().data() : nullptr;
-    float* rout = ef ? rout_t->flat<float>().data() : nullptr;
 
     Selector sel(ctx, n);
     const Stretches& s = sel.stretches();
@@ -446,17 +541,16 @@ class DgcEncodeOp : public OpKernel {
                 InvalidArgument("u and v must have the grad's ", n, " elements"));
     OP_REQUIRES(ctx, k >= 1 && k <= n, InvalidArgument("k = ", k, " for ", n, " elements"));
     OP_REQUIRES(ctx, want_ >= 1 && want_ <= ns, InvalidArgument("want = ", want_, " of ", ns, " sampled"));
-    Tensor *idx_t, *val_t, *valid_t, *uo_t, *vo_t;
+    Tensor *idx_t, *val_t, *valid_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("indices", TensorShape({k}), &idx_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output("values", TensorShape({k}), &val_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output("valid", TensorShape({k}), &valid_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("u_out", TensorShape({n}), &uo_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("v_out", TensorShape({n}), &vo_t));
+    float *uo, *vo;
+    OP_REQUIRES_OK(ctx, FloatOutput(ctx, "u_out", n, &uo));
+    OP_REQUIRES_OK(ctx, FloatOutput(ctx, "v_out", n, &vo));
     const float* g = g_t.flat<float>().data();
     const float* u = u_t.flat<float>().data();
     const float* v = v_t.flat<float>().data();
-    float* uo = uo_t->flat<float>().data();
-    float* vo = vo_t->flat<float>().data();
     const float m = momentum_;
     const bool nesterov = nesterov_;
 
@@ -577,12 +671,13 @@ class RandomkEncodeOp : public OpKernel {
                 InvalidArgument("residual has ", r_t.NumElements(), " elements, grad ", n));
     OP_REQUIRES(ctx, scale_t.NumElements() == 0 || scale_t.NumElements() == k,
                 InvalidArgument("scale: one per index, or none"));
-    Tensor *val_t, *rout_t;
+    Tensor* val_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("values", TensorShape({k}), &val_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("residual_out", TensorShape({ef ? n : 0}), &rout_t));
+    float* rout = nullptr;
+    OP_REQUIRES_OK(ctx, FloatOutput(ctx, "residual_out", ef ? n : 0, &rout));
+    if (!ef) rout = nullptr;
     const float* g = g_t.flat<float>().data();
     const float* r = ef ? r_t.flat<float>().data() : nullptr;
-    float* rout = ef ? rout_t->flat<float>().data() : nullptr;
     const int64_t* idx = idx_t.flat<int64_t>().data();
     const float* scale = scale_t.NumElements() ? scale_t.flat<float>().data() : nullptr;
     float* val = val_t->flat<float>().data();
@@ -628,23 +723,21 @@ class ScatterAddOp : public OpKernel {
     const T* idx = idx_t.flat<T>().data();
     for (int64_t j = 0; j < k; ++j)
       OP_REQUIRES(ctx, idx[j] >= 0 && idx[j] < n, InvalidArgument("index ", idx[j], " out of range"));
-    Tensor* out_t;
     float* out;
-    if (acc_t.NumElements() == n && n > 0) {
-      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, TensorShape({n}), &out_t));
-      out = out_t->flat<float>().data();
-      const float* acc = acc_t.flat<float>().data();
-      if (acc != out) {
-        ParallelBlocks(ctx, n, [&](int64_t b, int64_t e) {
-          Stream(out + b, acc + b, e - b);
-          Fence();
-        });
-      }
+    const bool given = acc_t.NumElements() == n && n > 0;
+    std::unique_ptr<Tensor> forwarded;
+    if (given) {  // the accumulator's own buffer where nothing else holds it
+      forwarded = ctx->forward_input(0, 0, tensorflow::DT_FLOAT, TensorShape({n}), tensorflow::DEVICE_MEMORY,
+                                     tensorflow::AllocatorAttributes());
+    }
+    if (forwarded) {
+      out = forwarded->flat<float>().data();
+      ctx->set_output(0, *forwarded);
     } else {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out_t));
-      out = out_t->flat<float>().data();
+      OP_REQUIRES_OK(ctx, FloatOutput(ctx, "out", n, &out));
+      const float* acc = given ? acc_t.flat<float>().data() : nullptr;  // else zeros
       ParallelBlocks(ctx, n, [&](int64_t b, int64_t e) {
-        Stream(out + b, nullptr, e - b);
+        Stream(out + b, acc ? acc + b : nullptr, e - b);
         Fence();
       });
     }
