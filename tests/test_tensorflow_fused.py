@@ -1,4 +1,4 @@
-"""The fused TensorFlow CPU ops of the quantizers (hvd_compress/tensorflow/fused/quantize_ops.cc).
+"""The fused TensorFlow CPU ops of the quantizers and sparsifiers (hvd_compress/tensorflow/fused/).
 
 They must build here (scripts/setup.sh installs the compiler), give the numpy
 reference's payload bytes, residuals and decoded values, keep the rules for
