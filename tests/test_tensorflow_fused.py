@@ -244,7 +244,8 @@ def _sparse_data(kind, n, rng):
     """Gradients that reach every branch of the selection: normal values; many ties at
     the cut, spread over the stretches (collected candidates); a sparse gradient with
     fewer nonzeros than k (the boundary is the zeros' pattern, too many to collect:
-    the stretches are scanned); values of a few levels (ties, scanned); all zeros."""
+    the stretches are scanned); values of a few levels (ties, scanned); all zeros; a
+    guess at the cut from a strided sample that falls short (every value counted)."""
     x = (rng.standard_normal(n) * 1e-2).astype(np.float32)
     if kind == "ties":
         x[rng.choice(n, min(n, 997), replace=False)] = np.float32(0.5) * np.sign(x[:min(n, 997)] + 1e-9)
@@ -254,6 +255,8 @@ def _sparse_data(kind, n, rng):
         x = (rng.integers(-3, 4, n) * 0.25).astype(np.float32)
     elif kind == "zeros":
         x = np.zeros(n, np.float32)
+    elif kind == "sampled":  # the ops' strided guess sees only large values: it falls short
+        x[::max(1, n // 16384)] *= 100
     return x
 
 
@@ -295,14 +298,15 @@ def _assert_sparse_steps(spec, xs, monkeypatch, shape=None, state=("residual",))
     return ref, tfc
 
 
-TOPK_SPECS = ["topk:ratio=0.01", "topk:ratio=0.1,ef=false", "topk:ratio=1", "topk:ratio=0.3"]
+TOPK_SPECS = ["topk:ratio=0.01", "topk:ratio=0.01,ef=false", "topk:ratio=0.1,ef=false", "topk:ratio=1",
+              "topk:ratio=0.3"]
 
 
 @pytest.mark.parametrize("size", [1, 7, 1000, 65536 * 2 + 13, 300_001])
 @pytest.mark.parametrize("spec", TOPK_SPECS)
 def test_topk_same_bits_as_numpy(spec, size, monkeypatch):
     rng = np.random.default_rng(zlib.crc32(f"{spec}{size}".encode()))
-    kinds = ["normal", "ties", "sparse", "normal", "levels", "zeros", "normal"]
+    kinds = ["normal", "ties", "sparse", "normal", "levels", "zeros", "sampled", "normal"]
     _assert_sparse_steps(spec, [_sparse_data(kind, size, rng) for kind in kinds], monkeypatch)
 
 

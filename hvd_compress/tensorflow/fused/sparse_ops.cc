@@ -255,12 +255,56 @@ class Selector {
     for (int b = kHigh - 1; b >= 0; --b) above_[b] += above_[b + 1];
   }
 
-  int64_t AboveHigh(int b) const { return above_[std::min(b, kHigh)]; }
+  // Instead of counting every value in the first pass: the candidates it
+  // collected, per stretch the indices (increasing) of the values whose top
+  // pattern is lo or above (lo: from a guess at the cut).  The counts then
+  // hold those values alone -- exact for the patterns from lo up -- until a
+  // question about a lower pattern makes Full() count every value.
+  void SetCandidates(int lo, const std::vector<std::vector<int64_t>>& per) {
+    const int count = s_.count;
+    cstart_.assign(count + 1, 0);
+    for (int c = 0; c < count; ++c) cstart_[c + 1] = cstart_[c] + static_cast<int64_t>(per[c].size());
+    cand_.resize(cstart_[count]);
+    Parallel(ctx_, count, s_.size / 8 + 1, [&](int64_t c) {
+      std::copy(per[c].begin(), per[c].end(), cand_.begin() + cstart_[c]);
+      int32_t* h = High(static_cast<int>(c));
+      for (int64_t i : per[c]) ++h[Mag(v_[i]) >> 16];
+    });
+    cand_bin_ = lo;
+    counted_from_ = lo;
+    Tally();
+  }
+
+  // Makes the counts exact for the patterns from b up (a pass over every value
+  // where the first pass counted only candidates above b).
+  void Need(int b) {
+    if (b >= counted_from_) return;
+    Parallel(ctx_, s_.count, s_.size * 4, [&](int64_t c) {
+      int32_t* h = High(static_cast<int>(c));
+      std::fill(h, h + kHigh, 0);
+      const int64_t begin = s_.Begin(static_cast<int>(c));
+      CountHigh(v_ + begin, static_cast<int>(s_.End(static_cast<int>(c)) - begin), h);
+    });
+    counted_from_ = 0;
+    Tally();
+  }
+
+  // The first pass collected candidates but gave up (too many): count every value.
+  void CountAll() {
+    counted_from_ = kHigh;
+    Need(0);
+  }
+
+  int64_t AboveHigh(int b) {
+    Need(std::min(b, kHigh - 1));
+    return above_[std::min(b, kHigh)];
+  }
 
   // How many values have |v| bits >= t, exactly.
   int64_t CountAtLeast(uint32_t t) {
     if (t == 0) return s_.n;
     const int64_t x = static_cast<int64_t>(t) - 1;
+    Need(static_cast<int>(x >> 16));
     Prepare(x);
     int64_t total = 0;
     for (int c = 0; c < s_.count; ++c) total += CountAbove(c, x);
@@ -270,6 +314,7 @@ class Selector {
   // The cut of the k largest (1 <= k <= n): every value with bits > cut, and
   // the first `take` (in index order) of those with bits == cut.
   void TopCut(int64_t k, int64_t* cut, int64_t* take) {
+    if (above_[counted_from_] < k) Need(0);  // the cut lies below what was counted
     int b = kHigh - 1;
     while (above_[b] < k) --b;  // above_[0] = n >= k
     const int64_t need = k - above_[b + 1];
@@ -294,6 +339,7 @@ class Selector {
   // parallel.  Returns how many.
   template <typename F>
   int64_t Take(int64_t cut, int64_t take, const F& fn) {
+    Need(cut < 0 ? 0 : static_cast<int>(cut >> 16));
     Prepare(cut);
     const int count = s_.count;
     std::vector<int64_t> start(count), ties(count);
@@ -367,6 +413,7 @@ class Selector {
   // Per stretch, the counts of the low 16 bits of the values whose top pattern is b.
   void LowCounts(int b) {
     if (low_bin_ == b) return;
+    Need(b);
     Collect(b);
     low_.assign(static_cast<size_t>(s_.count) * kLow, 0);
     Parallel(ctx_, s_.count, s_.size * 2, [&](int64_t c) {
@@ -413,6 +460,7 @@ class Selector {
   std::vector<int32_t> high_, low_;
   std::vector<int64_t> above_, cand_, cstart_;
   int low_bin_ = -1, cand_bin_ = -1;
+  int counted_from_ = 0;  // the counts are exact for the top patterns from this one up
 };
 
 Status CheckVector(const Tensor& t, const char* name) {
@@ -430,7 +478,86 @@ Status SetFinite(OpKernelContext* ctx, const char* name, bool finite) {
 // The error-feedback sum v = g + r (r may be nullptr: v = g) of stretch c,
 // cleaned where not finite, written to `out` (may be nullptr) and its top
 // patterns counted into `high`; returns whether it was finite.
-bool SumPass(const float* g, const float* r, float* out, int64_t begin, int64_t end, int32_t* high) {
+// What the first pass keeps of a stretch's values for the selection: with lo
+// < 0 the counts of their top patterns (`high`); else the indices (`cand`,
+// from `first` on) of those whose top pattern is lo or above, at most `cap`
+// of them (more: `over`, and the counts are left to Selector::CountAll).
+struct Account {
+  int lo = -1;
+  int32_t* high = nullptr;
+  std::vector<int64_t>* cand = nullptr;
+  size_t cap = 0;
+  bool over = false;
+
+  inline void Add(const float* __restrict v, int m, int64_t first) {
+    if (lo < 0) {
+      CountHigh(v, m, high);
+      return;
+    }
+    if (over) return;
+    const uint32_t bound = static_cast<uint32_t>(lo) << 16;
+    for (int j = 0; j < m; ++j) {
+      if (Mag(v[j]) >= bound) {
+        if (cand->size() >= cap) {
+          over = true;
+          return;
+        }
+        cand->push_back(first + j);
+      }
+    }
+  }
+};
+
+// The accounts of every stretch for a first pass (lo: as Account's).
+struct Accounts {
+  std::vector<std::vector<int64_t>> cand;
+  std::vector<Account> of;
+  Accounts(Selector* sel, int lo) : cand(sel->stretches().count), of(sel->stretches().count) {
+    const Stretches& s = sel->stretches();
+    for (int c = 0; c < s.count; ++c) {
+      of[c].lo = lo;
+      of[c].high = sel->High(c);
+      of[c].cand = &cand[c];
+      of[c].cap = static_cast<size_t>(std::max<int64_t>(4096, (s.End(c) - s.Begin(c)) / 8));
+    }
+  }
+  // After the pass (the selector's values set): the counts or the candidates.
+  void Finish(Selector* sel) {
+    const int lo = of.empty() ? -1 : of[0].lo;
+    if (lo < 0) {
+      sel->Tally();
+    } else if (std::any_of(of.begin(), of.end(), [](const Account& a) { return a.over; })) {
+      sel->CountAll();
+    } else {
+      sel->SetCandidates(lo, cand);
+    }
+  }
+};
+
+// The top pattern of a value a little below the k-th largest of the n
+// magnitudes mag(i), from every stride-th of them (the rank a half beyond
+// k's, plus 32): where the first pass may collect candidates instead of
+// counting every value.  -1 where that does not pay (small n, k not far
+// below n).  Only a guess: the selection checks it, and counts all where it
+// fell short.
+template <typename F>
+int GuessBin(int64_t n, int64_t k, const F& mag) {
+  if (n <= 65536 || k * 64 >= n) return -1;
+  const int64_t stride = std::max<int64_t>(1, n / 16384), m = (n + stride - 1) / stride;
+  const int64_t want = std::min<int64_t>(m, k * m / n * 3 / 2 + 32);
+  std::vector<uint32_t> sample(m);
+  for (int64_t j = 0; j < m; ++j) sample[j] = mag(j * stride);
+  std::nth_element(sample.begin(), sample.begin() + (want - 1), sample.end(), std::greater<uint32_t>());
+  return static_cast<int>(sample[want - 1] >> 16);
+}
+
+// |x| bits, NaN and Inf as 0 (the core's clean-up).
+inline uint32_t CleanMag(float x) {
+  const uint32_t a = Mag(x);
+  return a >= 0x7f800000u ? 0 : a;
+}
+
+bool SumPass(const float* g, const float* r, float* out, int64_t begin, int64_t end, Account* account) {
   alignas(64) float buf[kSub];
   bool fin = true;
   for (int64_t c = begin; c < end; c += kSub) {
@@ -446,7 +573,7 @@ bool SumPass(const float* g, const float* r, float* out, int64_t begin, int64_t 
       v = buf;
     }
     if (out) Stream(out + c, v, m);
-    if (high) CountHigh(v, m, high);
+    if (account) account->Add(v, m, c);
   }
   Fence();
   return fin;
@@ -482,8 +609,9 @@ class TopkEncodeOp : public OpKernel {
     Selector sel(ctx, n);
     const Stretches& s = sel.stretches();
     std::vector<char> fin(s.count, 1);
+    Accounts accounts(&sel, GuessBin(n, k, [&](int64_t i) { return CleanMag(r ? g[i] + r[i] : g[i]); }));
     Parallel(ctx, s.count, s.size * 8, [&](int64_t c) {
-      fin[c] = SumPass(g, r, rout, s.Begin(c), s.End(c), sel.High(static_cast<int>(c)));
+      fin[c] = SumPass(g, r, rout, s.Begin(c), s.End(c), &accounts.of[c]);
     });
     const bool finite = std::all_of(fin.begin(), fin.end(), [](char f) { return f != 0; });
     const float* v = ef ? rout : g;
@@ -495,7 +623,7 @@ class TopkEncodeOp : public OpKernel {
       v = clean;
     }
     sel.SetValues(v);
-    sel.Tally();
+    accounts.Finish(&sel);
     int64_t cut, take;
     sel.TopCut(k, &cut, &take);
     T* idx = idx_t->flat<T>().data();
@@ -554,12 +682,32 @@ class DgcEncodeOp : public OpKernel {
     const float m = momentum_;
     const bool nesterov = nesterov_;
 
+    const int64_t* pos = pos_t.flat<int64_t>().data();
+    for (int64_t j = 0; j < ns; ++j)
+      OP_REQUIRES(ctx, pos[j] >= 0 && pos[j] < n, InvalidArgument("sampled position ", pos[j], " out of range"));
     Selector sel(ctx, n);
     const Stretches& s = sel.stretches();
     std::vector<char> fin(s.count, 1);
+    // The first pass collects the candidates from a guess at the threshold (the
+    // sample's before the pass, lowered once): one round of the correction loop
+    // and the selection above it need no more passes.
+    int lo;
+    {
+      std::vector<uint32_t> guess(ns);
+      for (int64_t j = 0; j < ns; ++j) {
+        const int64_t i = pos[j];
+        const float gi = Mag(g[i]) >= 0x7f800000u ? 0.0f : g[i];
+        guess[j] = Mag(nesterov ? (v[i] + (u[i] + gi) * m) + gi : v[i] + (u[i] * m + gi));
+      }
+      std::nth_element(guess.begin(), guess.begin() + (want_ - 1), guess.end(), std::greater<uint32_t>());
+      float t;
+      std::memcpy(&t, &guess[want_ - 1], 4);
+      lo = static_cast<int>(Mag(t * 0.8f) >> 16);
+    }
+    Accounts accounts(&sel, lo);
     Parallel(ctx, s.count, s.size * 12, [&](int64_t c) {
       alignas(64) float buf[kSub], ub[kSub], vb[kSub];
-      int32_t* high = sel.High(static_cast<int>(c));
+      Account* account = &accounts.of[c];
       bool f = true;
       for (int64_t a = s.Begin(c), end = s.End(c); a < end; a += kSub) {
         const int w = static_cast<int>(std::min<int64_t>(kSub, end - a));
@@ -586,22 +734,18 @@ class DgcEncodeOp : public OpKernel {
         }
         Stream(uo + a, ub, w);
         Stream(vo + a, vb, w);
-        CountHigh(vb, w, high);
+        account->Add(vb, w, a);
       }
       Fence();
       fin[c] = f;
     });
     const bool finite = std::all_of(fin.begin(), fin.end(), [](char f) { return f != 0; });
     sel.SetValues(vo);
-    sel.Tally();
+    accounts.Finish(&sel);
 
     // the sampled threshold: the want-th largest sampled |v|
-    const int64_t* pos = pos_t.flat<int64_t>().data();
     std::vector<uint32_t> sample(ns);
-    for (int64_t j = 0; j < ns; ++j) {
-      OP_REQUIRES(ctx, pos[j] >= 0 && pos[j] < n, InvalidArgument("sampled position ", pos[j], " out of range"));
-      sample[j] = Mag(vo[pos[j]]);
-    }
+    for (int64_t j = 0; j < ns; ++j) sample[j] = Mag(vo[pos[j]]);
     std::nth_element(sample.begin(), sample.begin() + (want_ - 1), sample.end(), std::greater<uint32_t>());
     float thr;
     std::memcpy(&thr, &sample[want_ - 1], 4);
