@@ -7,13 +7,16 @@
 // counts of the float32 bit patterns of |v| -- for non-negative floats the
 // order of the patterns is the order of the values -- per fixed stretch of
 // the tensor (at most 16, fixed by n, so that nothing depends on the number
-// of threads): the first pass (error-feedback sum or momentum correction)
-// counts the top 16 bits; a second pass collects the candidates whose top 16
-// bits reach the boundary pattern (few: about k plus that pattern's count),
-// from which the low 16 bits of the boundary pattern, the exact cut, the
-// ties and each stretch's offset follow; the indices are then written from
-// the candidates alone.  Where the boundary pattern holds too many values to
-// collect (zeros of a sparse gradient), the same steps scan the stretches.
+// of threads): the top 16 bits, then the low 16 bits within the boundary
+// pattern give the exact cut, the ties and each stretch's offset.  The first
+// pass (error-feedback sum or momentum correction) collects the candidates
+// whose top pattern reaches a guess at the cut (from a strided sample, or
+// DGC's sampled threshold), and the counts come from those alone: exact
+// from the guessed pattern up.  Where the guess fell short, or too many
+// values reached it, every value is counted (one more pass) and the
+// candidates are collected at the boundary pattern; where even those are
+// too many (zeros of a sparse gradient), the same steps scan the stretches.
+// The indices are written from the candidates.
 //
 // Values are the core's float32 values; the new state is the chain's (a sent
 // value leaves the residual as x + -x = +0).  Non-finite input: the values
