@@ -180,6 +180,8 @@ class Sparsifier(Compressor):
             idx, values = self._indices(fields, enc.ctx), self._values(fields, enc.meta, enc.ctx)
             total = B.scatter_add(enc.meta.numel, idx, values) if total is None else \
                 B.index_add(total, idx, values)  # the first rank's into zeros, as one operation
+        if total is None:  # nothing received
+            total = B.zeros((enc.meta.numel,), "float32", like=enc.payload)
         return out if flat is not None else self._finish(total, enc.meta, out)
 
     def reduce_pair(self, a, b):
