@@ -487,7 +487,7 @@ def _dgc(k, B, comp, g, st, meta):
     payload = np.concatenate([indices.view(np.uint8), values.view(np.uint8)])
     valid = np.arange(kk) < got
     return (B.from_host(payload), B.from_host(indices.astype(np.int64)), B.from_host(valid),
-            B.from_host(values))
+            B.from_host(values), None)  # None: u and v updated in place
 
 
 _FAR_MORE = 8  # more than this many times k passing: DGC's top-k by bit-pattern counts

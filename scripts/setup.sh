@@ -177,7 +177,7 @@ step "4/5 hvd-compress (editable, with dev extras; its fused TensorFlow ops)"
     || die "pip install -e failed, see $LOGDIR/pip-package.log"
 "$PY" -c "import horovod.torch, horovod.tensorflow, mpi4py, hvd_compress; print('hvd_compress', hvd_compress.__version__)" \
     2>"$LOGDIR/import.log" || die "imports failed, see $LOGDIR/import.log"
-# The quantizers' fused TensorFlow CPU ops (hvd_compress/tensorflow/fused), compiled
+# The quantizers' and sparsifiers' fused TensorFlow CPU ops (hvd_compress/tensorflow/fused), compiled
 # once into ~/.cache/hvd-compress/tfops, keyed by source, TensorFlow, flags, compiler.
 TF_CPP_MIN_LOG_LEVEL=2 "$PY" -m hvd_compress.tensorflow.fused_ops >"$LOGDIR/fused-ops.log" 2>&1 \
     || die "building the fused TensorFlow ops failed; last lines of $LOGDIR/fused-ops.log:

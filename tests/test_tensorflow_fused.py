@@ -1,4 +1,4 @@
-"""The fused TensorFlow CPU ops of the quantizers (hvd_compress/tensorflow/fused/quantize_ops.cc).
+"""The fused TensorFlow CPU ops of the quantizers and sparsifiers (hvd_compress/tensorflow/fused/).
 
 They must build here (scripts/setup.sh installs the compiler), give the numpy
 reference's payload bytes, residuals and decoded values, keep the rules for
@@ -237,3 +237,231 @@ def test_cli_builds_and_reports_the_path():
     helped = subprocess.run([sys.executable, "-m", "hvd_compress.tensorflow.fused_ops", "--help"],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert helped.returncode == 0 and "usage" in helped.stdout
+
+
+# -- the sparsifiers (hvd_compress/tensorflow/fused/sparse_ops.cc) ------------------------
+def _sparse_data(kind, n, rng):
+    """Gradients that reach every branch of the selection: normal values; many ties at
+    the cut, spread over the stretches (collected candidates); a sparse gradient with
+    fewer nonzeros than k (the boundary is the zeros' pattern, too many to collect:
+    the stretches are scanned); values of a few levels (ties, scanned); all zeros; a
+    guess at the cut from a strided sample that falls short (every value counted)."""
+    x = (rng.standard_normal(n) * 1e-2).astype(np.float32)
+    if kind == "ties":
+        x[rng.choice(n, min(n, 997), replace=False)] = np.float32(0.5) * np.sign(x[:min(n, 997)] + 1e-9)
+    elif kind == "sparse":
+        x[rng.random(n) < 0.97] = 0.0
+    elif kind == "levels":
+        x = (rng.integers(-3, 4, n) * 0.25).astype(np.float32)
+    elif kind == "zeros":
+        x = np.zeros(n, np.float32)
+    elif kind == "sampled":  # the ops' strided guess sees only large values: it falls short
+        x[::max(1, n // 16384)] *= 100
+    return x
+
+
+def _reference(ref, x, name, monkeypatch, **kw):
+    """The numpy reference's step: the chain of array operations (no numba kernels)."""
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
+    try:
+        return ref.encode(x, name, **kw)
+    finally:
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
+
+
+def _spy(monkeypatch, name):
+    calls = []
+    real = fused_ops._SPARSIFIERS[name]
+    monkeypatch.setitem(fused_ops._SPARSIFIERS, name, lambda lib, comp: calls.append(1) or real(lib, comp))
+    return calls
+
+
+def _assert_sparse_steps(spec, xs, monkeypatch, shape=None, state=("residual",)):
+    """Payload bytes, the state left behind and the decoded sum, step after step, against
+    the numpy reference; the fused op ran every step."""
+    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    calls = _spy(monkeypatch, ref.spec.parts[0].name)
+    for step, x in enumerate(xs):
+        x = x.reshape(shape or x.shape)
+        with np.errstate(invalid="ignore", over="ignore"):
+            er = _reference(ref, x, "w", monkeypatch)
+            et = tfc.encode(tf.constant(x), "w")
+            assert _bytes(et.payload.numpy()) == _bytes(er.payload), (spec, step)
+            for key in state:
+                if key in ref.states["w"]:
+                    np.testing.assert_array_equal(tfc.states["w"][key].numpy(), ref.states["w"][key],
+                                                  err_msg=f"{spec} {key} step {step}")
+            received = et.payload if tfc.summable else [et.payload]
+            want = ref.aggregate(er.payload if ref.summable else [er.payload], er)
+            np.testing.assert_array_equal(tfc.aggregate(received, et).numpy(), want)
+    assert len(calls) == len(xs)
+    return ref, tfc
+
+
+TOPK_SPECS = ["topk:ratio=0.01", "topk:ratio=0.01,ef=false", "topk:ratio=0.1,ef=false", "topk:ratio=1",
+              "topk:ratio=0.3"]
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000, 65536 * 2 + 13, 300_001])
+@pytest.mark.parametrize("spec", TOPK_SPECS)
+def test_topk_same_bits_as_numpy(spec, size, monkeypatch):
+    rng = np.random.default_rng(zlib.crc32(f"{spec}{size}".encode()))
+    kinds = ["normal", "ties", "sparse", "normal", "levels", "zeros", "sampled", "normal"]
+    _assert_sparse_steps(spec, [_sparse_data(kind, size, rng) for kind in kinds], monkeypatch)
+
+
+DGC_SPECS = ["dgc:ratio=0.01,warmup_epochs=0", "dgc:ratio=0.1,warmup_epochs=0,nesterov=true,masking=false",
+             "dgc:ratio=0.001,warmup_epochs=3", "dgc:ratio=0.01,warmup_epochs=0,sample_ratio=0.001",
+             "dgc:ratio=0.05,warmup_epochs=0,nesterov=true"]
+
+
+def _dgc_data(shape, rng):
+    """As the numba kernels' DGC test: normal values, zeros, ties, values packed in a few
+    strata (fewer than k pass the lowered threshold), all zeros, normal again."""
+    normal = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+    zeros = normal.copy()
+    zeros.flat[::3] = 0.0
+    ties = np.round(normal * 100).astype(np.float32) / 100
+    packed = np.zeros(shape, np.float32)
+    n = packed.size
+    packed.flat[n // 2:n // 2 + n // 100] = rng.uniform(0.5, 1.5, n // 100).astype(np.float32)
+    return [normal, zeros, ties, packed, np.zeros(shape, np.float32), normal * 3]
+
+
+@pytest.mark.parametrize("shape", [(1000, 70), (300, 1001)])
+@pytest.mark.parametrize("spec", DGC_SPECS)
+def test_dgc_same_bits_as_numpy(spec, shape, monkeypatch):
+    """Momentum correction (plain and Nesterov, with and without masking), the sampled
+    threshold and its correction loop, top-k of the candidates or every value that
+    passes (unused slots empty), over steps; the warm-up's densities by epoch."""
+    rng = np.random.default_rng(zlib.crc32(f"{spec}{shape}".encode()))
+    xs = _dgc_data(shape, rng)
+    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    epochs = [0, 1, 2, 3, 3, 3] if "warmup_epochs=3" in spec else [0] * len(xs)
+    calls = _spy(monkeypatch, "dgc")
+    short = 0
+    for step, (x, epoch) in enumerate(zip(xs, epochs)):
+        ref.set_epoch(epoch)
+        tfc.set_epoch(epoch)
+        er = _reference(ref, x, "w", monkeypatch)
+        et = tfc.encode(tf.constant(x), "w")
+        assert _bytes(et.payload.numpy()) == _bytes(er.payload), (spec, step)
+        for key in ("u", "v"):
+            np.testing.assert_array_equal(tfc.states["w"][key].numpy(), ref.states["w"][key],
+                                          err_msg=f"{key} step {step}")
+        np.testing.assert_array_equal(tfc.aggregate([et.payload], et).numpy(),
+                                      ref.aggregate([er.payload], er))
+        short += not et.ctx.valid.numpy().all()
+    assert len(calls) == len(xs)
+    if spec == "dgc:ratio=0.01,warmup_epochs=0" and shape == (1000, 70):  # the packed step
+        assert short >= 1  # sent fewer than k
+
+
+@pytest.mark.parametrize("spec", ["randomk:ratio=0.01", "randomk:ratio=0.1,unbiased=true",
+                                  "randomk:ratio=0.1,unbiased=true,ef=true", "randomk:ratio=1"])
+@pytest.mark.parametrize("size", [1, 7, 1000, 300_001])
+def test_randomk_same_bits_as_numpy(spec, size, monkeypatch):
+    rng = np.random.default_rng(zlib.crc32(f"{spec}{size}".encode()))
+    _assert_sparse_steps(spec, [_sparse_data(kind, size, rng) for kind in ("normal", "sparse", "normal")],
+                         monkeypatch)
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "dgc:ratio=0.01,warmup_epochs=0", "randomk:ratio=0.01"])
+def test_sparsifiers_same_bits_traced_with_variable_state(spec, monkeypatch):
+    from hvd_compress.tensorflow import compressor
+    comp, ref = compressor(spec), build(spec, NUMPY)
+    calls = _spy(monkeypatch, ref.spec.parts[0].name)
+    shape = (301, 233)
+
+    @tf.function
+    def step(x):
+        enc = comp.encode(x, "w")
+        received = enc.payload if comp.core.summable else [enc.payload]
+        return enc.payload, comp.aggregate(received, enc)
+
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+        er = _reference(ref, x, "w", monkeypatch)
+        payload, dense = step(tf.constant(x))
+        assert _bytes(payload.numpy()) == _bytes(er.payload)
+        received = er.payload if ref.summable else [er.payload]
+        np.testing.assert_array_equal(dense.numpy(), ref.aggregate(received, er).reshape(shape))
+        for key in ("residual", "u", "v"):
+            if key in ref.states["w"]:
+                np.testing.assert_array_equal(comp.tensor_state["w"][key].numpy(), ref.states["w"][key])
+    assert calls  # traced once, with the fused op
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "topk:ratio=0.01,ef=false", "randomk:ratio=0.01",
+                                  "randomk:ratio=0.01,unbiased=true", "dgc:ratio=0.01,warmup_epochs=0"])
+def test_sparsifiers_non_finite_input(spec, bad, monkeypatch):
+    """The reference's payload (selected from the cleaned values, sent as NaN), its decoded
+    sum, and the state as it was before the step."""
+    rng = np.random.default_rng(1)
+    shape = (401, 401)  # two stretches
+    x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+    y = x.copy()
+    y.flat[100_000] = bad  # in the second stretch
+    y.flat[5] = 1.0  # a value the selection takes
+    _assert_sparse_steps(spec, [x, y, x], monkeypatch, state=("residual", "u", "v"))
+
+
+def test_sparsifiers_take_the_fused_path_where_it_applies(monkeypatch):
+    for spec in ("topk", "randomk", "dgc"):
+        assert TFB.fused_encoder(build(spec, TFB), 1) is not None, spec
+    for spec in ("topk+qsgd", "randomk+fp16"):
+        assert TFB.fused_encoder(build(spec, TFB), 1) is None, spec
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
+    assert TFB.fused_encoder(build("topk", TFB), 1) is None
+    x = tf.constant(np.arange(10, dtype=np.float32))
+    np.testing.assert_array_equal(build("topk:ratio=0.2", TFB).encode(x, "w").payload.numpy(),
+                                  build("topk:ratio=0.2", NUMPY).encode(x.numpy(), "w").payload)
+
+
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
+def test_scatter_add_op_adds_in_slot_order(itype):
+    """Zeros or a given tensor plus values at indices, duplicates added in slot order (as
+    numpy's add.at), -0.0 + 0.0 as numpy, eagerly and traced."""
+    rng = np.random.default_rng(6)
+    n = 70_001
+    idx = np.concatenate([rng.integers(0, n, 5000), [3, 3, 3, 0, 0]]).astype(itype)
+    values = np.concatenate([rng.standard_normal(5000), [1e8, 1.0, -1e8, -0.0, 0.0]]).astype(np.float32)
+    acc = rng.standard_normal(n).astype(np.float32)
+    want_zeros = NUMPY.scatter_add(n, idx, values)
+    want_acc = NUMPY.index_add(acc.copy(), idx, values)
+    t_idx, t_values = tf.constant(idx), tf.constant(values)
+    np.testing.assert_array_equal(TFB.scatter_add(n, t_idx, t_values).numpy(), want_zeros)
+    np.testing.assert_array_equal(TFB.index_add(tf.constant(acc), t_idx, t_values).numpy(), want_acc)
+    traced = tf.function(lambda a, i, v: TFB.index_add(a * 1.0, i, v))
+    np.testing.assert_array_equal(traced(tf.constant(acc), tf.constant(idx), tf.constant(values)).numpy(),
+                                  want_acc)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        TFB.scatter_add(n, tf.constant(np.array([n], itype)), tf.constant([1.0], tf.float32)).numpy()
+
+
+def test_sparsifiers_do_not_depend_on_the_number_of_threads():
+    """The same payloads and states with one intra-op thread (a fresh process) as with two."""
+    code = ("import sys, hashlib, numpy as np, tensorflow as tf\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n"
+            "from hvd_compress.core import build\n"
+            "from hvd_compress.tensorflow import TensorFlowBackend\n"
+            "rng = np.random.default_rng(0)\n"
+            "x = (rng.standard_normal((1001, 1201)) * 1e-2).astype(np.float32)\n"
+            "x.flat[rng.choice(x.size, 3000, replace=False)] = 0.25\n"
+            "out = []\n"
+            "for spec in ['topk:ratio=0.001', 'topk:ratio=0.3', 'randomk:ratio=0.01', "
+            "'dgc:ratio=0.01,warmup_epochs=0']:\n"
+            "    c = build(spec, TensorFlowBackend())\n"
+            "    for _ in range(2):\n"
+            "        e = c.encode(tf.constant(x), 'w')\n"
+            "        out.append(e.payload.numpy().tobytes())\n"
+            "        out.append(c.aggregate(e.payload if c.summable else [e.payload], e).numpy().tobytes())\n"
+            "    st = c.states['w']\n"
+            "    out += [st[k].numpy().tobytes() for k in sorted(st) if hasattr(st[k], 'numpy')]\n"
+            "print(hashlib.sha256(b''.join(out)).hexdigest())\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
+    digests = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=300, check=True).stdout.strip() for t in (1, 2)]
+    assert len(digests[0]) == 64 and digests[0] == digests[1]

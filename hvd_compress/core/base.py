@@ -62,6 +62,24 @@ def nan_flag(B, finite, like):
     return B.where(finite, B.scalar(1.0, like=like), B.scalar(float("nan"), like=like))
 
 
+def kept_state(B, finite, new, old):
+    """The state a fused step leaves: ``new`` after a finite step, else ``old``.  ``finite``
+    is a Python bool (host fast paths), or a 0-d tensor (a device's or TensorFlow's op,
+    which has already sent a non-finite step's float values as NaN): then no host
+    synchronisation, a ``B.cond``.  The one place fast paths apply the rule for
+    non-finite input to the state they return."""
+    if isinstance(finite, (bool, np.bool_)):
+        return new if finite else old
+    return B.cond(finite, lambda: new, lambda: old)
+
+
+def host_nonfinite(finite) -> bool:
+    """Whether a fused encoder's ``finite`` says NaN/Inf in host memory (a Python False): the
+    core then runs its reference non-finite step.  A 0-d tensor never does (see
+    :func:`kept_state`)."""
+    return isinstance(finite, (bool, np.bool_)) and not finite
+
+
 def ef_sum_host(B, g, residual):
     """Host memory: ``(v, finite)`` with ``v = residual += g`` in place (``g`` itself
     without error feedback, ``residual`` None).  Where ``g`` is not finite the residual is
@@ -341,9 +359,12 @@ class Compressor:
 
 class PayloadFastPath:
     """A whole payload from the backend's fused encoder, where it has one for this
-    compressor (``B.fused_encoder(self, 1)``; host memory: top-k, adaq, INCEPTIONN):
-    the fields it returns are ``{"payload": uint8 array}``, the same bytes as the
-    chain's; it may decline a tensor (returns None before touching anything)."""
+    compressor (``B.fused_encoder(self, 1)``; host memory: top-k, adaq, INCEPTIONN;
+    TensorFlow on CPU: top-k): the fields it returns are ``{"payload": uint8 array}``, the
+    same bytes as the chain's; it may decline a tensor (returns None before touching
+    anything).  ``finite`` as for the quantizers' fused encoders: a Python bool (False:
+    the reference's non-finite step runs), or a 0-d tensor, with a non-finite step's
+    payload already the chain's (values NaN): the state then follows :func:`kept_state`."""
 
     def _encode_fused(self, g, meta, st, noise):
         B = self.B
@@ -354,9 +375,9 @@ class PayloadFastPath:
         if done is None:  # declined for this tensor (a small one): the chain
             return None
         fields, residual, finite = done
-        if finite is not True:  # NaN/Inf: the reference step (the state is untouched)
+        if host_nonfinite(finite):  # the reference step (the state is untouched)
             return self._encode_host_nonfinite(g, meta, st, noise)
         if self.ef:
-            st["residual"] = residual
+            st["residual"] = kept_state(B, finite, residual, st["residual"])
         payload = fields["payload"]
         return Encoded(payload, meta, B.shape(payload)[0])

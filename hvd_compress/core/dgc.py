@@ -66,7 +66,7 @@ import math
 
 import numpy as np
 
-from .base import Encoded
+from .base import Encoded, kept_state
 from .quantizers import _norm64
 from .sampling import stratified_indices, stream_keys
 from .sparsifiers import PURPOSE_DGC_SAMPLE, Selection, Sparsifier, count_for, topk_indices
@@ -178,13 +178,19 @@ class DGC(Sparsifier):
     def sample_threshold(self, sample_of, meta, step, like=None):
         """The threshold before the correction loop: the ``ceil(d*s)``-th largest of the
         ``s`` sampled magnitudes ``sample_of(positions)`` (0-d)."""
+        pos, want = self.sample_plan(meta, step, like=like)
+        return self.B.kth_largest(sample_of(pos), want)
+
+    def sample_plan(self, meta, step, like=None):
+        """The ``s`` positions sampled (int64, the same on every rank) and the rank
+        ``ceil(d*s)`` of the threshold among their magnitudes (1 = the largest)."""
         B = self.B
         density = self.density(step)
         s = sample_size(meta.numel, density, float(self.params["sample_ratio"]))
         key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
                                  PURPOSE_DGC_SAMPLE, like=like)
         pos, _ = stratified_indices(B, meta.numel, s, key0, key1, like=like)
-        return B.kth_largest(sample_of(pos), max(1, min(s, math.ceil(density * s - 1e-9))))
+        return pos, max(1, min(s, math.ceil(density * s - 1e-9)))
 
     @staticmethod
     def lowered(thr, k: int, count):
@@ -223,11 +229,13 @@ class DGC(Sparsifier):
                       among_candidates), None
 
     def _encode_fused(self, g, meta, st, noise):
-        """Host memory, a sampled tensor (not sent whole, no clipping or quantizer): the
-        step as the backend's fused encoder, where it has one -- it takes ``(g, state,
-        meta, None)``, updates ``u`` and ``v`` in place, and returns ``(payload,
-        indices, valid, sent)``, the chain's bits, or None (NaN/Inf in ``g``: nothing
-        touched; the chain runs)."""
+        """A sampled tensor (not sent whole, no clipping or quantizer): the step as the
+        backend's fused encoder, where it has one -- it takes ``(g, state, meta, None)``
+        and returns ``(payload, indices, valid, sent, new)``, the chain's bits, or None
+        (host memory, NaN/Inf in ``g``: nothing touched; the chain runs).  ``new`` is
+        None where it updated ``u`` and ``v`` in place (host memory), else ``(u, v,
+        finite)``: new tensors and a 0-d ``finite`` (TensorFlow's op, which sends a
+        non-finite step's values as NaN), kept as :func:`~.base.kept_state` says."""
         B = self.B
         if self.whole(meta) or self._codec is not None or float(self.params["clip_norm"]) > 0:
             return None
@@ -238,7 +246,11 @@ class DGC(Sparsifier):
         done = None if fused is None else fused(g, st, meta, None)
         if done is None:
             return None
-        payload, indices, valid, sent = done
+        payload, indices, valid, sent, new = done
+        if new is not None:
+            u, v, finite = new
+            st["u"] = kept_state(B, finite, u, st["u"])
+            st["v"] = kept_state(B, finite, v, st["v"])
         ctx = Selection(self.k_for(meta), indices, valid, sent=sent)
         return Encoded(payload, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
 

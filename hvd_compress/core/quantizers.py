@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Compressor, Encoded, nan_flag
+from .base import Compressor, Encoded, host_nonfinite, kept_state, nan_flag
 from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
 
 
@@ -365,17 +365,14 @@ class QuantizerCompressor(Compressor):
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
         fields, residual, finite = fused(g, st["residual"] if self.ef else None, noise, self.noise)
         layout = self.codec.layout(meta.numel, cols)
-        if finite is False:  # host, NaN/Inf: the state is as the reference leaves it
+        if host_nonfinite(finite):  # host, NaN/Inf: the state is as the reference leaves it
             return self._encode_host_nonfinite(g, meta, st, noise)
         if finite is not True:  # a 0-d tensor (device): no branch on its value
             flag = nan_flag(B, finite, g)
             fields = {seg.name: _flagged(fields[seg.name], flag) if seg.dtype == "float32"
                       else fields[seg.name] for seg in layout}
-            if self.ef:
-                old, new = st["residual"], residual
-                residual = B.cond(finite, lambda: new, lambda: old)
         if self.ef:
-            st["residual"] = residual
+            st["residual"] = kept_state(B, finite, residual, st["residual"])
         return Encoded(join_segments(B, layout, fields), meta, self.payload_nbytes(meta))
 
     def _decode(self, payload, meta, ctx=None):

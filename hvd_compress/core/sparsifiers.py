@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Compressor, Encoded, PayloadFastPath
+from .base import Compressor, Encoded, PayloadFastPath, host_nonfinite, kept_state
 from .bitpack import Segment, join_segments, split_segments
 from .quantizers import make_codec
 from .sampling import stratified_indices, stream_keys
@@ -174,12 +174,14 @@ class Sparsifier(Compressor):
     def aggregate(self, received, enc, out=None):
         B = self.B
         flat = self._flat_out(out, enc.meta)  # scatter straight into the caller's buffer
-        total = B.izero(flat) if flat is not None else \
-            B.zeros((enc.meta.numel,), "float32", like=enc.payload)
+        total = B.izero(flat) if flat is not None else None
         for p in ([received] if self.summable else received):  # rank by rank: one order everywhere
             fields = self._fields(p, enc.meta, enc.ctx)
-            total = B.index_add(total, self._indices(fields, enc.ctx),
-                                self._values(fields, enc.meta, enc.ctx))
+            idx, values = self._indices(fields, enc.ctx), self._values(fields, enc.meta, enc.ctx)
+            total = B.scatter_add(enc.meta.numel, idx, values) if total is None else \
+                B.index_add(total, idx, values)  # the first rank's into zeros, as one operation
+        if total is None:  # nothing received
+            total = B.zeros((enc.meta.numel,), "float32", like=enc.payload)
         return out if flat is not None else self._finish(total, enc.meta, out)
 
     def reduce_pair(self, a, b):
@@ -216,6 +218,27 @@ class RandomK(Sparsifier):
 
     name = "randomk"
     shared_indices = True
+
+    def _encode_fused(self, g, meta, st, noise):
+        """The step as the backend's fused encoder, where it has one (TensorFlow on CPU): the
+        indices (and scales) from :meth:`_select`, the values at them and the new residual
+        from ``fused(g, residual, indices, scale) -> (values, new residual, finite)``, with
+        ``finite`` as :class:`~.base.PayloadFastPath` takes it.  None (the chain) with a
+        quantizer of the values or where the backend has none."""
+        B = self.B
+        if self._codec is not None:
+            return None
+        fused = B.fused_encoder(self, 1, like=g)
+        if fused is None:
+            return None
+        idx, scale = self._select(g, meta, st)  # the indices depend on no value
+        values, residual, finite = fused(g, st["residual"] if self.ef else None, idx, scale)
+        if host_nonfinite(finite):  # the reference step (the state is untouched)
+            return self._encode_host_nonfinite(g, meta, st, noise)
+        if self.ef:
+            st["residual"] = kept_state(B, finite, residual, st["residual"])
+        ctx = Selection(self.k_for(meta), idx, idx < meta.numel, sent=values)
+        return Encoded(values, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
 
     def _select(self, v, meta, st):
         B = self.B

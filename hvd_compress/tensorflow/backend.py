@@ -6,9 +6,10 @@ immutable and may be symbolic, so this backend always takes the core's device
 path: no value is read on the host, data-dependent choices go through
 ``tf.where``, and the "in place" operations return new tensors (the core always
 uses what they return).  Where no GPU is visible, the quantizers' encoding and
-decoding run as the compiled CPU ops of :mod:`.fused_ops` (``fused_encoder``,
-``fused_unpack``), with the same bits, and so do PowerSGD's products with thin
-factors (``matmul``, ``subtract_product``) and ``all_finite``, to float32 rounding.
+decoding, the sparsifiers' encoding and scatters (``fused_encoder``, ``fused_unpack``,
+``scatter_add``, ``index_add``) run as the compiled CPU ops of :mod:`.fused_ops`, with
+the same bits, and so do PowerSGD's products with thin factors (``matmul``,
+``subtract_product``) and ``all_finite``, to float32 rounding.
 """
 
 from __future__ import annotations
@@ -215,8 +216,9 @@ class TensorFlowBackend:
         return tf.ensure_shape(tf.sort(picked), [k])
 
     def fused_encoder(self, codec, cols, like=None):
-        """The compiled CPU op for a quantizer codec (:mod:`.fused_ops`) where no GPU is
-        visible, else None (the chain of TF ops); its ``finite`` is a 0-d tensor."""
+        """The compiled CPU op for a quantizer codec or a sparsifier (top-k, random-k, DGC;
+        :mod:`.fused_ops`) where no GPU is visible, else None (the chain of TF ops); its
+        ``finite`` is a 0-d tensor."""
         return fused_ops.encoder(codec, cols) if _host_only() else None
 
     def fused_decoder(self, codec, cols, like=None):
@@ -240,10 +242,18 @@ class TensorFlowBackend:
         return tf.gather(table, tf.cast(idx, tf.int32))
 
     def scatter_add(self, n, idx, values, dtype="float32"):
+        if dtype == "float32" and _host_only():  # one op: zeros, then the adds in slot order
+            out = fused_ops.scatter_add(None, idx, values, n)
+            if out is not None:
+                return out
         return tf.tensor_scatter_nd_add(tf.zeros([n], dtype=_DTYPES[dtype]),
                                         tf.reshape(idx, [-1, 1]), tf.cast(values, _DTYPES[dtype]))
 
     def index_add(self, acc, idx, values):
+        if acc.dtype == tf.float32 and acc.shape.rank == 1 and acc.shape[0] is not None and _host_only():
+            out = fused_ops.scatter_add(acc, idx, values, int(acc.shape[0]))
+            if out is not None:
+                return out
         return tf.tensor_scatter_nd_add(acc, tf.reshape(idx, [-1, 1]), tf.cast(values, acc.dtype))
 
     def compact(self, mask, k):

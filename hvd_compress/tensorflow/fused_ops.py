@@ -1,5 +1,6 @@
-"""Fused TensorFlow CPU ops for the quantizers and for PowerSGD's products: built from
-``fused/quantize_ops.cc`` and ``fused/lowrank_ops.cc`` into one library.
+"""Fused TensorFlow CPU ops for the quantizers, the sparsifiers and PowerSGD's products:
+built from ``fused/quantize_ops.cc``, ``fused/sparse_ops.cc`` and ``fused/lowrank_ops.cc``
+into one library.
 
 Run as the core's chain of TensorFlow ops, a quantizer makes a pass over
 memory, and a fresh tensor, per element-wise step: 15-40 times the cost of
@@ -32,6 +33,15 @@ are slow for a few columns, and subtract in a pass of their own.  Long sums
 go to float64 by short float32 blocks, in a fixed order: results agree with
 the numpy reference's float32 products to rounding (tested), and do not depend
 on the number of threads.
+
+Sparsifiers: top-k's and random-k's encoding (error-feedback sum, selection or
+gather, new residual) and DGC's (momentum correction, sampled threshold and
+correction loop, selection, masking) are one op each, and decoding scatters
+into a zeroed tensor in one (``scatter_add``); the selection is the core's
+(the k largest magnitudes, ties to the lower index), found from counts of the
+values' float32 bit patterns, so payloads and state keep the reference's
+bits.  Random-k's indices and DGC's sample positions come from the core
+(:mod:`hvd_compress.core.sampling`), as TF ops on k or s elements.
 """
 
 from __future__ import annotations
@@ -49,8 +59,8 @@ from pathlib import Path
 from .. import fastpaths
 
 SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
-#: every source of the one library: the quantizers' ops and PowerSGD's products
-SOURCES = [SOURCE, SOURCE.with_name("lowrank_ops.cc")]
+#: every source of the one library: the quantizers' ops, the sparsifiers' and PowerSGD's products
+SOURCES = [SOURCE, SOURCE.with_name("sparse_ops.cc"), SOURCE.with_name("lowrank_ops.cc")]
 _FLAGS = ["-shared", "-fPIC", "-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math",
           "-Wno-deprecated-declarations"]
 
@@ -147,8 +157,8 @@ def library():
             _LIB = tf.load_op_library(str(build()))
         except Exception as exc:  # noqa: BLE001 - any failure means: run the chain
             _LIB, _ERROR = False, f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"hvd_compress: fused TensorFlow ops unavailable, the quantizers run as "
-                          f"chains of TF ops ({_ERROR})", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"hvd_compress: fused TensorFlow ops unavailable, the quantizers and "
+                          f"sparsifiers run as chains of TF ops ({_ERROR})", RuntimeWarning, stacklevel=2)
     return _LIB or None
 
 
@@ -159,11 +169,16 @@ def error() -> str:
 
 # -- the ops, one per codec ----------------------------------------------------------------
 def encoder(codec, cols: int):
-    """A fused encoder for ``codec`` -- ``(g, residual, noise, noise_source) -> (fields,
-    new residual, finite)``, ``finite`` a 0-d tensor -- or None where there is none (other
-    codecs).  ``cols``: 1-bit SGD's columns."""
+    """A fused encoder for ``codec`` -- a quantizer's: ``(g, residual, noise, noise_source)
+    -> (fields, new residual, finite)``, ``finite`` a 0-d tensor; a sparsifier's (``codec``
+    is the compressor): the callable its ``_encode_fused`` expects -- or None where there is
+    none (other codecs).  ``cols``: 1-bit SGD's columns."""
     lib = library()
-    if lib is None or codec.name not in _ENCODERS:
+    if lib is None:
+        return None
+    if codec.name in _SPARSIFIERS:
+        return _SPARSIFIERS[codec.name](lib, codec)
+    if codec.name not in _ENCODERS:
         return None
     import tensorflow as tf
 
@@ -208,6 +223,76 @@ def _qsgd(lib, tf, codec, cols, g, residual, noise, gen):
 
 
 _ENCODERS = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
+
+
+# -- the sparsifiers (codec: the compressor) ---------------------------------------------
+def _topk(lib, comp):
+    """Top-k's whole payload (``PayloadFastPath``): ``(g, residual, _, _) -> ({"payload"},
+    new residual, finite)``; a non-finite step's values are NaN already."""
+    import tensorflow as tf
+
+    from ..core.bitpack import join_segments
+    from ..core.sparsifiers import index_dtype
+
+    def encode(g, residual, noise, noise_source):
+        meta = comp.meta_for(g)
+        itype = tf.int32 if index_dtype(meta.numel) == "int32" else tf.int64
+        idx, values, rout, finite = lib.hvdc_topk_encode(
+            g, _empty(tf) if residual is None else residual, k=comp.k_for(meta), index_type=itype)
+        payload = join_segments(comp.B, comp.layout(meta), {"indices": idx, "values": values})
+        return {"payload": payload}, (None if residual is None else rout), finite
+    return encode
+
+
+def _randomk(lib, comp):
+    """Random-k's values at the core's indices: ``(g, residual, indices, scale) -> (values,
+    new residual, finite)``; a non-finite step's values are NaN already."""
+    import tensorflow as tf
+
+    def encode(g, residual, idx, scale):
+        values, rout, finite = lib.hvdc_randomk_encode(
+            g, _empty(tf) if residual is None else residual, tf.cast(idx, tf.int64),
+            _empty(tf) if scale is None else tf.cast(scale, tf.float32))
+        return values, (None if residual is None else rout), finite
+    return encode
+
+
+def _dgc(lib, comp):
+    """DGC's step for a sampled tensor: ``(g, state, meta, _) -> (payload, indices, valid,
+    sent, (u, v, finite))`` (``DGC._encode_fused``); a non-finite step's values are NaN
+    already."""
+    import tensorflow as tf
+
+    from ..core.bitpack import join_segments
+    from ..core.sparsifiers import index_dtype
+
+    def encode(g, st, meta, _):
+        pos, want = comp.sample_plan(meta, st["step"], like=g)
+        p = comp.params
+        idx, values, valid, u, v, finite = lib.hvdc_dgc_encode(
+            g, st["u"], st["v"], tf.cast(pos, tf.int64), k=comp.k_for(meta), want=want,
+            momentum=float(p["momentum"]), nesterov=bool(p["nesterov"]), masking=bool(p["masking"]))
+        fields = {"indices": tf.cast(idx, tf.int32 if index_dtype(meta.numel) == "int32" else tf.int64),
+                  "values": values}
+        payload = join_segments(comp.B, comp.layout(meta), fields)
+        return payload, idx, valid, values, (u, v, finite)
+    return encode
+
+
+_SPARSIFIERS = {"topk": _topk, "randomk": _randomk, "dgc": _dgc}
+
+
+def scatter_add(acc, idx, values, n: int):
+    """``acc`` (None: zeros) with float32 ``values`` added at ``idx`` in slot order (numpy's
+    ``add.at``), a new length-``n`` tensor; or None without the ops."""
+    lib = library()
+    if lib is None:
+        return None
+    import tensorflow as tf
+    if idx.dtype not in (tf.int32, tf.int64):
+        idx = tf.cast(idx, tf.int64)
+    return lib.hvdc_scatter_add(_empty(tf) if acc is None else acc, tf.reshape(idx, [-1]),
+                                tf.reshape(tf.cast(values, tf.float32), [-1]), n=n)
 
 
 def unpack(data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
