@@ -122,14 +122,21 @@ if AVAILABLE:
         return s1, s2, top
 
     @njit(nogil=True, cache=True, inline="always")
+    def _mix32(h, m1, s, m2):
+        """A 32-bit xorshift-multiply finaliser on a value held in 64 bits (kept below
+        2**32): ``h ^= h >> 16; h *= m1; h ^= h >> s; h *= m2; h ^= h >> 16`` -- murmur3's
+        (m1, s, m2 = 0x85EBCA6B, 13, 0xC2B2AE35) and lowbias32 (0x7FEB352D, 15,
+        0x846CA68B)."""
+        h ^= h >> np.uint64(16)
+        h = (h * m1) & np.uint64(0xFFFFFFFF)
+        h ^= h >> s
+        h = (h * m2) & np.uint64(0xFFFFFFFF)
+        return h ^ (h >> np.uint64(16))
+
+    @njit(nogil=True, cache=True, inline="always")
     def _fmix32(h):
-        """murmur3's 32-bit finaliser on a value held in 64 bits (kept below 2**32)."""
-        h ^= h >> np.uint64(16)
-        h = (h * np.uint64(0x85EBCA6B)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(13)
-        h = (h * np.uint64(0xC2B2AE35)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        return h
+        """murmur3's 32-bit finaliser (the hashed noise of TensorFlow's ops)."""
+        return _mix32(h, np.uint64(0x85EBCA6B), np.uint64(13), np.uint64(0xC2B2AE35))
 
     @njit(nogil=True, cache=True, inline="always")
     def _fill_uniform(noise, start, m, k0, k1, u):
@@ -533,12 +540,8 @@ if AVAILABLE:
 
     @njit(nogil=True, cache=True, inline="always")
     def _lowbias32(x):
-        """lowbias32 (:func:`hvd_compress.core.sampling.hash32`) on a value below 2**32."""
-        x ^= x >> np.uint64(16)
-        x = (x * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
-        x ^= x >> np.uint64(15)
-        x = (x * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
-        return x ^ (x >> np.uint64(16))
+        """lowbias32 (:func:`hvd_compress.core.sampling.hash32`)."""
+        return _mix32(x, np.uint64(0x7FEB352D), np.uint64(15), np.uint64(0x846CA68B))
 
     @_jit
     def stratified(n, k, key0, key1, indices, sizes):
