@@ -134,7 +134,7 @@ def _onebit(k, B, codec, v, noise, ef):
 def _noise_args(B, v, noise, noise_source):
     """A kernel's noise arguments: the given noise and a zero key, or no noise and the
     halves of one 64-bit key drawn from the compressor's generator (the kernel hashes
-    each element's index under it: ``kernels._uniform``)."""
+    each element's index under it: ``kernels._fill_uniform``)."""
     if noise is not None:
         return B.host_view(noise), np.uint64(0), np.uint64(0)
     key = noise_source.key(like=v)
@@ -296,7 +296,7 @@ def _select_chunks(n):
     return min(_CHUNKS_SELECT, max(1, n >> 16))
 
 
-def _top_by_bits(k, vh, count, by_sign, itype, high=None, low_of=None):
+def _top_by_bits(k, vh, count, by_sign, itype):
     """The ``ks[g]`` largest magnitudes of each group of ``vh`` (by sign: 0 positive, 1
     negative, zeros in neither; else one group of every value), ``ks = count(sizes of
     the groups)``; their indices increasing, ties to the lower index, as one ``itype``
@@ -304,13 +304,10 @@ def _top_by_bits(k, vh, count, by_sign, itype, high=None, low_of=None):
 
     Two counts of the float32 bit patterns of ``|v|`` (the top 16 bits, then the low
     16 bits within the boundary pattern) find each group's cut exactly, and a third
-    pass writes the indices, each stretch of ``vh`` from its own offset: no sort.
-    ``high``: the first counts where the caller has them already; ``low_of(top)``: the
-    second counts (where the caller keeps them)."""
+    pass writes the indices, each stretch of ``vh`` from its own offset: no sort."""
     n = vh.shape[0]
     chunks = _select_chunks(n)
-    if high is None:
-        high = k.top_counts(vh, _NO_HIGH, chunks, by_sign)
+    high = k.top_counts(vh, _NO_HIGH, chunks, by_sign)
     per_group = high.sum(axis=0, dtype=np.int64)
     ks = [int(c) for c in count([int(t) for t in per_group.sum(axis=1)])]
     top = np.full(2, -1, np.int64)  # the boundary's top 16 bits, per group
@@ -320,7 +317,7 @@ def _top_by_bits(k, vh, count, by_sign, itype, high=None, low_of=None):
             at_least = np.cumsum(per_group[g][::-1])[::-1]  # values in patterns >= each
             top[g] = np.flatnonzero(at_least >= kk)[-1]
             need[g] = kk - (at_least[top[g]] - per_group[g][top[g]])
-    low = k.top_counts(vh, top, chunks, by_sign) if low_of is None else low_of(top)
+    low = k.top_counts(vh, top, chunks, by_sign)
     cut = np.full(2, 1 << 31, np.int64)  # above every pattern: nothing of an empty group
     ties, starts = np.zeros((chunks, 2), np.int64), np.zeros((chunks, 2), np.int64)
     for g, kk in enumerate(ks):
