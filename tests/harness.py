@@ -122,3 +122,13 @@ def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",
            sys.executable, str(REPO / script), *map(str, args)]
     with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
         return _run(cmd, outdir, np, timeout, env)
+
+
+def digests_by_threads(code: str, threads=(1, 2)) -> list[str]:
+    """What ``code`` prints (a digest of its results; ``sys.argv[1]`` is the intra-op
+    thread count it sets) in a fresh process per thread count, the fused ops on: the
+    thread-count independence checks of the compiled TensorFlow ops."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
+    return [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
+                           cwd=REPO, env=env, timeout=DEFAULT_TIMEOUT, check=True).stdout.strip()
+            for t in threads]

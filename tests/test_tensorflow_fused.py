@@ -20,6 +20,7 @@ tf = pytest.importorskip("tensorflow")
 from hvd_compress.core import NUMPY, build  # noqa: E402
 from hvd_compress.core.quantizers import make_codec  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
+from tests.harness import digests_by_threads  # noqa: E402
 from tests.test_torch_same_bits import _bytes  # noqa: E402
 
 TFB = TensorFlowBackend()
@@ -222,9 +223,7 @@ def test_results_do_not_depend_on_the_number_of_threads():
             "m = tf.reshape(x[:300_000], [300, 1000])  # 1-bit SGD by columns\n"
             "out.append(build('onebit', TensorFlowBackend()).encode(m, 'm').payload.numpy().tobytes())\n"
             "import hashlib; print(hashlib.sha256(b''.join(out)).hexdigest())\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
-    digests = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
-                              cwd=ROOT, env=env, timeout=300, check=True).stdout.strip() for t in (1, 2)]
+    digests = digests_by_threads(code)
     assert len(digests[0]) == 64 and digests[0] == digests[1]
 
 
@@ -461,7 +460,5 @@ def test_sparsifiers_do_not_depend_on_the_number_of_threads():
             "    st = c.states['w']\n"
             "    out += [st[k].numpy().tobytes() for k in sorted(st) if hasattr(st[k], 'numpy')]\n"
             "print(hashlib.sha256(b''.join(out)).hexdigest())\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
-    digests = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
-                              cwd=ROOT, env=env, timeout=300, check=True).stdout.strip() for t in (1, 2)]
+    digests = digests_by_threads(code)
     assert len(digests[0]) == 64 and digests[0] == digests[1]

@@ -8,8 +8,6 @@ keeps its state through a non-finite step.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,9 +18,9 @@ tf = pytest.importorskip("tensorflow")
 from hvd_compress.core import NUMPY, build  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
 from hvd_compress.tensorflow.backend import _host_only  # noqa: E402
+from tests.harness import digests_by_threads  # noqa: E402
 
 TFB = TensorFlowBackend()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # rows x cols, rank: one element; odd sizes; across 8-wide lanes and 64-element spans (M Q),
 # 16-row groups and blocks of several groups (M^T P), 1024-column chunks (P Q^T)
 SHAPES = [(1, 1, 1), (7, 9, 2), (33, 300, 3), (5, 2100, 16), (130, 1037, 1), (2000, 70, 2)]
@@ -139,7 +137,5 @@ def test_results_do_not_depend_on_the_number_of_threads(ops):
             "e = c.next_round(e, e.payload); out += [e.payload, c.states['w']['residual']]\n"
             "out.append(c.aggregate(e.payload, e))\n"
             "print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in out)).hexdigest())\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
-    digests = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
-                              cwd=ROOT, env=env, timeout=300, check=True).stdout.strip() for t in (1, 2)]
+    digests = digests_by_threads(code)
     assert len(digests[0]) == 64 and digests[0] == digests[1]
