@@ -28,6 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 DEFAULT_TIMEOUT = 300
+# horovodrun itself, less the ~4 s its start-up probe costs a launch (hvd_compress.tools.hvdrun;
+# tests/test_dead_worker.py launches the real horovodrun script).
+HOROVODRUN = [sys.executable, "-m", "hvd_compress.tools.hvdrun"]
 
 
 class LaunchError(AssertionError):
@@ -102,7 +105,7 @@ def run_horovod(target: str, np: int = 2, controller: str = "gloo", kwargs: dict
     """Run ``target`` under ``horovodrun -np np`` with Gloo or MPI; return per-rank results."""
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be 'gloo' or 'mpi', got {controller!r}")
-    cmd = [_bin("horovodrun"), "-np", str(np), f"--{controller}", "-H", f"localhost:{np}"]
+    cmd = [*HOROVODRUN, "-np", str(np), f"--{controller}", "-H", f"localhost:{np}"]
     return _launch(cmd, np, target, kwargs, timeout, env)
 
 
@@ -118,7 +121,7 @@ def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",
     """Launch ``horovodrun -np np python script args...``; return its combined output.
 
     A non-zero exit or a time-out raises :class:`LaunchError` with the output."""
-    cmd = [_bin("horovodrun"), "-np", str(np), f"--{controller}", "-H", f"localhost:{np}",
+    cmd = [*HOROVODRUN, "-np", str(np), f"--{controller}", "-H", f"localhost:{np}",
            sys.executable, str(REPO / script), *map(str, args)]
     with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
         return _run(cmd, outdir, np, timeout, env)

@@ -38,13 +38,12 @@ import dataclasses
 import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import costmodel, netcap, runtools
+from . import costmodel, hvdrun, netcap, runtools
 
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
             "cifar10": "train_cifar10.py"}
@@ -131,9 +130,10 @@ def example_command(args, run: dict, json_path: Path) -> list[str]:
             "--json", str(json_path), "--quiet"]
 
 
-def horovodrun() -> str:
-    local = Path(sys.executable).with_name("horovodrun")
-    return str(local) if local.exists() else (shutil.which("horovodrun") or "horovodrun")
+def horovodrun() -> list[str]:
+    """How a run is launched uncapped: ``horovodrun``, less its start-up probe
+    (:mod:`.hvdrun`)."""
+    return hvdrun.command()
 
 
 def execute(args, run: dict, out: Path) -> dict:
@@ -149,7 +149,7 @@ def execute(args, run: dict, out: Path) -> dict:
     t0 = time.perf_counter()
     try:
         if run["bandwidth"] == UNCAPPED:
-            full = [horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}", "--gloo",
+            full = [*horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}", "--gloo",
                     *cmd]
             with open(log_path, "w") as log:
                 log.write("$ " + shlex.join(full) + "\n")
