@@ -59,14 +59,14 @@ def test_synthetic_tape_with_local_sgd(tmp_path):
     assert doc["local_sgd"] and doc["steps"] == 4 and doc["bytes_per_step"] > 0
 
 
-@pytest.mark.parametrize("specs, controller", [(["topk:ratio=0.1", "onebit", "powersgd:rank=2"], "gloo"),
-                                               (["topk:ratio=0.1", "dgc:ratio=0.1"], "mpi")])
-def test_keras_optimizer_checkpoint_resumes_identically(specs, controller, tmp_path):
-    """One launch for the compressors' first halves, one for the resumes."""
+def test_keras_optimizer_checkpoint_resumes_identically(tmp_path):
+    """One launch for the compressors' first halves (Gloo), one for the resumes (MPI: a
+    checkpoint does not depend on the controller that wrote it)."""
+    specs = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
     path = str(tmp_path / "ckpt")
-    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller=controller,
+    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="gloo",
                        kwargs={"specs": specs, "path": path, "phase": "run"}, timeout=600)
-    resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller=controller,
+    resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="mpi",
                           kwargs={"specs": specs, "path": path, "phase": "resume"}, timeout=600)
     for spec in specs:
         for a, b in zip(full, resumed):
