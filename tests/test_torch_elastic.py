@@ -155,3 +155,26 @@ def test_shared_and_merged_state():
     kept = merge_state(shared, mine)["tensors"]["w"]  # a survivor keeps its own
     assert torch.equal(kept["residual"], st["residual"])
     assert torch.count_nonzero(st["residual"]) > 0
+
+
+def test_torch_state_picks_our_handler_for_ours_only():
+    import horovod.torch as hvd
+    from horovod.torch.elastic import state as hvd_state
+
+    import hvd_compress.torch as hc
+    from hvd_compress.torch.elastic import OptimizerStateHandler
+    hvd.init()
+    m = torch.nn.Linear(4, 3)
+
+    def ours(**kw):
+        return hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       named_parameters=m.named_parameters(),
+                                       compression="topk:ratio=0.5", **kw)
+    state = hvd.elastic.TorchState(model=m, optimizer=ours(),
+                                   plain=torch.optim.SGD(m.parameters(), lr=0.1))
+    assert type(state._handlers["optimizer"]) is OptimizerStateHandler
+    assert type(state._handlers["plain"]) is hvd_state.OptimizerStateHandler
+    state.sync()  # one rank: Horovod's broadcasts and ours run through
+    local = hvd.elastic.TorchState(optimizer=ours(local_sgd=True, backward_passes_per_step=2))
+    with pytest.raises(NotImplementedError, match="local_sgd"):
+        local.sync()
