@@ -9,6 +9,9 @@ missing result or a time-out fails the test with every worker's output shown.
 Launchers:
 
 * :func:`run_horovod` -- ``horovodrun -np N --gloo|--mpi`` (Horovod workers);
+* :func:`run_horovod_elastic` -- elastic ``horovodrun`` (Gloo) whose host discovery
+  script prints a file the test or its workers rewrite; every worker process that
+  finished reports (under elastic Horovod a rank is no fixed process);
 * :func:`run_mpi` -- ``mpirun -np N`` (plain mpi4py workers, no Horovod).
 
 Put several checks in one worker function so one launch serves a whole test
@@ -93,10 +96,8 @@ def _launch(cmd: list[str], np: int, target: str, kwargs: dict | None,
 
 def _report(cmd, why, out, outdir, np) -> str:
     parts = [f"launch failed ({why}): {' '.join(cmd)}", "---- combined output ----", out or ""]
-    for rank in range(np):
-        err = Path(outdir, f"rank{rank}.err")
-        if err.exists():
-            parts += [f"---- rank {rank} traceback ----", err.read_text()]
+    for err in sorted(Path(outdir).glob("*.err")):
+        parts += [f"---- {err.stem} traceback ----", err.read_text()]
     return "\n".join(parts)
 
 
@@ -114,6 +115,46 @@ def run_mpi(target: str, np: int = 2, kwargs: dict | None = None,
     """Run ``target`` under ``mpirun -np np`` (mpi4py workers); return per-rank results."""
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none"]
     return _launch(cmd, np, target, kwargs, timeout, env)
+
+
+def run_horovod_elastic(target: str, hosts: str, np: int, min_np: int, max_np: int,
+                        kwargs: dict | None = None, timeout: float = DEFAULT_TIMEOUT,
+                        env: dict | None = None) -> list:
+    """Run ``target`` under elastic ``horovodrun -np np --min-np min_np --max-np max_np``
+    (Gloo, on this machine's loopback).  The host discovery script prints the file
+    ``$HVD_TEST_OUTDIR/hosts``, which starts as ``hosts`` (lines ``name:slots``; names
+    that resolve to this machine, e.g. ``localhost`` and ``127.0.0.1``) and which the
+    workers may rewrite (:func:`set_hosts`) to make workers leave or join.
+
+    Returns the results of every worker process that returned, in no particular order:
+    under elastic Horovod ranks change, so each worker names itself in its result (a
+    worker Horovod removed from the job ends inside Horovod 0.28.1 and reports nothing).
+    A worker's exception fails the launch even where the elastic job went on without
+    it; so do a time-out and a non-zero exit."""
+    with tempfile.TemporaryDirectory(prefix="hvd-test-") as outdir:
+        Path(outdir, "kwargs.json").write_text(json.dumps(kwargs or {}))
+        set_hosts(hosts, outdir)
+        script = Path(outdir, "discover.sh")
+        script.write_text(f"#!/bin/sh\ncat '{outdir}/hosts'\n")
+        script.chmod(0o755)
+        cmd = [_bin("horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np",
+               str(max_np), "--host-discovery-script", str(script), "--network-interface",
+               "lo", "--gloo", sys.executable, "-m", "tests.workers.entry", target]
+        out = _run(cmd, outdir, np, timeout, env)
+        if any(Path(outdir).glob("*.err")):
+            raise LaunchError(_report(cmd, "a worker raised", out, outdir, np))
+        results = [json.loads(p.read_text()) for p in sorted(Path(outdir).glob("worker*.json"))]
+        if not results:
+            raise LaunchError(_report(cmd, "no worker wrote a result", out, outdir, np))
+        return results
+
+
+def set_hosts(hosts: str, outdir: str | None = None) -> None:
+    """Replace what :func:`run_horovod_elastic`'s discovery script prints (atomically)."""
+    outdir = outdir or os.environ["HVD_TEST_OUTDIR"]
+    tmp = Path(outdir, "hosts.tmp")
+    tmp.write_text(hosts if hosts.endswith("\n") else hosts + "\n")
+    os.replace(tmp, Path(outdir, "hosts"))
 
 
 def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",

@@ -34,6 +34,7 @@ from .agreement import ready_engine
 from .backend import TorchBackend
 from .collectives import HorovodTorch
 from .compressors import TorchPolicy, as_compression, pair_dgc_with_momentum
+from .elastic import elastic_launch, follow_world
 from .localsteps import DelayedAveraging, LocalSGD
 from .params import called_by_broadcast_optimizer_state, checked_names, make_groups
 from .sparse import SparseAware, densify
@@ -42,6 +43,8 @@ __all__ = ["DistributedOptimizer"]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    _hvd_compress = True  # (the classes made from this one's dict: see .elastic)
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, local_sgd=False,
@@ -86,9 +89,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.comm_totals = new_stats()
         self.last_stats = new_stats()
         self._dense = None
+        self._world = None  # (rank, size) the compressor is bound to; see .elastic
         if process_set.included():
-            self._compression.bind(hvd.rank(), process_set.size())
-            if process_set.size() > 1:
+            self._world = (hvd.rank(), process_set.size())
+            self._compression.bind(*self._world)
+            if process_set.size() > 1 or elastic_launch():  # (as Horovod's: the world may grow)
                 self._register_hooks()
         self._engine = SparseAware(Exchange(
             self._compression.core, HorovodTorch(process_set), average=op == hvd.Average,
@@ -192,6 +197,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = self._dga.keep(group, grads)
         names = [self._parameter_names[p] for p in group]
         tag = self._dga.tag if self._dga is not None else ""
+        follow_world(self)  # (after an elastic reset: a new rank or size)
         if isinstance(self._compression, TorchPolicy):  # the delayed start counts these
             self._agree_on_step()
             self._compression.policy_step = self._optimizer_steps

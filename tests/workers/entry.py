@@ -2,7 +2,8 @@
 
 The rank comes from whichever launcher started us (Horovod or Open MPI sets it
 in the environment); the result goes to ``$HVD_TEST_OUTDIR/rank<N>.json`` and a
-traceback, if any, to ``rank<N>.err``.
+traceback, if any, to ``rank<N>.err``.  Under elastic Horovod, where ranks change
+and a new process may take a rank another had, the files are ``worker<pid>.*``.
 """
 
 import importlib
@@ -19,10 +20,17 @@ def _rank() -> int:
     return 0
 
 
+def _stem() -> str:
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        return f"worker{os.getpid()}"
+    return f"rank{_rank()}"
+
+
 def main() -> int:
     target = sys.argv[1]
     outdir = os.environ["HVD_TEST_OUTDIR"]
     rank = _rank()
+    stem = _stem()
     try:
         with open(os.path.join(outdir, "kwargs.json")) as f:
             kwargs = json.load(f)
@@ -31,12 +39,12 @@ def main() -> int:
         result = func(**kwargs)
     except BaseException:
         text = traceback.format_exc()
-        with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
+        with open(os.path.join(outdir, f"{stem}.err"), "w") as f:
             f.write(text)
         sys.stderr.write(f"[rank {rank}] {text}")
         sys.stderr.flush()
         os._exit(1)  # do not wait for peers stuck in a collective
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+    with open(os.path.join(outdir, f"{stem}.json"), "w") as f:
         json.dump(result, f)
     return 0
 
