@@ -137,7 +137,7 @@ def run_horovod_elastic(target: str, hosts: str, np: int, min_np: int, max_np: i
         script = Path(outdir, "discover.sh")
         script.write_text(f"#!/bin/sh\ncat '{outdir}/hosts'\n")
         script.chmod(0o755)
-        cmd = [_bin("horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np",
+        cmd = [*HOROVODRUN, "-np", str(np), "--min-np", str(min_np), "--max-np",
                str(max_np), "--host-discovery-script", str(script), "--network-interface",
                "lo", "--gloo", sys.executable, "-m", "tests.workers.entry", target]
         out = _run(cmd, outdir, np, timeout, env)
