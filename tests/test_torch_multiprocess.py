@@ -79,8 +79,10 @@ def test_resume_from_a_checkpoint_with_horovods_broadcast_pattern(tmp_path):
     only used to spin forever; torch.load's defaults refused our checkpoints."""
     results = run_horovod("tests.workers.torch_opt:resume_with_broadcast", np=2, timeout=120,
                           kwargs={"path": str(tmp_path / "ckpt.pt")})
-    for spec in ("none", "topk:ratio=0.1"):
+    for spec in ("none", "topk:ratio=0.1", "randomk:ratio=0.3", "powersgd:rank=1"):
         a, b = results[0][spec], results[1][spec]
         assert a["moments"] == b["moments"]  # rank 1 received rank 0's Adam state
         assert any(v != 0 for m in a["moments"] for v in m)
-        assert a["params"] == b["params"]  # and training went on in agreement
+        assert a["params"] == b["params"], spec  # and training went on in agreement
+        if spec != "none":  # rank 1 took rank 0's counters (2 steps before the save, 2 after)
+            assert a["steps"] == b["steps"] and set(a["steps"]) == {4}, (spec, a["steps"], b["steps"])

@@ -6,15 +6,26 @@ from __future__ import annotations
 import horovod.torch as hvd
 
 from ..core import agreement
+from .elastic import sync_compressor_state
 
 
 def ready_engine(opt):
     """``opt``'s exchange engine, driving the compressor's current core (rebuilt by
     ``bind()``/``with_param()``), once the ranks agreed on the optimizer's plan: one
-    small allgather at its first exchange (its tensors never change)."""
+    small allgather at its first exchange (its tensors never change).
+
+    Right after that agreement every rank also takes the set's first rank's *shared*
+    compressor state (step counters, PowerSGD's ``Q``, the step count; see
+    :mod:`.elastic`): Horovod's resume pattern loads a checkpoint on rank 0 only and
+    ``broadcast_optimizer_state`` carries only the wrapped optimizer's state, so
+    without this the ranks would draw Random-k's indices or PowerSGD's ``Q`` for
+    different steps.  Each rank keeps its own residuals (zero where it loaded none)."""
     engine = opt._engine
     engine.comp = opt._compression.core
+    first = "optimizer" not in engine.agreed
     engine.agree(lambda: optimizer_plan(opt), key="optimizer")
+    if first and engine.size > 1:
+        sync_compressor_state(opt, root_rank=min(opt.process_set.ranks or [0]))
     return engine
 
 

@@ -304,12 +304,22 @@ def state_survives_missing_grads(spec="topk:ratio=0.1", steps=6):
     return {"worst": worst, "steps": steps_seen}
 
 
-def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1")):
+def _tensor_steps(sd):
+    """Every per-tensor ``step`` counter in a compressor's (or policy's) state_dict."""
+    if "compressors" in sd:
+        return sorted(x for v in sd["compressors"].values() for x in _tensor_steps(v))
+    return sorted(int(st["step"]) for st in sd.get("tensors", {}).values())
+
+
+def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1", "randomk:ratio=0.3",
+                                       "powersgd:rank=1")):
     """Horovod's documented resume pattern with ours: train, rank 0 saves
     ``opt.state_dict()``; a new optimizer (Adam: its state is made lazily) on every
     rank, rank 0 loads the file with torch.load's defaults, then every rank calls
     broadcast_parameters and broadcast_optimizer_state -- which must return (it steps
-    the ranks with empty state only) -- and training goes on with ranks in agreement."""
+    the ranks with empty state only) -- and training goes on with ranks in agreement:
+    the state every rank must share (step counters keying Random-k's indices,
+    PowerSGD's Q) is rank 0's after the first exchange."""
     import horovod.torch as hvd
 
     import hvd_compress.torch as hc
@@ -344,5 +354,6 @@ def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1")):
             loss_fn(model, *batch(rank, step)).backward()
             opt.step()
         out[spec] = {"moments": moments,
-                     "params": [p.detach().flatten().tolist() for p in model.parameters()]}
+                     "params": [p.detach().flatten().tolist() for p in model.parameters()],
+                     "steps": _tensor_steps(opt._compression.state_dict())}
     return out
