@@ -133,6 +133,13 @@ def test_noise_generator_state_round_trips():
     b.load_state_dict(saved)
     pa, pb = a.encode(x, "w").payload, b.encode(x, "w").payload
     assert torch.equal(pa, pb)
+    # saved again before its first draw (a checkpoint of a resumed run, the ranks' state
+    # sync at the first exchange): the loaded state, not a fresh generator's
+    c = build("qsgd", T)
+    c.load_state_dict(saved)
+    d = build("qsgd", T)
+    d.load_state_dict(c.state_dict())
+    assert torch.equal(d.encode(x, "w").payload, pa)
 
 
 @pytest.mark.parametrize("spec", SPECS + ["powersgd:rank=1"])

@@ -466,8 +466,9 @@ class _LazyGenerator:
         return torch.rand(n, generator=g, device=g.device, dtype=torch.float32)
 
     def state(self):
-        if self.gen is None:
-            return {"seed": self.seed, "kind": None}
+        if self.gen is None:  # not drawn from yet: a loaded state still waits to be applied
+            return dict(self._pending) if self._pending is not None else {"seed": self.seed,
+                                                                          "kind": None}
         if isinstance(self.gen, np.random.Generator):
             return {"seed": self.seed, "kind": "numpy", "state": self.gen.bit_generator.state}
         return {"seed": self.seed, "kind": "torch", "device": str(self.gen.device),
