@@ -194,81 +194,90 @@ def _check_targets(rows, target):
 
 @pytest.mark.multiprocess
 def test_tiny_matrix_end_to_end_with_a_target_a_mode_a_failed_run_and_resume(tmp_path):
+    """Eight launches, as before modes and targets: a matrix of 6 sync runs with a target,
+    then a resume that adds two mode runs, one of which fails."""
     bands = ["uncapped", "1gbit"] if CAPPED_OK else ["uncapped"]
     specs = ("none", "topk:ratio=0.01")
     res = _compare(tmp_path, "--example", "digits", "--compression", *specs, "--np", "1", "2",
-                   "--bandwidth", *bands, "--local-sgd", "2", "--target-accuracy", str(TARGET),
-                   "--example-args", TINY, "--predict")
+                   "--bandwidth", *bands, "--target-accuracy", str(TARGET), "--example-args", TINY,
+                   "--predict")
     assert res.returncode == 0, res.stdout + res.stderr
     rows = _rows(tmp_path)
-    expected = {(c, m, n, b) for c in specs for m in ("sync", "local SGD H=2") for n in ("1", "2")
-                for b in bands if n == "2" or (b == "uncapped" and m == "sync")}
-    assert {(r["compression"], r["mode"], r["np"], r["bandwidth"]) for r in rows} == expected
+    expected = {(c, "sync", n, b) for c in specs for n in ("1", "2") for b in bands
+                if n == "2" or b == "uncapped"}
+    assert {compare_key(r) for r in rows} == expected
     for r in rows:
         assert r["status"] == "ok", r
         assert r["framework"] == "torch" and r["example"] == "digits"
         assert float(r["images_per_sec"]) > 0 and float(r["step_ms"]) > 0
         assert os.path.exists(r["log"])
-        # the curve: one point per epoch, in training seconds (the clock of images/s)
-        curve = json.loads(r["curve"])
-        assert [p["epoch"] for p in curve] == [1, 2]
-        assert 0 < curve[0]["seconds"] < curve[1]["seconds"]
-        assert curve[-1]["test_accuracy"] == float(r["test_accuracy"])
-        images = int(r["steps"]) * 16 * int(r["np"])  # batch 16, one backward pass per step
-        assert curve[-1]["seconds"] == pytest.approx(images / float(r["images_per_sec"]), rel=0.02)
-    reached = _check_targets(rows, TARGET)
+        _check_curve(r)
+    reached = _check_targets(rows, TARGET)  # (seen here: 0.89 at np 1, 0.58 at np 2 for none)
     assert any(r["compression"] == "none" and r["np"] == "1" for r in reached), rows
 
-    def row(spec, mode, np_="2", bw="uncapped"):
+    def row(spec, mode="sync", np_="2", bw="uncapped"):
         return next(r for r in rows if compare_key(r) == (spec, mode, np_, bw))
-    topk, none = row("topk:ratio=0.01", "sync"), row("none", "sync")
-    assert int(topk["bytes_per_step"]) < int(none["bytes_per_step"]) / 10
-    for spec in specs:  # local SGD H=2 averages after every second of the 88 steps: half the bytes
-        sync, local = row(spec, "sync"), row(spec, "local SGD H=2")
-        assert "--local-sgd --backward-passes-per-step 2" in open(local["log"]).read()
-        assert int(local["steps"]) == int(sync["steps"]) == 2 * (719 // 16)
-        assert int(local["bytes_per_step"]) == pytest.approx(int(sync["bytes_per_step"]) / 2, abs=1)
+    assert int(row("topk:ratio=0.01")["bytes_per_step"]) < int(row("none")["bytes_per_step"]) / 10
     md = (tmp_path / "results.md").read_text()
     assert md.count("\n| torch |") == len(rows) and "vs none" in md and "1.00x" in md
-    assert "| mode |" in md and "| local SGD H=2 |" in md and "| to target s | epochs to target |" in md
+    assert "| mode |" not in md and "| to target s | epochs to target |" in md
     for setting in {(r["np"], r["bandwidth"]) for r in reached}:  # the fastest to the target, named
         here = [r for r in reached if (r["np"], r["bandwidth"]) == setting]
         best = min(here, key=lambda r: float(r["time_to_target_s"]))
-        label = best["compression"] + ("" if best["mode"] == "sync" else f" ({best['mode']})")
-        assert f"fastest to {TARGET:g} at np {setting[0]}, {setting[1]}: {label} -- " in md, md
+        assert f"fastest to {TARGET:g} at np {setting[0]}, {setting[1]}: {best['compression']} -- " in md, md
     for png in ("throughput.png", "bytes_per_step.png", "time_split.png", "accuracy_vs_time.png",
                 "accuracy_curves.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pred = (tmp_path / "prediction.md").read_text()
     assert "Crossover" in pred and "1024" in pred
-    if CAPPED_OK:  # the cost model sees the sync runs only
+    if CAPPED_OK:
         assert "Fitted to 4 run(s) with more than one worker (2 capped)" in pred
         assert "Alpha is fixed at 50 us" in pred and "offsets" in pred
         assert "leave one out" in pred and "within 25%" in pred
     before = {compare_key(r): r["wall_s"] for r in rows}
 
-    # --resume: the successful runs stay as they were (keyed by mode too); a run that fails is
-    # recorded, not dropped; the target columns follow the new target (1.0: every run misses
-    # it unless it scored every test image)
-    res = _compare(tmp_path, "--example", "digits", "--compression", *specs, "randomk:ratio=0.01",
-                   "--np", "2", "--bandwidth", "uncapped", "--local-sgd", "2", "--resume",
-                   "--target-accuracy", "1", "--example-args", TINY + " --blocks 0")  # new runs: a bad flag
-    assert "resuming" in res.stdout, res.stdout + res.stderr
+    # --resume with modes: the sync runs are done, local SGD H=2 and DGA D=1 are not (rows are
+    # keyed by mode); DGA fails (the extra flag --backward-passes-per-step 2 is one DGA refuses,
+    # local SGD's own period overrides it) and is recorded, not dropped; the target columns
+    # follow the new target (1.0: every run misses it unless it scored every test image)
+    res = _compare(tmp_path, "--example", "digits", "--compression", "none", "--np", "2",
+                   "--bandwidth", "uncapped", "--local-sgd", "2", "--delay", "1", "--resume",
+                   "--target-accuracy", "1", "--example-args", TINY + " --backward-passes-per-step 2")
+    assert "resuming; 1 of 3 runs already done" in res.stdout, res.stdout + res.stderr
     rows = _rows(tmp_path)
     failed = [r for r in rows if r["status"] != "ok"]
-    assert {(r["compression"], r["mode"], r["np"]) for r in failed} == {
-        ("randomk:ratio=0.01", "sync", "2"), ("randomk:ratio=0.01", "local SGD H=2", "2")}
+    assert [compare_key(r) for r in failed] == [("none", "DGA D=1", "2", "uncapped")]
     for r in failed:
         assert r["status"].startswith("failed") and r["log"] in r["status"]
-        assert "--blocks" in open(r["log"]).read()
+        assert "needs backward_passes_per_step=1" in open(r["log"]).read()
         assert r["time_to_target_s"] == r["best_accuracy"] == "" and r["curve"] == ""
-    kept = {compare_key(r): r["wall_s"] for r in rows if r["status"] == "ok"}
-    assert kept == before
+    assert before == {compare_key(r): r["wall_s"] for r in rows if r["mode"] == "sync"}
+    local = row("none", "local SGD H=2")
+    assert local["status"] == "ok" and local["example"] == "digits"
+    _check_curve(local)
+    assert "--local-sgd --backward-passes-per-step 2" in open(local["log"]).read()
+    # H=2 averages after every second of the 88 steps: half the bytes of synchronous training
+    assert int(local["steps"]) == int(row("none")["steps"]) == 2 * (719 // 16)
+    assert int(local["bytes_per_step"]) == pytest.approx(int(row("none")["bytes_per_step"]) / 2, abs=1)
     ok = [r for r in rows if r["status"] == "ok"]
     reached = _check_targets(ok, 1.0)
     missed = [r for r in ok if r not in reached]
     md = (tmp_path / "results.md").read_text()
     assert "failed" in md and md.count("missed (best ") == len(missed) > 0
+    assert "| mode |" in md and "| local SGD H=2 |" in md and "| DGA D=1 |" in md
+    speedup = float(local["images_per_sec"]) / float(row("none")["images_per_sec"])  # against none sync
+    line = next(x for x in md.splitlines() if "| local SGD H=2 |" in x)
+    assert f"| {float(local['images_per_sec']):.1f} |" in line and f"| {speedup:.2f}x |" in line
+
+
+def _check_curve(r):
+    """One point per epoch, in training seconds (the clock of images/s)."""
+    curve = json.loads(r["curve"])
+    assert [p["epoch"] for p in curve] == [1, 2], r
+    assert 0 < curve[0]["seconds"] < curve[1]["seconds"], r
+    assert curve[-1]["test_accuracy"] == float(r["test_accuracy"]), r
+    images = int(r["steps"]) * 16 * int(r["np"])  # batch 16, one backward pass per step
+    assert curve[-1]["seconds"] == pytest.approx(images / float(r["images_per_sec"]), rel=0.02), r
 
 
 def compare_key(row):
@@ -379,6 +388,9 @@ def test_predict_on_runs_the_model_made_validates_exactly():
                          "images_per_sec_per_worker": str(8 / (step / 1e3))})
     md, say = compare.predict(rows)
     assert "6/6 within 25%" in say[0] and "worst 0.0%" in say[0], say
+    # rows of other modes are left out of the cost model (it models one exchange per step)
+    odd = dict(rows[-1], mode="local SGD H=4", comm_ms="1", step_ms="500", bytes_per_step="1")
+    assert compare.predict(rows + [odd]) == (md, say)
     assert any("200mbit runs predicted without any 200mbit run" in line and "3/3" in line for line in say)
     assert "eta = 0.900" in md and "eta = 0.800" in md
     assert "`fp16` +250.0" in md
@@ -598,3 +610,17 @@ def test_resume_keys_rows_by_mode(monkeypatch, tmp_path):
     assert [r["time_to_target_s"] for r in rows] == ["1.0"] * 3  # the kept row too, for the new target
     launched.clear()
     assert compare.main(base + ["--local-sgd", "4", "--resume"]) == 0 and launched == []
+
+
+def test_examples_accept_the_mapping_form_and_check_each_of_its_specs(capsys):
+    """The examples' parser takes 'pattern=spec;...' as compare passes it (each rule's spec is
+    checked against --local-sgd/--delay), not only a single spec."""
+    from hvd_compress.tools import runtools
+    ap = runtools.common_parser("x", epochs=1)
+    args = ap.parse_args(["--compression", "*fc*=topk:ratio=0.01;*=fp16", "--delay", "2"])
+    assert args.compression == "*fc*=topk:ratio=0.01;*=fp16" and args.delay == 2
+    with pytest.raises(SystemExit) as stop:
+        ap.parse_args(["--compression", "*fc*=powersgd:rank=2;*=none", "--delay", "2"])
+    assert stop.value.code == 2 and "one-round compressor" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--compression", "powersgd:rank=2", "--delay", "1"])

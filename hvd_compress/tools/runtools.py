@@ -16,7 +16,6 @@ import os
 import sys
 import time
 
-from .. import spec as specmod
 from ..localsteps import LocalSGDSchedule, check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
@@ -96,10 +95,12 @@ class _ExampleParser(argparse.ArgumentParser):
     """Rejects flag combinations local SGD / DGA cannot run, as a usage error."""
 
     def parse_args(self, args=None, namespace=None):
+        from ..core import policy
         ns = super().parse_args(args, namespace)
-        try:
-            check_local_args(ns.local_sgd, ns.backward_passes_per_step, ns.local_sgd_warmup_steps,
-                             ns.delay, True, specmod.parse(ns.compression))
+        try:  # every spec the --compression value names (a mapping: each of its rules')
+            for spec in policy.Policy(ns.compression).known_specs() or [None]:
+                check_local_args(ns.local_sgd, ns.backward_passes_per_step, ns.local_sgd_warmup_steps,
+                                 ns.delay, True, spec)
         except ValueError as exc:
             self.error(str(exc).replace("local_sgd_warmup_steps", "--local-sgd-warmup-steps")
                        .replace("local_sgd", "--local-sgd").replace("delay", "--delay"))
