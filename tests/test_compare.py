@@ -1,6 +1,7 @@
 """The comparison over worker counts: cost model, capped links, the end-to-end matrix."""
 
 import csv
+import json
 import math
 import os
 import signal
@@ -158,8 +159,8 @@ def test_capped_network_is_removed_when_interrupted(tmp_path):
 
 
 # -- the matrix, end to end ---------------------------------------------------------------------
-TINY = ("--width 8 --blocks 1 --num-classes 10 --image-size 8 --batch-size 4 "
-        "--num-warmup-batches 1 --num-iters 1 --num-batches-per-iter 2 --min-numel 0")
+TINY = "--epochs 2 --min-numel 0"  # digits: two epochs, two points on each accuracy curve
+TARGET = 0.5
 
 
 def _compare(out, *args, timeout=900):
@@ -173,27 +174,59 @@ def _rows(out):
         return list(csv.DictReader(f))
 
 
+def _check_targets(rows, target):
+    """Each successful row's target columns agree with its curve: the first point at or
+    above the target, else blanks.  Returns the rows that reached it."""
+    reached = []
+    for r in rows:
+        curve = json.loads(r["curve"])
+        first = next((p for p in curve if p["test_accuracy"] >= target), None)
+        assert float(r["target_accuracy"]) == target, r
+        assert float(r["best_accuracy"]) == max(p["test_accuracy"] for p in curve), r
+        if first is None:
+            assert r["time_to_target_s"] == r["epochs_to_target"] == "", r
+        else:
+            assert float(r["time_to_target_s"]) == first["seconds"], r
+            assert int(r["epochs_to_target"]) == first["epoch"], r
+            reached.append(r)
+    return reached
+
+
 @pytest.mark.multiprocess
-def test_tiny_matrix_end_to_end_with_a_failed_run_and_resume(tmp_path):
+def test_tiny_matrix_end_to_end_with_a_target_a_mode_a_failed_run_and_resume(tmp_path):
+    """Eight launches, as before modes and targets: a matrix of 6 sync runs with a target,
+    then a resume that adds two mode runs, one of which fails."""
     bands = ["uncapped", "1gbit"] if CAPPED_OK else ["uncapped"]
-    res = _compare(tmp_path, "--compression", "none", "topk:ratio=0.01", "--np", "1", "2",
-                   "--bandwidth", *bands, "--example-args", TINY, "--predict")
+    specs = ("none", "topk:ratio=0.01")
+    res = _compare(tmp_path, "--example", "digits", "--compression", *specs, "--np", "1", "2",
+                   "--bandwidth", *bands, "--target-accuracy", str(TARGET), "--example-args", TINY,
+                   "--predict")
     assert res.returncode == 0, res.stdout + res.stderr
     rows = _rows(tmp_path)
-    expected = {(c, n, b) for c in ("none", "topk:ratio=0.01") for n in ("1", "2") for b in bands
+    expected = {(c, "sync", n, b) for c in specs for n in ("1", "2") for b in bands
                 if n == "2" or b == "uncapped"}
-    assert {(r["compression"], r["np"], r["bandwidth"]) for r in rows} == expected
+    assert {compare_key(r) for r in rows} == expected
     for r in rows:
         assert r["status"] == "ok", r
-        assert r["framework"] == "torch" and r["example"] == "synthetic"
+        assert r["framework"] == "torch" and r["example"] == "digits"
         assert float(r["images_per_sec"]) > 0 and float(r["step_ms"]) > 0
         assert os.path.exists(r["log"])
-    topk2 = next(r for r in rows if r["compression"] == "topk:ratio=0.01" and r["np"] == "2")
-    none2 = next(r for r in rows if r["compression"] == "none" and r["np"] == "2")
-    assert int(topk2["bytes_per_step"]) < int(none2["bytes_per_step"]) / 10
+        _check_curve(r)
+    reached = _check_targets(rows, TARGET)  # (seen here: 0.89 at np 1, 0.58 at np 2 for none)
+    assert any(r["compression"] == "none" and r["np"] == "1" for r in reached), rows
+
+    def row(spec, mode="sync", np_="2", bw="uncapped"):
+        return next(r for r in rows if compare_key(r) == (spec, mode, np_, bw))
+    assert int(row("topk:ratio=0.01")["bytes_per_step"]) < int(row("none")["bytes_per_step"]) / 10
     md = (tmp_path / "results.md").read_text()
     assert md.count("\n| torch |") == len(rows) and "vs none" in md and "1.00x" in md
-    for png in ("throughput.png", "bytes_per_step.png", "time_split.png"):
+    assert "| mode |" not in md and "| to target s | epochs to target |" in md
+    for setting in {(r["np"], r["bandwidth"]) for r in reached}:  # the fastest to the target, named
+        here = [r for r in reached if (r["np"], r["bandwidth"]) == setting]
+        best = min(here, key=lambda r: float(r["time_to_target_s"]))
+        assert f"fastest to {TARGET:g} at np {setting[0]}, {setting[1]}: {best['compression']} -- " in md, md
+    for png in ("throughput.png", "bytes_per_step.png", "time_split.png", "accuracy_vs_time.png",
+                "accuracy_curves.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pred = (tmp_path / "prediction.md").read_text()
     assert "Crossover" in pred and "1024" in pred
@@ -201,23 +234,54 @@ def test_tiny_matrix_end_to_end_with_a_failed_run_and_resume(tmp_path):
         assert "Fitted to 4 run(s) with more than one worker (2 capped)" in pred
         assert "Alpha is fixed at 50 us" in pred and "offsets" in pred
         assert "leave one out" in pred and "within 25%" in pred
-    before = {r["compression"] + r["np"] + r["bandwidth"]: r["wall_s"] for r in rows}
+    before = {compare_key(r): r["wall_s"] for r in rows}
 
-    # --resume: the successful runs stay as they were; a run that fails is recorded, not dropped
-    res = _compare(tmp_path, "--compression", "none", "topk:ratio=0.01", "randomk:ratio=0.01",
-                   "--np", "1", "2", "--bandwidth", "uncapped", "--resume",
-                   "--example-args", TINY + " --blocks 0")  # randomk's runs get a bad flag
-    assert "resuming" in res.stdout, res.stdout + res.stderr
+    # --resume with modes: the sync runs are done, local SGD H=2 and DGA D=1 are not (rows are
+    # keyed by mode); DGA fails (the extra flag --backward-passes-per-step 2 is one DGA refuses,
+    # local SGD's own period overrides it) and is recorded, not dropped; the target columns
+    # follow the new target (1.0: every run misses it unless it scored every test image)
+    res = _compare(tmp_path, "--example", "digits", "--compression", "none", "--np", "2",
+                   "--bandwidth", "uncapped", "--local-sgd", "2", "--delay", "1", "--resume",
+                   "--target-accuracy", "1", "--example-args", TINY + " --backward-passes-per-step 2")
+    assert "resuming; 1 of 3 runs already done" in res.stdout, res.stdout + res.stderr
     rows = _rows(tmp_path)
     failed = [r for r in rows if r["status"] != "ok"]
-    assert {(r["compression"], r["np"]) for r in failed} == {("randomk:ratio=0.01", "1"),
-                                                              ("randomk:ratio=0.01", "2")}
+    assert [compare_key(r) for r in failed] == [("none", "DGA D=1", "2", "uncapped")]
     for r in failed:
         assert r["status"].startswith("failed") and r["log"] in r["status"]
-        assert "--blocks" in open(r["log"]).read()
-    kept = {r["compression"] + r["np"] + r["bandwidth"]: r["wall_s"] for r in rows if r["status"] == "ok"}
-    assert {k: before[k] for k in kept} == kept and len(kept) == len(before)
-    assert "failed" in (tmp_path / "results.md").read_text()
+        assert "needs backward_passes_per_step=1" in open(r["log"]).read()
+        assert r["time_to_target_s"] == r["best_accuracy"] == "" and r["curve"] == ""
+    assert before == {compare_key(r): r["wall_s"] for r in rows if r["mode"] == "sync"}
+    local = row("none", "local SGD H=2")
+    assert local["status"] == "ok" and local["example"] == "digits"
+    _check_curve(local)
+    assert "--local-sgd --backward-passes-per-step 2" in open(local["log"]).read()
+    # H=2 averages after every second of the 88 steps: half the bytes of synchronous training
+    assert int(local["steps"]) == int(row("none")["steps"]) == 2 * (719 // 16)
+    assert int(local["bytes_per_step"]) == pytest.approx(int(row("none")["bytes_per_step"]) / 2, abs=1)
+    ok = [r for r in rows if r["status"] == "ok"]
+    reached = _check_targets(ok, 1.0)
+    missed = [r for r in ok if r not in reached]
+    md = (tmp_path / "results.md").read_text()
+    assert "failed" in md and md.count("missed (best ") == len(missed) > 0
+    assert "| mode |" in md and "| local SGD H=2 |" in md and "| DGA D=1 |" in md
+    speedup = float(local["images_per_sec"]) / float(row("none")["images_per_sec"])  # against none sync
+    line = next(x for x in md.splitlines() if "| local SGD H=2 |" in x)
+    assert f"| {float(local['images_per_sec']):.1f} |" in line and f"| {speedup:.2f}x |" in line
+
+
+def _check_curve(r):
+    """One point per epoch, in training seconds (the clock of images/s)."""
+    curve = json.loads(r["curve"])
+    assert [p["epoch"] for p in curve] == [1, 2], r
+    assert 0 < curve[0]["seconds"] < curve[1]["seconds"], r
+    assert curve[-1]["test_accuracy"] == float(r["test_accuracy"]), r
+    images = int(r["steps"]) * 16 * int(r["np"])  # batch 16, one backward pass per step
+    assert curve[-1]["seconds"] == pytest.approx(images / float(r["images_per_sec"]), rel=0.02), r
+
+
+def compare_key(row):
+    return (row["compression"], row["mode"], row["np"], row["bandwidth"])
 
 
 def test_compare_help_and_bad_input():
@@ -324,6 +388,9 @@ def test_predict_on_runs_the_model_made_validates_exactly():
                          "images_per_sec_per_worker": str(8 / (step / 1e3))})
     md, say = compare.predict(rows)
     assert "6/6 within 25%" in say[0] and "worst 0.0%" in say[0], say
+    # rows of other modes are left out of the cost model (it models one exchange per step)
+    odd = dict(rows[-1], mode="local SGD H=4", comm_ms="1", step_ms="500", bytes_per_step="1")
+    assert compare.predict(rows + [odd]) == (md, say)
     assert any("200mbit runs predicted without any 200mbit run" in line and "3/3" in line for line in say)
     assert "eta = 0.900" in md and "eta = 0.800" in md
     assert "`fp16` +250.0" in md
@@ -342,3 +409,218 @@ def test_per_tensor_flags_reach_every_run_and_mappings_are_accepted():
     assert cmp._collective("*fc*=topk;*=fp16") == "allgather"
     assert cmp._collective("*fc*=randomk;*=fp16") == "allreduce"
     assert cmp._messages("*=powersgd") == 2.0
+
+
+# -- time to accuracy and modes, from rows made up here (nothing launched) ------------------------
+def _run_row(spec, np_, bw, mode="sync", ips=100.0, curve=None, status="ok"):
+    """A successful results.csv row as compare reads it back (strings; the curve as JSON),
+    ``curve`` as [(seconds, accuracy), ...] per epoch."""
+    row = {"framework": "torch", "example": "digits", "compression": spec, "np": str(np_),
+           "bandwidth": bw, "latency": "", "mode": mode, "status": status, "log": "x",
+           "images_per_sec": str(ips), "images_per_sec_per_worker": str(ips / np_), "step_ms": "10",
+           "bytes_per_step": "1000", "wall_s": "9"}
+    if curve is not None and status == "ok":
+        row["curve"] = json.dumps([{"epoch": i + 1, "seconds": t, "test_accuracy": a}
+                                   for i, (t, a) in enumerate(curve)])
+        row["test_accuracy"] = str(curve[-1][1])
+    return row
+
+
+def test_time_to_target_is_the_first_curve_point_at_or_above_it():
+    from hvd_compress.tools import compare
+    curve = [(1.5, 0.7), (3.0, 0.9), (4.5, 0.85), (6.0, 0.95)]
+    rows = [_run_row("none", 2, "uncapped", curve=curve),
+            _run_row("fp16", 2, "uncapped", curve=[(1.0, 0.5), (2.0, 0.89)]),
+            _run_row("topk:ratio=0.01", 2, "uncapped", status="failed (exit 1); see x"),
+            _run_row("onebit", 2, "uncapped")]  # no curve: an example without accuracy
+    compare.add_targets(rows, 0.9)
+    none, fp16, failed, nocurve = rows
+    # reached at exactly the target, at the second epoch (the dip after it does not matter)
+    assert (none["time_to_target_s"], none["epochs_to_target"], none["best_accuracy"]) == (3.0, 2, 0.95)
+    assert (fp16["time_to_target_s"], fp16["epochs_to_target"], fp16["best_accuracy"]) == ("", "", 0.89)
+    assert compare.missed(fp16, 0.9) and not compare.missed(none, 0.9)
+    for r in (failed, nocurve):
+        assert r["time_to_target_s"] == r["epochs_to_target"] == "" and not compare.missed(r, 0.9)
+    assert failed["best_accuracy"] == nocurve["best_accuracy"] == ""
+    assert {r["target_accuracy"] for r in rows} == {0.9}
+    # a new target: recomputed from the curves; none: blank
+    compare.add_targets(rows, 0.7)
+    assert (none["epochs_to_target"], fp16["epochs_to_target"]) == (1, 2)
+    compare.add_targets(rows, None)
+    assert none["time_to_target_s"] == none["target_accuracy"] == "" and none["best_accuracy"] == 0.95
+    # the columns reach results.csv and come back
+    assert {"mode", "target_accuracy", "time_to_target_s", "epochs_to_target", "best_accuracy",
+            "curve"} <= set(compare.COLUMNS)
+    assert compare.COLUMNS[:len(compare.runtools.SUMMARY_KEYS)] == list(compare.runtools.SUMMARY_KEYS)
+    assert compare.reach([], 0.5) is None
+
+
+def _setting_rows():
+    """np 1 and np 2 uncapped, np 2 at 1gbit: at np 2 uncapped local SGD reaches 0.9 soonest,
+    DGA never; at 1gbit no run reaches it."""
+    return [
+        _run_row("none", 1, "uncapped", ips=50, curve=[(4.0, 0.8), (8.0, 0.92)]),
+        _run_row("none", 2, "uncapped", ips=100, curve=[(5.0, 0.85), (10.0, 0.91)]),
+        _run_row("none", 2, "uncapped", "local SGD H=4", ips=200, curve=[(1.5, 0.8), (3.0, 0.93)]),
+        _run_row("none", 2, "uncapped", "DGA D=2", ips=110, curve=[(4.0, 0.8), (8.0, 0.85)]),
+        _run_row("topk:ratio=0.01", 2, "uncapped", ips=150, curve=[(3.0, 0.88), (6.0, 0.9)]),
+        _run_row("none", 2, "1gbit", ips=40, curve=[(9.0, 0.8), (18.0, 0.86)]),
+        _run_row("topk:ratio=0.01", 2, "1gbit", ips=120, curve=[(3.0, 0.85), (6.0, 0.87)]),
+        _run_row("topk:ratio=0.01", 2, "1gbit", "DGA D=2", status="failed (exit 1); see y"),
+    ]
+
+
+def test_results_md_names_the_fastest_to_the_target_and_reports_misses(tmp_path):
+    from hvd_compress.tools import compare
+    rows = _setting_rows()
+    path = tmp_path / "results.md"
+    compare.write_markdown(path, compare.add_targets(rows, 0.9), 0.9)
+    md = path.read_text()
+    assert md.startswith("Target test accuracy 0.9:")
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    assert head[:4] == ["framework", "example", "compression", "mode"]
+    assert head[-4:] == ["to target s", "epochs to target", "wall s", "status"]
+    cells = {(c[2], c[3], c[4], c[5]): dict(zip(head, c)) for c in
+             ([x.strip() for x in line.strip("|").split("|")] for line in table[1:])}
+    assert len(cells) == len(rows)
+    lsgd = cells[("`none`", "local SGD H=4", "2", "uncapped")]
+    assert (lsgd["to target s"], lsgd["epochs to target"]) == ("3.00", "2")
+    assert lsgd["vs none"] == "2.00x"  # against none in sync mode, not another none
+    assert cells[("`topk:ratio=0.01`", "sync", "2", "uncapped")]["vs none"] == "1.50x"
+    dga = cells[("`none`", "DGA D=2", "2", "uncapped")]
+    assert (dga["to target s"], dga["epochs to target"]) == ("missed (best 0.8500)", "")
+    failed = cells[("`topk:ratio=0.01`", "DGA D=2", "2", "1gbit")]
+    assert failed["to target s"] == "" and failed["status"] == "failed (exit 1)"
+    lines = [line[2:] for line in md.splitlines() if line.startswith("- ")]
+    assert lines == [
+        "best at np 2, 1gbit: topk:ratio=0.01 -- 120.0 images/s, 3.00x none",
+        "best at np 2, uncapped: none (local SGD H=4) -- 200.0 images/s, 2.00x none",
+        "fastest to 0.9 at np 1, uncapped: none -- 8.00 s, 2 epoch(s)",
+        "no run reached 0.9 at np 2, 1gbit; the best accuracy was topk:ratio=0.01's 0.8700",
+        "fastest to 0.9 at np 2, uncapped: none (local SGD H=4) -- 3.00 s, 2 epoch(s), "
+        "3.33x sooner than none (10.00 s)",
+    ]
+    # the fastest method when none itself never gets there
+    rows[1]["curve"] = json.dumps([{"epoch": 1, "seconds": 5.0, "test_accuracy": 0.5}])
+    assert compare.target_lines(rows, 0.9)[2].endswith("2 epoch(s); none missed it (best 0.5000)")
+
+
+def test_results_md_without_target_or_modes_is_as_before(tmp_path):
+    from hvd_compress.tools import compare
+    rows = [r for r in _setting_rows() if r["mode"] == "sync"]
+    for r in rows:
+        del r["mode"]  # as in a results.csv written before modes existed
+    path = tmp_path / "results.md"
+    compare.write_markdown(path, rows)
+    md = path.read_text()
+    assert md.startswith("| framework | example | compression | np | bandwidth | images/s | per worker | "
+                         "vs none | bytes/step | compute ms | encode ms | comm ms | decode ms | accuracy | "
+                         "wall s | status |\n")
+    assert "target" not in md and "fastest" not in md and "best at np 2, uncapped: topk" in md
+
+
+def test_accuracy_curves_one_panel_per_np_and_bandwidth(tmp_path):
+    from hvd_compress.tools import compare
+    rows = _setting_rows()
+    panels = compare.curve_panels(rows)
+    assert list(panels) == [(1, "uncapped"), (2, "uncapped"), (2, "1gbit")]
+    assert [compare.method(r) for r in panels[(2, "uncapped")]] == [
+        "none", "none (local SGD H=4)", "none (DGA D=2)", "topk:ratio=0.01"]
+    assert len(panels[(2, "1gbit")]) == 2  # the failed run has no line
+    written = compare.plot(tmp_path, rows, 0.9)
+    assert str(tmp_path / "accuracy_curves.png") in written
+    assert (tmp_path / "accuracy_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert compare.curve_panels([_run_row("none", 2, "uncapped")]) == {}  # synthetic: no curves
+
+
+def test_modes_are_rows_of_the_matrix_with_their_example_flags():
+    from hvd_compress.tools import compare as cmp
+    args = cmp.parser().parse_args(["--out", "x", "--example", "digits", "--compression", "none", "fp16",
+                                    "--np", "1", "2", "--bandwidth", "uncapped", "1gbit",
+                                    "--local-sgd", "4", "--delay", "0", "2"])
+    assert cmp.run_modes(args.local_sgd, args.delay) == ["sync", "DGA D=2", "local SGD H=4"]
+    runs = cmp.plan_runs(args, capped_ok=True)
+    got = [(r["compression"], r["mode"], r["np"], r["bandwidth"]) for r in runs]
+    assert got[:5] == [("none", "sync", 1, "uncapped"), ("none", "sync", 2, "uncapped"),
+                       ("none", "sync", 2, "1gbit"), ("none", "DGA D=2", 2, "uncapped"),
+                       ("none", "DGA D=2", 2, "1gbit")]
+    assert len(runs) == 2 * (1 + 3 * 2)  # per compressor: np 1 once (sync), np 2 per mode x bandwidth
+    flags = {r["mode"]: cmp.example_command(args, r, Path("r.json")) for r in runs}
+    assert "--local-sgd" not in flags["sync"] and "--delay" not in flags["sync"]
+    lsgd = flags["local SGD H=4"]
+    at = lsgd.index("--local-sgd")
+    assert lsgd[at + 1:at + 3] == ["--backward-passes-per-step", "4"]
+    assert flags["DGA D=2"][flags["DGA D=2"].index("--delay") + 1] == "2"
+    names = {cmp.run_name(r) for r in runs}
+    assert len(names) == len(runs) and "torch_digits_none_np2_uncapped" in names  # sync: as before
+    assert "torch_digits_none_local_SGD_H_4_np2_1gbit" in names
+    keys = {cmp.run_key(r) for r in runs}
+    assert len(keys) == len(runs)
+    old = {k: v for k, v in runs[1].items() if k != "mode"}  # a row from before modes: sync
+    assert cmp.run_key(old) == cmp.run_key(runs[1])
+    with pytest.raises(ValueError, match="unknown mode"):
+        cmp.mode_flags("local SGD every 4")
+    with pytest.raises(ValueError, match="one-round compressor"):
+        cmp.check_modes(["none", "powersgd:rank=2"], ["sync", "DGA D=2"])
+    cmp.check_modes(["powersgd:rank=2"], ["sync", "local SGD H=4"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--example", "digits", "--target-accuracy", "0"], "(0, 1]"),
+    (["--example", "digits", "--target-accuracy", "1.5"], "(0, 1]"),
+    (["--example", "digits", "--target-accuracy", "nan"], "(0, 1]"),
+    (["--target-accuracy", "0.9"], "synthetic benchmark has none"),
+    (["--compression", "powersgd:rank=2", "--delay", "2"], "one-round compressor"),
+    (["--local-sgd", "0"], "must be >= 1"),
+    (["--delay", "-1"], "must be >= 0"),
+])
+def test_bad_target_and_mode_input_is_a_usage_error(flags, message, tmp_path, capsys):
+    from hvd_compress.tools import compare
+    with pytest.raises(SystemExit) as stop:
+        compare.main(["--out", str(tmp_path / "out"), "--quiet", *flags])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_keys_rows_by_mode(monkeypatch, tmp_path):
+    from hvd_compress.tools import compare
+    launched = []
+
+    def fake(args, run, out):
+        launched.append((run["compression"], run["mode"], run["np"]))
+        return dict(run, status="ok", images_per_sec=1.0, step_ms=1.0, log="x", steps=1,
+                    curve=json.dumps([{"epoch": 1, "seconds": 1.0, "test_accuracy": 0.9}]))
+    monkeypatch.setattr(compare, "execute", fake)
+    base = ["--out", str(tmp_path), "--example", "digits", "--compression", "none", "--np", "2",
+            "--bandwidth", "uncapped", "--quiet"]
+    assert compare.main(base) == 0 and launched == [("none", "sync", 2)]
+    # results written before modes existed have no mode column: their rows are sync
+    rows = _rows(tmp_path)
+    with open(tmp_path / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[c for c in compare.COLUMNS if c != "mode"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    launched.clear()
+    assert compare.main(base + ["--local-sgd", "4", "--delay", "2", "--resume", "--target-accuracy",
+                                "0.85"]) == 0
+    assert launched == [("none", "DGA D=2", 2), ("none", "local SGD H=4", 2)]
+    rows = _rows(tmp_path)
+    assert [r["mode"] for r in rows] == ["sync", "DGA D=2", "local SGD H=4"]
+    assert [r["time_to_target_s"] for r in rows] == ["1.0"] * 3  # the kept row too, for the new target
+    launched.clear()
+    assert compare.main(base + ["--local-sgd", "4", "--resume"]) == 0 and launched == []
+
+
+def test_examples_accept_the_mapping_form_and_check_each_of_its_specs(capsys):
+    """The examples' parser takes 'pattern=spec;...' as compare passes it (each rule's spec is
+    checked against --local-sgd/--delay), not only a single spec."""
+    from hvd_compress.tools import runtools
+    ap = runtools.common_parser("x", epochs=1)
+    args = ap.parse_args(["--compression", "*fc*=topk:ratio=0.01;*=fp16", "--delay", "2"])
+    assert args.compression == "*fc*=topk:ratio=0.01;*=fp16" and args.delay == 2
+    with pytest.raises(SystemExit) as stop:
+        ap.parse_args(["--compression", "*fc*=powersgd:rank=2;*=none", "--delay", "2"])
+    assert stop.value.code == 2 and "one-round compressor" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--compression", "powersgd:rank=2", "--delay", "1"])

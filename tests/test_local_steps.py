@@ -142,3 +142,46 @@ def test_local_steps_table_script(tmp_path):
     assert int(rows["DGA D=1"]["bytes_per_epoch"]) == sync
     assert int(rows["local SGD H=2"]["bytes_per_epoch"]) == sync // 2  # 44 steps, 22 averages
     assert "| local SGD H=2 |" in (tmp_path / "local_steps.md").read_text()
+    with open(tmp_path / "torch" / "results.csv") as f:  # compare's own results, curves included
+        runs = {r["mode"]: r for r in csv.DictReader(f)}
+    assert set(runs) == set(rows) and all(r["example"] == "digits" and r["curve"] for r in runs.values())
+    assert runs["local SGD H=2"]["test_accuracy"] == rows["local SGD H=2"]["test_accuracy"]
+
+
+def _preset():
+    import importlib.util
+
+    from tests.harness import REPO
+    spec = importlib.util.spec_from_file_location("local_steps_table", REPO / "scripts/local_steps_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_local_steps_table_is_a_preset_of_compare(tmp_path, capsys):
+    from hvd_compress.tools import compare
+    preset = _preset()
+    args = preset.parser().parse_args(["--out", str(tmp_path), "--periods", "2", "4", "--delays", "0", "3",
+                                       "--epochs", "3", "--compression", "none", "fp16", "--quiet"])
+    got = compare.parser().parse_args(preset.compare_argv(args, "tensorflow", tmp_path))
+    assert (got.example, got.framework, got.np, got.bandwidth) == ("digits", "tensorflow", [2], ["uncapped"])
+    assert (got.compression, got.example_args, got.out) == (["none", "fp16"], "--epochs 3",
+                                                            str(tmp_path / "tensorflow"))
+    assert compare.run_modes(got.local_sgd, got.delay) == ["sync", "DGA D=3", "local SGD H=2",
+                                                           "local SGD H=4"]
+    only_sync = preset.parser().parse_args(["--out", "x", "--periods", "--delays", "0"])
+    argv = preset.compare_argv(only_sync, "torch", tmp_path)
+    assert "--local-sgd" not in argv and "--delay" not in argv
+    # a compare row becomes a table row: bytes per epoch from bytes per step
+    row = preset.table_row(args, {"framework": "torch", "compression": "none", "mode": "local SGD H=2",
+                                  "status": "ok", "steps": "132", "bytes_per_step": "76564",
+                                  "test_accuracy": "0.95", "images_per_sec": "100", "wall_s": "3"})
+    assert row["bytes_per_epoch"] == 76564 * 132 // 3 and row["mode"] == "local SGD H=2"
+    assert preset.table_row(args, {"framework": "torch", "compression": "none", "status": "failed",
+                                   "test_accuracy": ""})["mode"] == "sync"
+    # DGA with PowerSGD: refused before anything is launched
+    with pytest.raises(SystemExit) as stop:
+        preset.main(["--out", str(tmp_path / "o"), "--compression", "powersgd:rank=2", "--delays", "2",
+                     "--periods"])
+    assert stop.value.code == 2 and "one-round compressor" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

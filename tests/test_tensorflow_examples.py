@@ -32,6 +32,13 @@ def test_keras_backward_passes_per_step(tmp_path):
                                                "--backward-passes-per-step", "2", "--json", out])
     doc = json.loads(out.read_text())
     assert doc["steps"] == (2 * 45) // 2  # 45 batches of 16 per epoch on each rank, 2 per update
+    # the accuracy curve: one point per epoch (the last after training), in the training
+    # seconds images/s counts (evaluation left out)
+    curve = doc["curve"]
+    assert [p["epoch"] for p in curve] == [1, 2] and 0 < curve[0]["seconds"] < curve[1]["seconds"]
+    assert curve[-1]["test_accuracy"] == doc["test_accuracy"]
+    images = doc["steps"] * 32 * 2
+    assert curve[-1]["seconds"] == pytest.approx(images / doc["images_per_sec"], rel=0.02)
 
 
 @pytest.mark.parametrize("flags, bytes_ratio", [

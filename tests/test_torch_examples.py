@@ -44,6 +44,12 @@ def test_train_digits_with_backward_passes_per_step(tmp_path):
     doc = _summary(out)
     assert doc["steps"] == 2 * (719 // 32)  # 719 training images on rank 0, batch 16 x 2
     assert "digits topk:ratio=0.05 np=2" in text  # the progress display
+    # the accuracy curve: one point per epoch, in the training seconds images/s counts
+    curve = doc["curve"]
+    assert [p["epoch"] for p in curve] == [1, 2] and 0 < curve[0]["seconds"] < curve[1]["seconds"]
+    assert curve[-1]["test_accuracy"] == doc["test_accuracy"]
+    images = doc["steps"] * 32 * 2
+    assert curve[-1]["seconds"] == pytest.approx(images / doc["images_per_sec"], rel=0.02)
 
 
 @pytest.mark.parametrize("flags, bytes_ratio", [

@@ -80,6 +80,31 @@ def epoch_callback(keras, comp, eager=False):
     return Epochs(comp)
 
 
+def curve_callback(keras, xte, yte, epochs: int):
+    """A callback that evaluates the test accuracy after every epoch but the last (the
+    caller evaluates that one after training, when local SGD has averaged) and keeps
+    the points of the summary's curve (:func:`runtools.curve_point`).  ``.t0``: when
+    training started (set before ``fit``); ``.eval_s``: the seconds spent evaluating,
+    which the training time leaves out.  Under local SGD an epoch before the last
+    evaluates this worker's replica (the workers differ until their next average)."""
+    import time
+
+    class Curve(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.t0, self.eval_s, self.points = time.perf_counter(), 0.0, []
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch + 1 >= epochs:
+                return
+            now = time.perf_counter()
+            acc = float(self.model.evaluate(xte, yte, verbose=0)[1])
+            self.points.append(runtools.curve_point(epoch + 1, now - self.t0 - self.eval_s, acc))
+            self.eval_s += time.perf_counter() - now
+
+    return Curve()
+
+
 def compression(hct, args):
     """The compressor, or per-tensor policy, the flags ask for."""
     return hct.as_compression(args.compression, args.min_numel, args.start_step)
@@ -123,7 +148,8 @@ def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
 
 
 def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start):
-    """Compile, broadcast the initial weights, fit, evaluate, and write the summary."""
+    """Compile, broadcast the initial weights, fit (evaluating after every epoch: the
+    summary's curve), evaluate, and write the summary."""
     import time
 
     rank, size = hvd.rank(), hvd.size()
@@ -137,16 +163,18 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
                   metrics=["accuracy"], run_eagerly=eager)
     broadcast_initial(hvd, model)
     epochs = epoch_callback(keras, comp, eager)
-    t0 = time.perf_counter()
+    curve = curve_callback(keras, xte, yte, args.epochs)
+    curve.t0 = time.perf_counter()
     model.fit(xtr, ytr, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
-              verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs])
+              verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs, curve])
     if runtools.needs_final_average(args, epochs.steps):  # evaluate the mean model
         model.optimizer.average_parameters(model.trainable_variables)
-    train_s = time.perf_counter() - t0
+    train_s = time.perf_counter() - curve.t0 - curve.eval_s
     acc = float(model.evaluate(xte, yte, verbose=0)[1])
+    points = curve.points + [runtools.curve_point(args.epochs, train_s, acc)]
     if rank == 0:
         if not args.quiet:
             print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
         finish(args, example, comp, model, epochs.steps, size, train_s, acc,
                time.perf_counter() - t_start, per_update=epochs.mean_per_update(),
-               epochs=args.epochs)
+               epochs=args.epochs, curve=points)

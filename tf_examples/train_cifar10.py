@@ -7,7 +7,8 @@
 --data-dir holds ``data_batch_1`` ... ``data_batch_5`` and ``test_batch`` (the
 "CIFAR-10 python version" archive, unpacked; nothing is downloaded).  Training
 images are split across the workers, normalised per channel, randomly flipped
-and shifted; the test accuracy is reported at the end.
+and shifted; the test accuracy is measured after every epoch (the ``curve`` of
+the ``--json`` summary, with the training time so far) and reported at the end.
 """
 
 from __future__ import annotations

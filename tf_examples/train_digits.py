@@ -6,7 +6,8 @@
 The same data and split as torch_examples/train_digits.py (1,437 training images
 split across the workers, 360 held out); the model is compiled with
 ``hvd_compress.tensorflow.keras.DistributedOptimizer``.  With DGC the warm-up
-epoch is set by a callback.
+epoch is set by a callback; another evaluates after every epoch (the ``curve`` of
+the ``--json`` summary).
 """
 
 from __future__ import annotations

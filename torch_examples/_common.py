@@ -79,7 +79,11 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
     """The epoch loop the training examples share: shuffled micro-batches of
     ``args.batch_size``, ``args.backward_passes_per_step`` backward passes per
     optimizer step, DGC's warm-up epoch, a progress display on rank 0 and the
-    test accuracy after every epoch.  Returns (steps, images, train_s, accuracy)."""
+    test accuracy after every epoch.  Returns (steps, images, train_s, accuracy, curve):
+    ``curve`` holds the test accuracy after each epoch with the training time so far
+    (:func:`runtools.curve_point`; evaluation is not timed).  Under local SGD the
+    epochs before the last evaluate this worker's replica (the workers differ until
+    their next average); the last evaluates their mean."""
     import time
 
     rank, size = hvd.rank(), hvd.size()
@@ -88,7 +92,7 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
     steps_per_epoch = max(1, len(x) // per_step)
     progress = runtools.Progress(steps_per_epoch * args.epochs, label,
                                  enabled=rank == 0 and not args.quiet)
-    steps, train_s, acc = 0, 0.0, None
+    steps, train_s, acc, curve = 0, 0.0, None, []
     for epoch in range(args.epochs):
         if hasattr(opt, "compression"):
             opt.compression.set_epoch(epoch)
@@ -110,6 +114,7 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
             opt.average_parameters()  # evaluate the mean model, not this worker's
         train_s += time.perf_counter() - t0
         acc = evaluate()
+        curve.append(runtools.curve_point(epoch + 1, train_s, acc))
         if log_epochs and rank == 0 and not args.quiet:
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)
-    return steps, steps * per_step * size, train_s, acc
+    return steps, steps * per_step * size, train_s, acc, curve

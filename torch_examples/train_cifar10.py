@@ -7,7 +7,8 @@
 --data-dir holds ``data_batch_1`` ... ``data_batch_5`` and ``test_batch`` (the
 "CIFAR-10 python version" archive, unpacked; nothing is downloaded).  Training
 images are split across the workers, normalised per channel, with random crops
-and flips; rank 0 reports the test accuracy after every epoch.
+and flips; rank 0 reports the test accuracy after every epoch (with the
+training time so far: the ``curve`` of the ``--json`` summary).
 """
 
 from __future__ import annotations
@@ -71,12 +72,12 @@ def main(argv=None):
     steps_per_epoch = max(1, len(xtr) // (args.batch_size * runtools.passes_per_step(args)))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps_per_epoch * args.epochs)
     gen = torch.Generator().manual_seed(args.seed + rank)
-    steps, images, train_s, acc = train_epochs(
+    steps, images, train_s, acc, curve = train_epochs(
         args, opt, xtr, ytr, lambda xb, yb: F.cross_entropy(model(augment(xb, gen)), yb),
         lambda: evaluate(model, xte, yte), f"cifar10 {args.compression}", gen=gen,
         after_step=sched.step, log_epochs=True)
     finish(args, "train_cifar10", steps, images, train_s, opt, acc,
-           time.perf_counter() - t_start, epochs=args.epochs)
+           time.perf_counter() - t_start, epochs=args.epochs, curve=curve)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 
 Real data that ships with scikit-learn (1,797 images; no download): 1,437 for
 training, split across the workers, 360 held out for the test accuracy that
-rank 0 reports after every epoch.  With DGC the warm-up follows the epochs.
+rank 0 reports after every epoch (with the training time so far: the ``curve``
+of the ``--json`` summary).  With DGC the warm-up follows the epochs.
 """
 
 from __future__ import annotations
@@ -62,13 +63,13 @@ def main(argv=None):
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     opt = make_optimizer(model, base, args, args.horovod_optimizer)
     reset_stats(opt)
-    steps, images, train_s, acc = train_epochs(
+    steps, images, train_s, acc, curve = train_epochs(
         args, opt, xtr, ytr, lambda xb, yb: F.cross_entropy(model(xb), yb),
         lambda: accuracy(model, xte, yte), f"digits {args.compression} np={size}")
     if rank == 0 and not args.quiet:
         print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
     finish(args, "train_digits", steps, images, train_s, opt, acc,
-           time.perf_counter() - t_start, epochs=args.epochs)
+           time.perf_counter() - t_start, epochs=args.epochs, curve=curve)
 
 
 if __name__ == "__main__":

@@ -4,26 +4,38 @@
     hvd-compress-compare --example digits --np 1 2 --compression none topk:ratio=0.01 \\
         --bandwidth uncapped 1gbit --out results-digits --predict
 
-For each compressor spec x worker count (``--np``) x bandwidth (``--bandwidth``;
-``uncapped`` or a rate such as ``100mbit``/``1gbit``) this launches one of the
+For each compressor spec x mode x worker count (``--np``) x bandwidth
+(``--bandwidth``; ``uncapped`` or a rate such as ``100mbit``/``1gbit``) this
+launches one of the
 examples (``--example synthetic|digits|cifar10``, ``--framework
 torch|tensorflow``) under Horovod -- ``horovodrun --gloo`` when uncapped; with a
 rate, one network namespace per worker behind ``tc``-capped links
 (:mod:`hvd_compress.tools.netcap`, needs root) -- and collects the example's
-``--json`` summary.  Into ``--out`` go:
+``--json`` summary.  The modes: ``sync`` (ordinary synchronous training) always,
+then local SGD for each period of ``--local-sgd H ...`` and Delayed Gradient
+Averaging for each delay of ``--delay D ...`` (at more than one worker: for a
+single worker both are plain SGD).  Into ``--out`` go:
 
 * ``results.csv``: one row per run, the keys of the examples' ``--json``
   summary (:data:`hvd_compress.tools.runtools.SUMMARY_KEYS`) plus
   ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
-  ``step_ms`` and ``log`` (that run's output);
+  ``step_ms``, ``log`` (that run's output), ``mode``, the accuracy curve
+  (``curve``: JSON, the examples' test accuracy and training seconds after
+  every epoch), ``best_accuracy`` and, with ``--target-accuracy A``,
+  ``target_accuracy``, ``time_to_target_s`` and ``epochs_to_target`` (blank
+  when the run never reached A);
 * ``results.md``: the same as a Markdown table, with the speed-up over
-  ``none`` at the same worker count and bandwidth;
+  ``none`` (in sync mode) at the same worker count and bandwidth, the best
+  method per setting and, with a target, the fastest method to it per setting;
 * ``throughput.png``, ``bytes_per_step.png``, ``time_split.png`` and, when the
-  example reports accuracy, ``accuracy_vs_time.png``;
+  example reports accuracy, ``accuracy_vs_time.png`` (one point per run) and
+  ``accuracy_curves.png`` (accuracy against training time, one line per run,
+  one panel per worker count and bandwidth);
 * with ``--predict``, ``prediction.md``: the cost model
   (:mod:`hvd_compress.tools.costmodel`) fitted to these runs, its step-time
   predictions at other bandwidths and up to 1024 workers, the crossover
-  bandwidths, and its error on each capped run it was not fitted on.
+  bandwidths, and its error on each capped run it was not fitted on (sync-mode
+  runs only: the model is one exchange per step).
 
 A run that fails is recorded as failed (with its log) and the rest go on;
 ``--resume`` keeps the rows of runs that succeeded and runs only the rest.
@@ -35,8 +47,10 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -61,10 +75,72 @@ DEFAULT_EXAMPLE_ARGS = {
     "digits": "--epochs 5",
     "cifar10": "--epochs 1",
 }
-RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency")
+RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode")
+#: results.csv's columns: the examples' summary keys, then what compare adds (new ones are
+#: appended, so that the older columns keep their places)
 COLUMNS = (list(runtools.SUMMARY_KEYS) + ["bandwidth", "latency", "status", "step_ms",
-                                          "collectives_per_step", "parameters", "log"])
+                                          "collectives_per_step", "parameters", "log",
+                                          "mode", "target_accuracy", "time_to_target_s",
+                                          "epochs_to_target", "best_accuracy", runtools.CURVE])
 UNCAPPED = "uncapped"
+SYNC = "sync"
+
+
+# -- modes: how often the workers talk --------------------------------------------------------
+def local_sgd_mode(period: int) -> str:
+    return f"local SGD H={int(period)}"
+
+
+def dga_mode(delay: int) -> str:
+    return SYNC if int(delay) == 0 else f"DGA D={int(delay)}"
+
+
+def run_modes(periods=(), delays=()) -> list[str]:
+    """The modes of a matrix: sync first (the baseline), then DGA delays, then local SGD
+    periods (``--delay 0`` is sync itself)."""
+    modes = [SYNC] + [dga_mode(d) for d in delays or ()] + [local_sgd_mode(h) for h in periods or ()]
+    return list(dict.fromkeys(modes))
+
+
+def mode_of(row: dict) -> str:
+    """A row's mode (rows of results written before modes existed are sync)."""
+    return row.get("mode") or SYNC
+
+
+def mode_flags(mode: str) -> list[str]:
+    """The example flags a mode needs."""
+    if mode in ("", SYNC):
+        return []
+    m = re.fullmatch(r"local SGD H=(\d+)", mode)
+    if m:
+        return ["--local-sgd", "--backward-passes-per-step", m.group(1)]
+    m = re.fullmatch(r"DGA D=(\d+)", mode)
+    if m:
+        return ["--delay", m.group(1)]
+    raise ValueError(f"unknown mode {mode!r} (sync, 'local SGD H=<period>' or 'DGA D=<delay>')")
+
+
+def check_modes(specs, modes) -> None:
+    """Raise ValueError for a compressor that a mode cannot run (the optimizers' own rule,
+    e.g. DGA needs a one-round compressor), before anything is launched."""
+    from ..localsteps import check_local_args
+    for spec in specs:
+        for mode in modes:
+            flags = mode_flags(mode)
+            local = "--local-sgd" in flags
+            period = int(flags[-1]) if local else 1
+            delay = int(flags[-1]) if "--delay" in flags else 0
+            for s in _specs(spec):
+                try:
+                    check_local_args(local, period, 0, delay, True, s)
+                except ValueError as exc:
+                    raise ValueError(f"{spec} in mode {mode}: {exc}") from None
+
+
+def method(row: dict) -> str:
+    """What a row compares: its compression, and its mode when not sync."""
+    mode = mode_of(row)
+    return row["compression"] if mode == SYNC else f"{row['compression']} ({mode})"
 
 
 # -- the matrix --------------------------------------------------------------------------
@@ -76,26 +152,35 @@ def bandwidth_label(text: str) -> str:
 
 def plan_runs(args, capped_ok: bool) -> list[dict]:
     runs = []
+    modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None))
     for spec in args.compression:
-        for np_ in args.np:
-            bands = [UNCAPPED] if np_ == 1 else list(args.bandwidth)
-            if not capped_ok:
-                bands = [UNCAPPED]
-            for bw in dict.fromkeys(bands):
-                runs.append({"framework": args.framework, "example": args.example,
-                             "compression": spec, "np": np_, "bandwidth": bw,
-                             "latency": args.latency if bw != UNCAPPED else ""})
+        for mode in modes:
+            for np_ in args.np:
+                if np_ == 1 and mode != SYNC:
+                    continue  # one worker: local SGD and DGA are plain SGD
+                bands = [UNCAPPED] if np_ == 1 else list(args.bandwidth)
+                if not capped_ok:
+                    bands = [UNCAPPED]
+                for bw in dict.fromkeys(bands):
+                    runs.append({"framework": args.framework, "example": args.example,
+                                 "compression": spec, "np": np_, "bandwidth": bw,
+                                 "latency": args.latency if bw != UNCAPPED else "", "mode": mode})
     return runs
 
 
 def run_key(row: dict) -> tuple:
-    return tuple(str(row.get(k, "")) for k in RUN_KEYS)
+    return tuple(mode_of(row) if k == "mode" else str(row.get(k, "")) for k in RUN_KEYS)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text)
 
 
 def run_name(run: dict) -> str:
-    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in run["compression"])
     lat = f"_lat{run['latency']}" if run["latency"] else ""
-    return f"{run['framework']}_{run['example']}_{safe}_np{run['np']}_{run['bandwidth']}{lat}"
+    mode = "" if mode_of(run) == SYNC else "_" + _safe(mode_of(run))
+    return (f"{run['framework']}_{run['example']}_{_safe(run['compression'])}{mode}_np{run['np']}_"
+            f"{run['bandwidth']}{lat}")
 
 
 def examples_dir(framework: str, tools_dir: Path | None = None) -> Path:
@@ -126,6 +211,7 @@ def example_command(args, run: dict, json_path: Path) -> list[str]:
     for flag in ("min_numel", "start_step"):  # the per-tensor policy's knobs, when given
         if getattr(args, flag, None) is not None:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    extra += mode_flags(mode_of(run))
     return [sys.executable, str(script), *extra, "--compression", run["compression"],
             "--json", str(json_path), "--quiet"]
 
@@ -176,11 +262,12 @@ def execute(args, run: dict, out: Path) -> dict:
     row = dict(run)
     row["log"] = str(log_path)
     if rc == 0 and json_path.exists():
-        import json
         doc = json.loads(json_path.read_text())
         for key in COLUMNS:
             if key in doc and key not in RUN_KEYS:
                 row[key] = doc[key]
+        if doc.get(runtools.CURVE) is not None:  # one CSV cell
+            row[runtools.CURVE] = json.dumps(doc[runtools.CURVE], separators=(",", ":"))
         row["step_ms"] = round(sum(float(doc.get(k) or 0.0)
                                    for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")), 3)
         row["status"] = "ok"
@@ -220,43 +307,152 @@ def ok_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("status") == "ok"]
 
 
+def _setting(r: dict) -> tuple:
+    """Runs compared with each other: same framework, example, np, bandwidth, latency."""
+    return (r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""))
+
+
+def is_baseline(r: dict) -> bool:
+    """``none`` in sync mode: what speed-ups and times to target are measured against."""
+    return mode_of(r) == SYNC and all(s.name == "none" for s in _specs(r["compression"]))
+
+
 def speedups(rows: list[dict]) -> dict:
-    """run key -> images/s over none's at the same framework, example, np, bandwidth."""
-    base = {}
-    for r in ok_rows(rows):
-        if all(s.name == "none" for s in _specs(r["compression"])):
-            base[(r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""))] = \
-                _f(r, "images_per_sec")
+    """run key -> images/s over that of none in sync mode at the same framework, example,
+    np and bandwidth."""
+    base = {_setting(r): _f(r, "images_per_sec") for r in ok_rows(rows) if is_baseline(r)}
     out = {}
     for r in ok_rows(rows):
-        b = base.get((r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", "")))
+        b = base.get(_setting(r))
         ips = _f(r, "images_per_sec")
         if b and ips is not None:
             out[run_key(r)] = ips / b
     return out
 
 
-def best_lines(rows: list[dict]) -> list[str]:
-    """Per worker count and bandwidth (np > 1): the fastest compressor and its speed-up."""
-    sp = speedups(rows)
+def _where(setting: tuple) -> str:
+    _, _, np_, bw, lat = setting
+    return f"np {np_}, {bw}" + (f", latency {lat}" if lat else "")
+
+
+def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict]]]:
     groups: dict = {}
     for r in ok_rows(rows):
-        if int(r["np"]) > 1 and run_key(r) in sp:
-            groups.setdefault((int(r["np"]), r["bandwidth"], r.get("latency", "")), []).append(r)
+        if int(r["np"]) > 1 or not multi_only:
+            groups.setdefault(_setting(r), []).append(r)
+    return sorted(groups.items(), key=lambda kv: (kv[0][:2], int(kv[0][2]), str(kv[0][3]), kv[0][4]))
+
+
+def best_lines(rows: list[dict]) -> list[str]:
+    """Per worker count and bandwidth (np > 1): the method (compressor, mode) with the
+    most images/s and its speed-up over none in sync mode."""
+    sp = speedups(rows)
     lines = []
-    for (np_, bw, lat), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    for setting, rs in _settings(rows, multi_only=True):
+        rs = [r for r in rs if run_key(r) in sp]
+        if not rs:
+            continue
         best = max(rs, key=lambda r: _f(r, "images_per_sec") or 0.0)
-        where = f"np {np_}, {bw}" + (f", latency {lat}" if lat else "")
-        lines.append(f"best at {where}: {best['compression']} -- {_f(best, 'images_per_sec'):.1f} "
+        lines.append(f"best at {_where(setting)}: {method(best)} -- {_f(best, 'images_per_sec'):.1f} "
                      f"images/s, {sp[run_key(best)]:.2f}x none")
     return lines
 
 
-def write_markdown(path: Path, rows: list[dict]) -> None:
+# -- time to accuracy --------------------------------------------------------------------------
+def curve_of(row: dict) -> list[dict]:
+    """A row's accuracy curve (points with epoch, seconds, test_accuracy), in epoch order;
+    [] when it has none (a failed run, an example without accuracy)."""
+    raw = row.get(runtools.CURVE)
+    if not raw:
+        return []
+    points = json.loads(raw) if isinstance(raw, str) else raw
+    return sorted((p for p in points if p.get("test_accuracy") is not None), key=lambda p: p["epoch"])
+
+
+def reach(curve: list[dict], target: float) -> dict | None:
+    """The first point of ``curve`` whose test accuracy is at or above ``target`` (None:
+    the run never got there)."""
+    return next((p for p in curve if p["test_accuracy"] >= target), None)
+
+
+def check_target(target: float) -> float:
+    if not (math.isfinite(target) and 0.0 < target <= 1.0):
+        raise ValueError(f"--target-accuracy is a test accuracy in (0, 1], e.g. 0.95; got {target:g}")
+    return target
+
+
+def best_accuracy(row: dict) -> float | None:
+    """The best test accuracy a successful run reached (its curve's, else its final one)."""
+    if row.get("status") != "ok":
+        return None
+    accs = [p["test_accuracy"] for p in curve_of(row)]
+    return max(accs) if accs else _f(row, "test_accuracy")
+
+
+def hit(row: dict, target: float) -> dict | None:
+    """The curve point at which a successful run first reached ``target`` (None: never)."""
+    return reach(curve_of(row), target) if row.get("status") == "ok" else None
+
+
+def missed(row: dict, target: float) -> bool:
+    """Whether a successful run with an accuracy curve never reached ``target``."""
+    return row.get("status") == "ok" and bool(curve_of(row)) and hit(row, target) is None
+
+
+def add_targets(rows: list[dict], target: float | None) -> list[dict]:
+    """Fill each row's ``best_accuracy`` and, with a target, ``target_accuracy``,
+    ``time_to_target_s`` and ``epochs_to_target`` (blank where the run never reached
+    it) from its curve; returns ``rows``.  Recomputed from the curves every time, so a
+    resumed matrix may change its target."""
+    for r in rows:
+        best = best_accuracy(r)
+        point = hit(r, target) if target is not None else None
+        r["best_accuracy"] = "" if best is None else best
+        r["target_accuracy"] = "" if target is None else target
+        r["time_to_target_s"] = point["seconds"] if point else ""
+        r["epochs_to_target"] = point["epoch"] if point else ""
+    return rows
+
+
+def target_lines(rows: list[dict], target: float) -> list[str]:
+    """Per worker count and bandwidth: the method that reached ``target`` soonest, and
+    how much sooner than none in sync mode; or that no run reached it."""
+    lines = []
+    for setting, rs in _settings(rows, multi_only=False):
+        curved = [r for r in rs if curve_of(r)]
+        if not curved:
+            continue
+        reached = [(hit(r, target), r) for r in curved if hit(r, target) is not None]
+        if not reached:
+            top = max(curved, key=lambda r: best_accuracy(r) or 0.0)
+            lines.append(f"no run reached {target:g} at {_where(setting)}; the best accuracy was "
+                         f"{method(top)}'s {best_accuracy(top):.4f}")
+            continue
+        point, best = min(reached, key=lambda pr: pr[0]["seconds"])
+        line = (f"fastest to {target:g} at {_where(setting)}: {method(best)} -- {point['seconds']:.2f} s, "
+                f"{point['epoch']} epoch(s)")
+        base = next((r for r in curved if is_baseline(r)), None)
+        if base is not None and base is not best:
+            at = hit(base, target)
+            if at is not None:
+                ratio = at["seconds"] / point["seconds"] if point["seconds"] > 0 else math.inf
+                line += f", {ratio:.2f}x sooner than none ({at['seconds']:.2f} s)"
+            else:
+                line += f"; none missed it (best {best_accuracy(base):.4f})"
+        lines.append(line)
+    return lines
+
+
+def write_markdown(path: Path, rows: list[dict], target: float | None = None) -> None:
+    """results.md: the table (a mode column when some run is not sync; with a target,
+    the time and epochs to it, or "missed" and the best accuracy reached), then the best
+    method per setting and, with a target, the fastest to it."""
     sp = speedups(rows)
-    head = ["framework", "example", "compression", "np", "bandwidth", "images/s", "per worker",
-            "vs none", "bytes/step", "compute ms", "encode ms", "comm ms", "decode ms", "accuracy",
-            "wall s", "status"]
+    modes = any(mode_of(r) != SYNC for r in rows)
+    head = (["framework", "example", "compression"] + (["mode"] if modes else [])
+            + ["np", "bandwidth", "images/s", "per worker", "vs none", "bytes/step", "compute ms",
+               "encode ms", "comm ms", "decode ms", "accuracy"]
+            + (["to target s", "epochs to target"] if target is not None else []) + ["wall s", "status"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         okay = r.get("status") == "ok"
@@ -266,21 +462,33 @@ def write_markdown(path: Path, rows: list[dict]) -> None:
             return fmt.format(v) if (okay and v is not None) else ""
         s = sp.get(run_key(r))
         bw = r["bandwidth"] + (f" +{r['latency']}" if r.get("latency") else "")
-        lines.append("| " + " | ".join([
-            r["framework"], r["example"], f"`{r['compression']}`", str(r["np"]), bw,
-            num("images_per_sec"), num("images_per_sec_per_worker"),
-            f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
-            num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),
-            num("test_accuracy", "{:.4f}"), num("wall_s"),
-            "ok" if okay else r.get("status", "").split(";")[0]]) + " |")
+        reached = []
+        if target is not None:
+            point = hit(r, target)
+            if point is not None:
+                reached = [f"{point['seconds']:.2f}", str(point["epoch"])]
+            elif missed(r, target):
+                reached = [f"missed (best {best_accuracy(r):.4f})", ""]
+            else:
+                reached = ["", ""]
+        lines.append("| " + " | ".join(
+            [r["framework"], r["example"], f"`{r['compression']}`"] + ([mode_of(r)] if modes else []) + [
+                str(r["np"]), bw, num("images_per_sec"), num("images_per_sec_per_worker"),
+                f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
+                num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),
+                num("test_accuracy", "{:.4f}")] + reached + [
+                num("wall_s"), "ok" if okay else r.get("status", "").split(";")[0]]) + " |")
     text = "\n".join(lines) + "\n"
-    bl = best_lines(rows)
+    if target is not None:
+        text = (f"Target test accuracy {target:g}: time to target is the training time (evaluation not "
+                "counted) until the end of the first epoch whose test accuracy reached it.\n\n" + text)
+    bl = best_lines(rows) + (target_lines(rows, target) if target is not None else [])
     if bl:
         text += "\n" + "\n".join(f"- {line}" for line in bl) + "\n"
     path.write_text(text)
 
 
-def plot(out: Path, rows: list[dict]) -> list[str]:
+def plot(out: Path, rows: list[dict], target: float | None = None) -> list[str]:
     """The PNG plots; returns the files written."""
     import matplotlib
     matplotlib.use("Agg")
@@ -290,17 +498,17 @@ def plot(out: Path, rows: list[dict]) -> list[str]:
     if not rows:
         return []
     written = []
-    specs = list(dict.fromkeys(r["compression"] for r in rows))
+    methods = list(dict.fromkeys(method(r) for r in rows))
     bands = list(dict.fromkeys(r["bandwidth"] for r in rows))
 
     # throughput against worker count, one panel per bandwidth (np 1 is in every panel)
     fig, axes = plt.subplots(1, len(bands), figsize=(5.5 * len(bands), 4.2), squeeze=False)
     for ax, bw in zip(axes[0], bands):
-        for spec in specs:
+        for name in methods:
             pts = sorted((int(r["np"]), _f(r, "images_per_sec")) for r in rows
-                         if r["compression"] == spec and (r["bandwidth"] == bw or int(r["np"]) == 1))
+                         if method(r) == name and (r["bandwidth"] == bw or int(r["np"]) == 1))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=spec)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         ax.set_title(f"links: {bw}")
         ax.set_xlabel("workers (np)")
         ax.set_ylabel("images/s (all workers)")
@@ -313,8 +521,8 @@ def plot(out: Path, rows: list[dict]) -> list[str]:
     # bytes one worker sends per step
     per_spec = {}
     for r in rows:
-        if int(r["np"]) > 1 or r["compression"] not in per_spec:
-            per_spec[r["compression"]] = _f(r, "bytes_per_step") or 0.0
+        if int(r["np"]) > 1 or method(r) not in per_spec:
+            per_spec[method(r)] = _f(r, "bytes_per_step") or 0.0
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(per_spec) + 1.5))
     names = list(per_spec)
     ax.barh(names, [max(per_spec[n], 1.0) for n in names], color="tab:blue")
@@ -329,7 +537,7 @@ def plot(out: Path, rows: list[dict]) -> list[str]:
     # where the step time goes, stacked, one bar per run
     labels, parts = [], {k: [] for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")}
     for r in rows:
-        labels.append(f"{r['compression']}\nnp{r['np']} {r['bandwidth']}")
+        labels.append(f"{method(r)}\nnp{r['np']} {r['bandwidth']}")
         for k in parts:
             parts[k].append(_f(r, k) or 0.0)
     fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), 5))
@@ -347,10 +555,10 @@ def plot(out: Path, rows: list[dict]) -> list[str]:
     acc = [r for r in rows if _f(r, "test_accuracy") is not None]
     if acc:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for spec in specs:
-            pts = [(_f(r, "wall_s"), _f(r, "test_accuracy"), r) for r in acc if r["compression"] == spec]
+        for name in methods:
+            pts = [(_f(r, "wall_s"), _f(r, "test_accuracy"), r) for r in acc if method(r) == name]
             if pts:
-                ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=spec)
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=name)
                 for x, y, r in pts:
                     ax.annotate(f"np{r['np']} {r['bandwidth']}", (x, y), fontsize=6)
         ax.set_xlabel("wall-clock time of the run (s)")
@@ -359,7 +567,50 @@ def plot(out: Path, rows: list[dict]) -> list[str]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         written.append(_save(fig, out / "accuracy_vs_time.png"))
+
+    panels = curve_panels(rows)
+    if panels:
+        written.append(_plot_curves(plt, out / "accuracy_curves.png", panels, methods, target))
     return written
+
+
+def curve_panels(rows: list[dict]) -> dict:
+    """(np, bandwidth) -> the successful rows with an accuracy curve, in the order of
+    accuracy_curves.png's grid (worker counts down, bandwidths across)."""
+    panels: dict = {}
+    for r in ok_rows(rows):
+        if curve_of(r):
+            panels.setdefault((int(r["np"]), r["bandwidth"]), []).append(r)
+    bands = list(dict.fromkeys(bw for _, bw in panels))
+    return {key: panels[key] for key in sorted(panels, key=lambda k: (k[0], bands.index(k[1])))}
+
+
+def _plot_curves(plt, path: Path, panels: dict, methods: list[str], target: float | None) -> str:
+    """Test accuracy against training time, one line per run, one panel per np x bandwidth."""
+    nps = list(dict.fromkeys(n for n, _ in panels))
+    bands = list(dict.fromkeys(bw for _, bw in panels))
+    fig, axes = plt.subplots(len(nps), len(bands), figsize=(5.2 * len(bands), 3.8 * len(nps)),
+                             squeeze=False, sharey=True)
+    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    for i, n in enumerate(nps):
+        for j, bw in enumerate(bands):
+            ax = axes[i][j]
+            if (n, bw) not in panels:
+                ax.set_visible(False)
+                continue
+            for r in panels[(n, bw)]:
+                pts = curve_of(r)
+                ax.plot([p["seconds"] for p in pts], [p["test_accuracy"] for p in pts], marker="o",
+                        markersize=3, color=colors(methods.index(method(r)) % colors.N), label=method(r))
+            if target is not None:
+                ax.axhline(target, color="black", linestyle="--", linewidth=0.8, label=f"target {target:g}")
+            ax.set_title(f"np {n}, links: {bw}")
+            ax.set_xlabel("training time (s)")
+            ax.set_ylabel("test accuracy")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> str:
@@ -436,8 +687,9 @@ def _profile(r: dict) -> costmodel.Profile:
 def predict(rows: list[dict], alpha_us: float | None = None) -> tuple[str, list[str]]:
     """(prediction.md text, lines worth printing).  ``alpha_us``: the per-message-step
     latency to assume (default: fitted when the runs cover two or more worker counts,
-    else :data:`DEFAULT_ALPHA_US`)."""
-    rows = ok_rows(rows)
+    else :data:`DEFAULT_ALPHA_US`).  Only sync-mode rows are used: the model is one exchange
+    per step."""
+    rows = [r for r in ok_rows(rows) if mode_of(r) == SYNC]
     capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
     uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
     md, say = ["# Cost model", ""], []
@@ -592,6 +844,15 @@ def parser() -> argparse.ArgumentParser:
                          "(the examples' default 1024; 0: compress every tensor)")
     ap.add_argument("--start-step", type=runtools.nonnegative_int, default=None, metavar="N",
                     help="passed to every run: uncompressed for the first N steps (default 0)")
+    ap.add_argument("--local-sgd", nargs="+", type=runtools.positive_int, default=None, metavar="H",
+                    help="also run local SGD, averaging every H steps, for each H (a mode; "
+                         "at more than one worker)")
+    ap.add_argument("--delay", nargs="+", type=runtools.nonnegative_int, default=None, metavar="D",
+                    help="also run Delayed Gradient Averaging with each delay D (a mode; 0 is sync; "
+                         "at more than one worker; one-round compressors only)")
+    ap.add_argument("--target-accuracy", type=float, default=None, metavar="A",
+                    help="test accuracy in (0, 1] to time: adds time and epochs to it per run and the "
+                         "fastest method to it per setting (examples with accuracy: digits, cifar10)")
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
     ap.add_argument("--resume", action="store_true",
                     help="keep the successful runs already in DIR/results.csv; run the rest")
@@ -619,6 +880,18 @@ def main(argv=None) -> int:
         ap.error(f"--alpha-us must be a number >= 0, got {args.alpha_us}")
     if args.example == "cifar10" and (args.example_args is None or "--data-dir" not in args.example_args):
         ap.error("--example cifar10 needs --example-args '--data-dir DIR ...'")
+    if args.target_accuracy is not None:
+        try:
+            check_target(args.target_accuracy)
+        except ValueError as exc:
+            ap.error(str(exc))
+        if args.example == "synthetic":
+            ap.error("--target-accuracy needs an example that reports test accuracy (--example digits "
+                     "or cifar10); the synthetic benchmark has none")
+    try:
+        check_modes(args.compression, run_modes(args.local_sgd, args.delay))
+    except ValueError as exc:
+        ap.error(str(exc))
     try:
         examples_dir(args.framework)
     except FileNotFoundError as exc:
@@ -633,6 +906,8 @@ def main(argv=None) -> int:
     runs = plan_runs(args, capped_ok)
     csv_path = out / "results.csv"
     rows = read_csv(csv_path) if args.resume else []
+    for r in rows:
+        r["mode"] = mode_of(r)  # results from before modes: sync
     done = {run_key(r) for r in rows if r.get("status") == "ok"}
     rows = [r for r in rows if r.get("status") == "ok"]
     todo = [r for r in runs if run_key(r) not in done]
@@ -642,19 +917,20 @@ def main(argv=None) -> int:
     progress.update(0)
     failed = 0
     for i, run in enumerate(todo):
-        row = execute(args, run, out)
+        row = add_targets([execute(args, run, out)], args.target_accuracy)[0]
         rows.append(row)
         write_csv(csv_path, rows)
         if row["status"] != "ok":
             failed += 1
-        note = f"{run['compression']} np {run['np']} {run['bandwidth']}: " + (
+        note = f"{method(run)} np {run['np']} {run['bandwidth']}: " + (
             f"{float(row['images_per_sec']):.1f} img/s" if row["status"] == "ok" else row["status"])
         progress.update(i + 1, note)
     order = {run_key(r): i for i, r in enumerate(runs)}
     rows.sort(key=lambda r: order.get(run_key(r), len(order)))
+    add_targets(rows, args.target_accuracy)
     write_csv(csv_path, rows)
-    write_markdown(out / "results.md", rows)
-    files = [str(csv_path), str(out / "results.md")] + plot(out, rows)
+    write_markdown(out / "results.md", rows, args.target_accuracy)
+    files = [str(csv_path), str(out / "results.md")] + plot(out, rows, args.target_accuracy)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
         text, say = predict(rows, args.alpha_us)

@@ -16,12 +16,17 @@ import os
 import sys
 import time
 
-from .. import spec as specmod
 from ..localsteps import LocalSGDSchedule, check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
                 "comm_ms", "decode_ms", "test_accuracy", "wall_s")
+#: The summary key of the examples that evaluate after every epoch (digits, CIFAR-10): a list
+#: of points with these keys, one per epoch, in order.  ``seconds``: training time from the
+#: start of the first epoch to the end of this one, evaluation excluded (the clock of
+#: ``images_per_sec``), so a curve's last point is the run's training time and accuracy.
+CURVE = "curve"
+CURVE_KEYS = ("epoch", "seconds", "test_accuracy")
 
 
 def worker_threads(local_size: int) -> int:
@@ -90,10 +95,12 @@ class _ExampleParser(argparse.ArgumentParser):
     """Rejects flag combinations local SGD / DGA cannot run, as a usage error."""
 
     def parse_args(self, args=None, namespace=None):
+        from ..core import policy
         ns = super().parse_args(args, namespace)
-        try:
-            check_local_args(ns.local_sgd, ns.backward_passes_per_step, ns.local_sgd_warmup_steps,
-                             ns.delay, True, specmod.parse(ns.compression))
+        try:  # every spec the --compression value names (a mapping: each of its rules')
+            for spec in policy.Policy(ns.compression).known_specs() or [None]:
+                check_local_args(ns.local_sgd, ns.backward_passes_per_step, ns.local_sgd_warmup_steps,
+                                 ns.delay, True, spec)
         except ValueError as exc:
             self.error(str(exc).replace("local_sgd_warmup_steps", "--local-sgd-warmup-steps")
                        .replace("local_sgd", "--local-sgd").replace("delay", "--delay"))
@@ -274,6 +281,12 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
         out["collectives_per_step"] = round(stats["collectives"] / steps, 3)
     out.update(extra)
     return out
+
+
+def curve_point(epoch: int, seconds: float, test_accuracy: float) -> dict:
+    """One point of the accuracy curve (:data:`CURVE`), rounded as the summary rounds."""
+    return {"epoch": int(epoch), "seconds": round(float(seconds), 3),
+            "test_accuracy": round(float(test_accuracy), 4)}
 
 
 def write_summary(path: str | None, doc: dict) -> None:
