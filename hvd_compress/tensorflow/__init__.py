@@ -18,11 +18,18 @@ as numpy), in eager mode and inside ``tf.function``, with per-variable state in
 from ..frontend import class_names
 from . import compressors, keras  # noqa: E402  (hvd_compress.tensorflow.keras.DistributedOptimizer)
 from .backend import TensorFlowBackend
-from .compressors import TFCompressor, TFPolicy, as_compression, as_compressor, compressor
+from .compressors import (
+    TFCompressor,
+    TFPolicy,
+    as_compression,
+    as_compressor,
+    broadcast_compression_state,
+    compressor,
+)
 from .tape import DistributedGradientTape
 
 __all__ = ["TensorFlowBackend", "TFCompressor", "TFPolicy", "compressor", "as_compressor",
-           "as_compression",
+           "as_compression", "broadcast_compression_state",
            "DistributedGradientTape", "keras", *class_names()]
 
 
