@@ -30,9 +30,13 @@ from .tape import DistributedGradientTape
 
 __all__ = ["TensorFlowBackend", "TFCompressor", "TFPolicy", "compressor", "as_compressor",
            "as_compression", "broadcast_compression_state",
-           "DistributedGradientTape", "keras", *class_names()]
+           "DistributedGradientTape", "keras", "elastic", *class_names()]
 
 
 def __getattr__(name):
-    """``hct.TopK``, ``hct.QSGD``, ...: the named classes, made from the registry."""
+    """``hct.elastic`` (imported on first use: it imports Horovod's elastic modules);
+    ``hct.TopK``, ``hct.QSGD``, ...: the named classes, made from the registry."""
+    if name == "elastic":
+        import importlib
+        return importlib.import_module(f"{__name__}.elastic")
     return getattr(compressors, name)

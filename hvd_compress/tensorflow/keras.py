@@ -36,6 +36,16 @@ from .localsteps import strategy
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
 
 
+def __getattr__(name):
+    """``hct.keras.elastic``: :mod:`hvd_compress.tensorflow.elastic` (``KerasState`` and
+    Horovod's elastic Keras callbacks), imported on first use, as ``hvd.elastic`` is in
+    ``horovod.tensorflow.keras``."""
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("hvd_compress.tensorflow.elastic")
+    raise AttributeError(name)
+
+
 class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if not self._hvdc_process_set.included():  # outside the set: its own gradients
