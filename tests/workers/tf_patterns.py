@@ -123,9 +123,9 @@ def process_set(steps=3):
         opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5),
                                              compression=spec, min_numel=0, process_set=pair)
         model.compile(optimizer=opt, loss="mse")
-        for step in range(steps):
-            x, y = _data(rank, step)
-            model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+        batches = [_data(rank, step) for step in range(steps)]  # the tape's, in order
+        model.fit(np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches]),
+                  batch_size=len(batches[0][0]), epochs=1, verbose=0, shuffle=False)
         core = getattr(opt.compression, "core", None)
         out[f"keras:{spec}"] = {"weights": _flat(model),
                                 "bound": [core.rank, core.world_size] if pair.included()
