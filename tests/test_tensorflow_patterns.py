@@ -1,6 +1,12 @@
-"""Horovod's Keras callbacks, for Keras 3 (hvd_compress.tensorflow.keras.callbacks), with
-our Keras optimizer under ``horovodrun -np 2 --gloo``; each checked against what
-Horovod's documentation says it does (Horovod 0.28.1's own fail on Keras 3)."""
+"""Horovod's documented TensorFlow patterns with our tape and Keras optimizer, one launch
+each (tests/workers/tf_patterns.py):
+
+* Horovod's Keras callbacks, for Keras 3 (hvd_compress.tensorflow.keras.callbacks), with
+  our Keras optimizer under ``horovodrun -np 2 --gloo``; each checked against what
+  Horovod's documentation says it does (Horovod 0.28.1's own fail on Keras 3);
+* ``process_set=`` (np 3, ranks 0 and 1 in the set), next to Horovod's tape;
+* ``hvd.broadcast_variables`` after the first step (Horovod's TF2 custom loop), next to
+  Horovod's tape, and the resume case (one rank restores a compressor's state)."""
 
 import numpy as np
 import pytest
@@ -48,3 +54,73 @@ def test_learning_rate_schedule_staircase(runs):
     for rank in runs:
         np.testing.assert_allclose(rank["schedule"]["lr"], [0.1] * 4 + [0.1] * 4 + [0.05] * 4,
                                    rtol=1e-6)
+
+
+# -- process sets (np 3, ranks 0 and 1 in the set) ---------------------------------------------
+@pytest.fixture(scope="module")
+def process_set_runs():
+    return run_horovod("tests.workers.tf_patterns:process_set", np=3, timeout=600)
+
+
+def test_process_set_tape_and_keras_average_within_the_set(process_set_runs):
+    runs = process_set_runs
+    for rank in runs[:2]:
+        horovod = rank["tape:horovod:None"]["weights"]
+        for run in ("tape:ours:none", "keras:none"):  # Horovod's tape's results, with none
+            for a, b in zip(rank[run]["weights"], horovod):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        for run in ("tape:ours:topk:ratio=0.3", "tape:ours:powersgd:rank=1",
+                    "keras:topk:ratio=0.3"):
+            assert runs[0][run]["weights"] == runs[1][run]["weights"]  # the set agrees
+        # the compressor counts the set's ranks, not the world's (PowerSGD averages Q by it)
+        for run in ("tape:ours:topk:ratio=0.3", "tape:ours:powersgd:rank=1", "keras:none",
+                    "keras:topk:ratio=0.3"):
+            assert rank[run]["bound"] == [rank["rank"], 2], run
+    assert runs[0]["tape:ours:topk:ratio=0.3"]["weights"] != \
+        runs[0]["tape:ours:none"]["weights"]  # (compressed: not the same as none)
+
+
+def test_process_set_rank_outside_trains_on_its_own_gradients(process_set_runs):
+    alone = process_set_runs[2]
+    theirs = alone["tape:horovod:None"]["weights"]
+    for run in ("tape:ours:none", "tape:ours:topk:ratio=0.3", "keras:none",
+                "keras:topk:ratio=0.3"):
+        for a, b in zip(alone[run]["weights"], theirs):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert theirs != process_set_runs[0]["tape:horovod:None"]["weights"]
+
+
+# -- hvd.broadcast_variables after the first step (Horovod's TF2 custom loop) -----------------
+@pytest.fixture(scope="module")
+def broadcast_runs():
+    return run_horovod("tests.workers.tf_patterns:broadcast_variables", np=2, timeout=600)
+
+
+def test_broadcast_variables_with_the_tape_is_horovods(broadcast_runs):
+    a, b = broadcast_runs
+    # Horovod 0.28.1 assigns inside a tf.function, where Keras 3 variables are tensors:
+    # it takes the tf.Variables under them (``v.value``)
+    assert "has no attribute 'assign'" in a["keras_variables_error"]
+    for rank in (a, b):
+        for x, y in zip(rank["ours:none"]["weights"], rank["horovod:None"]["weights"]):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
+    for run in ("horovod:None", "ours:none", "ours:topk:ratio=0.3", "ours:randomk:ratio=0.3"):
+        assert a[run]["weights"] == b[run]["weights"], run  # one model after the broadcast
+
+
+def test_broadcast_leaves_residuals_per_rank_and_step_counters_equal(broadcast_runs):
+    a, b = broadcast_runs
+    for run in ("ours:topk:ratio=0.3", "ours:randomk:ratio=0.3"):
+        assert a[run]["steps"] == b[run]["steps"] == [3, 3], run
+        assert a[run]["residuals"] != b[run]["residuals"], run  # each rank's own
+
+
+def test_resume_on_one_rank_needs_broadcast_compression_state(broadcast_runs):
+    a, b = broadcast_runs
+    # rank 0 restored 2 steps of random-k state, rank 1 started afresh
+    assert a["resume:sync=False"]["steps"] == [3, 3] and b["resume:sync=False"]["steps"] == [1, 1]
+    assert a["resume:sync=False"]["grads"] != b["resume:sync=False"]["grads"]  # other indices
+    # with broadcast_compression_state: rank 0's counters, the same indices, one average
+    assert a["resume:sync=True"]["steps"] == b["resume:sync=True"]["steps"] == [3, 3]
+    assert a["resume:sync=True"]["grads"] == b["resume:sync=True"]["grads"]
+    assert a["resume:sync=True"]["residuals"] != b["resume:sync=True"]["residuals"]

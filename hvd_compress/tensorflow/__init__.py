@@ -18,14 +18,25 @@ as numpy), in eager mode and inside ``tf.function``, with per-variable state in
 from ..frontend import class_names
 from . import compressors, keras  # noqa: E402  (hvd_compress.tensorflow.keras.DistributedOptimizer)
 from .backend import TensorFlowBackend
-from .compressors import TFCompressor, TFPolicy, as_compression, as_compressor, compressor
+from .compressors import (
+    TFCompressor,
+    TFPolicy,
+    as_compression,
+    as_compressor,
+    broadcast_compression_state,
+    compressor,
+)
 from .tape import DistributedGradientTape
 
 __all__ = ["TensorFlowBackend", "TFCompressor", "TFPolicy", "compressor", "as_compressor",
-           "as_compression",
-           "DistributedGradientTape", "keras", *class_names()]
+           "as_compression", "broadcast_compression_state",
+           "DistributedGradientTape", "keras", "elastic", *class_names()]
 
 
 def __getattr__(name):
-    """``hct.TopK``, ``hct.QSGD``, ...: the named classes, made from the registry."""
+    """``hct.elastic`` (imported on first use: it imports Horovod's elastic modules);
+    ``hct.TopK``, ``hct.QSGD``, ...: the named classes, made from the registry."""
+    if name == "elastic":
+        import importlib
+        return importlib.import_module(f"{__name__}.elastic")
     return getattr(compressors, name)

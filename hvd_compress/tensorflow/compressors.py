@@ -30,7 +30,7 @@ from .backend import TensorFlowBackend
 BACKEND = TensorFlowBackend()
 
 __all__ = ["TFCompressor", "TFPolicy", "compressor", "as_compressor", "as_compression",
-           *class_names()]
+           "broadcast_compression_state", *class_names()]
 
 
 class TFCompressor(tf.Module, CompressorFrontend):
@@ -66,6 +66,21 @@ class TFCompressor(tf.Module, CompressorFrontend):
 
     def _horovod_rank_size(self):
         return _horovod_rank_size()
+
+    def bind(self, rank: int, world_size: int) -> "TFCompressor":
+        """Set this rank and the number of ranks exchanging (a wrapper does, from its
+        process set, before every exchange: elastic training changes them).  A core
+        built for other numbers is built again: the per-tensor state lives in variables
+        and stays, DGC's epoch carries over, the noise generator is seeded from the new
+        rank (a traced step keeps the core it was traced with: trace it again)."""
+        self._rank, self._world_size = rank, world_size
+        old = self._core
+        if old is not None and (old.rank, old.world_size) != (rank, world_size):
+            self._core = None
+            epoch = getattr(old, "epoch", None)
+            if epoch is not None and hasattr(self.core, "set_epoch"):
+                self.core.set_epoch(epoch)
+        return self
 
     # -- state in variables ------------------------------------------------------------
     def _variables(self, meta) -> dict:
@@ -224,13 +239,22 @@ class TFPolicy(PolicyFrontend, TFCompressor):
         return f"TFPolicy({str(self.policy)!r})"
 
     def _make_child(self, spec):
-        return compressor(spec)
+        comp = compressor(spec)
+        return comp if self._rank is None else comp.bind(self._rank, self._world_size)
 
     def _child_protocol(self, child):
         return child
 
     def _child_added(self, key, comp) -> None:
         self.compressors[key] = comp
+        if self._rank is not None:  # (the user's own object too)
+            comp.bind(self._rank, self._world_size)
+
+    def bind(self, rank: int, world_size: int) -> "TFPolicy":
+        self._rank, self._world_size = rank, world_size
+        for comp in self._children.values():
+            comp.bind(rank, world_size)
+        return self
 
     @property
     def core(self):
@@ -307,6 +331,90 @@ def _horovod_rank_size():
     except ImportError:  # pragma: no cover
         pass
     return 0, 1
+
+
+# -- the state every rank must hold alike -----------------------------------------------------
+#: Per-tensor state that is the same on every rank: the step counters (Random-k's indices and
+#: DGC's samples are drawn from them) and PowerSGD's Q (the ranks' average).  The rest --
+#: residuals, DGC's momentum and accumulation, Signum's momentum, the accumulators of
+#: ``backward_passes_per_step`` -- is each rank's own and never travels.
+SHARED_KEYS = ("step", "q")
+_SYNC = {"generation": 0, "root": 0}
+
+
+def broadcast_compression_state(root_rank: int = 0) -> None:
+    """Every rank calls it: at each compressor's next exchange (of each tensor), the state
+    that must be equal on every rank -- :data:`SHARED_KEYS`, DGC's warm-up epoch, the
+    wrappers' counters (passes, delayed start) -- is taken from ``root_rank``, and the
+    ranks check their plan again.  Per-rank state (residuals, momenta) stays each rank's.
+
+    For the resume pattern (``root_rank`` restores a checkpoint, every rank broadcasts the
+    variables): without it a compressor restored on one rank only would count other steps
+    than the rest.  The elastic states (:mod:`hvd_compress.tensorflow.elastic`) call it at
+    every reset and sync.  Inside ``tf.function`` the exchange happens at trace time: a
+    step traced before the call must be traced again."""
+    _SYNC["generation"] += 1
+    _SYNC["root"] = int(root_rank)
+
+
+@tf.autograph.experimental.do_not_convert
+def prepare_exchange(comp, grads, names, process_set) -> None:
+    """What a wrapper does before it exchanges ``grads`` (named ``names``) over
+    ``process_set``: bind ``comp`` to this rank and the set's size, and, after
+    :func:`broadcast_compression_state`, take the root's shared state for these tensors
+    (once per tensor; every rank reaches it at the same exchange)."""
+    import horovod.tensorflow as hvd
+    comp.bind(hvd.rank(), process_set.size())
+    generation = _SYNC["generation"]
+    if generation == 0:
+        return
+    done = comp.__dict__.get("_synced")
+    if done is None or done[0] != generation:
+        comp.__dict__.get("_agreed_plans", set()).clear()  # new ranks must check with us
+        done = comp.__dict__["_synced"] = (generation, set())
+    todo = [(g, n) for g, n in zip(grads, names) if n not in done[1]]
+    if todo:
+        with tf.init_scope():
+            _take_shared_state(comp, todo, process_set)
+        done[1].update(n for _, n in todo)
+
+
+def _holder(comp, grad, name):
+    """The compressor that keeps ``name``'s state (a policy's: the one it compresses with)."""
+    if not isinstance(comp, TFPolicy):
+        return comp
+    return comp.child(comp.policy.spec_for(name, tuple(grad.shape), tf.as_dtype(grad.dtype).name))
+
+
+def _take_shared_state(comp, pairs, process_set) -> None:
+    import horovod.tensorflow as hvd
+    root = _SYNC["root"]
+    held = {}  # key -> (holder, its variables for the tensor)
+    for grad, name in pairs:
+        holder = _holder(comp, grad, name)
+        if holder.core.passthrough:
+            continue
+        held[f"{holder.spec}|{name}"] = (holder, holder._variables(holder.core.meta_for(grad, name)))
+    counting = comp._given if isinstance(comp, TFPolicy) and comp._given is not None else comp
+    mine = None
+    if hvd.rank() == root:
+        mine = {"tensors": {k: {key: v.numpy() for key, v in vs.items()
+                                if key in SHARED_KEYS and isinstance(v, tf.Variable)}
+                            for k, (_, vs) in held.items()},
+                "epochs": {k: getattr(h.core, "epoch", None) for k, (h, _) in held.items()},
+                "counters": {k: int(v.numpy())
+                             for k, v in counting.__dict__.get("_counters", {}).items()}}
+    got = hvd.broadcast_object(mine, root_rank=root, name="hvd_compress.shared_state",
+                               process_set=process_set)
+    for k, values in got["tensors"].items():
+        holder, vs = held[k]
+        for key, value in values.items():
+            vs[key].assign(value)
+        epoch = got["epochs"][k]
+        if epoch is not None and getattr(holder.core, "epoch", None) != epoch:
+            holder.core.set_epoch(epoch)  # (the step being traced has the new sizes)
+    for key, value in got["counters"].items():
+        counting.counter(key).assign(value)
 
 
 def __getattr__(name):

@@ -29,15 +29,28 @@ from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
-from .compressors import TFPolicy, as_compression
+from .compressors import TFPolicy, as_compression, prepare_exchange
 from .exchange import engine, exchange_tensors, plan, plan_rows, variable_name
 from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
 
 
+def __getattr__(name):
+    """``hct.keras.elastic``: :mod:`hvd_compress.tensorflow.elastic` (``KerasState`` and
+    Horovod's elastic Keras callbacks), imported on first use, as ``hvd.elastic`` is in
+    ``horovod.tensorflow.keras``."""
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("hvd_compress.tensorflow.elastic")
+    raise AttributeError(name)
+
+
 class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not self._hvdc_process_set.included():  # outside the set: its own gradients
+            return super(self.__class__, self)._backend_update_step(grads, trainable_variables,
+                                                                    learning_rate)
         stats = new_stats()
         names = [variable_name(v) for v in trainable_variables]
         local = self._hvdc_local
@@ -46,6 +59,7 @@ class _DistributedOptimizer:
         if isinstance(self._hvdc_engine.comp, TFPolicy):
             self._hvdc_engine.comp.settle([(n, tuple(g.shape), g.dtype.name)
                                            for g, n in zip(sent, sent_names)])
+        prepare_exchange(self._hvdc_engine.comp, sent, sent_names, self._hvdc_process_set)
         self._hvdc_engine.agree(lambda: self._hvdc_plan(sent, sent_names))  # once per set
         if local is not None:
             new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names, stats)
@@ -105,7 +119,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     :mod:`hvd_compress.localsteps`).  ``compression`` may also be a per-tensor choice,
     with ``min_numel`` and ``start_step``, as for
     :func:`hvd_compress.tensorflow.DistributedGradientTape`; ``opt.plan(variables)``
-    lists each variable's compressor and bytes."""
+    lists each variable's compressor and bytes.  ``process_set``: its ranks exchange
+    among themselves; a rank outside applies its own gradients."""
     comp = as_compression(compression, min_numel, start_step)
     check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
                        "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
@@ -122,6 +137,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
+    opt._hvdc_process_set = process_set
     opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set)
     opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
                                local_sgd_warmup_steps, delay, buffers)

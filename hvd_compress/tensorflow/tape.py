@@ -24,7 +24,7 @@ import tensorflow as tf
 from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..frontend import choice_of, new_stats
 from ..localsteps import check_wrapper_args
-from .compressors import TFCompressor, TFPolicy, as_compression, owned_by
+from .compressors import TFCompressor, TFPolicy, as_compression, owned_by, prepare_exchange
 from .exchange import engine, exchange_tensors, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
 
@@ -107,6 +107,8 @@ class _DistributedGradientTape(tf.GradientTape):
         comp = self._engine.comp
         if isinstance(comp, TFPolicy):
             comp.settle([(n, tuple(g.shape), g.dtype.name) for _, g, n in pairs])
+        prepare_exchange(comp, [g for _, g, _ in pairs], [n for _, _, n in pairs],
+                         self._process_set)
         self._engine.agree(lambda: self._plan(pairs))  # at the first exchange of these tensors
         if self._local is not None:
             # the variables and names finish_step() averages
@@ -203,7 +205,9 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     :func:`hvd_compress.torch.DistributedOptimizer`.  ``tape.plan(variables)`` lists
     each variable's compressor and bytes.
     ``device_dense``/``device_sparse`` and ``groups`` are accepted for
-    compatibility (each variable is exchanged on its own).
+    compatibility (each variable is exchanged on its own).  ``process_set``: its ranks
+    exchange among themselves, the compressor bound to their number; a rank outside
+    gets its own gradients back, as from Horovod's tape.
 
     ``backward_passes_per_step=N``: each ``gradient()`` call adds the local
     gradients into accumulators kept with the compressor; every N-th call

@@ -47,3 +47,164 @@ def keras_callbacks(spec="topk:ratio=0.5", epochs=3, batch=8, n=32):
                      "loss": [float(v) for v in hist.history["loss"]], "lr": lrs,
                      "residuals": residuals, "size": hvd.size()}
     return out
+
+
+def _dense_model(seed=0):
+    import keras
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+
+
+def _data(rank, step, n=16):
+    rng = np.random.default_rng(100 * step + rank)
+    x = rng.standard_normal((n, 8)).astype("float32")
+    return x, (x[:, :4] * 2.0 + rng.standard_normal((n, 4)) * 0.1).astype("float32")
+
+
+def _tape_step(model, opt, x, y, wrap):
+    """One custom-loop step: the local loss, ``wrap(tape)`` (Horovod's or our tape), apply."""
+    import keras
+    import tensorflow as tf
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y, model(x, training=True))
+    tape, sources = wrap(tape)
+    grads = tape.gradient(loss, sources)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return tape
+
+
+def _flat(model):
+    return [np.asarray(w).ravel().tolist() for w in model.get_weights()]
+
+
+def _barrier():
+    """Every rank, before returning: a rank outside a process set must not shut Horovod
+    down while the set still exchanges (TensorFlow's Horovod has no barrier())."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    hvd.allreduce(tf.constant(0.0), name="tests.barrier")
+
+
+def process_set(steps=3):
+    """np 3, a process set of ranks 0 and 1 given to Horovod's tape, ours (none, top-k,
+    PowerSGD) and our Keras optimizer (none, top-k): per run, the weights after ``steps``
+    steps, and what our compressor was bound to (rank, number of ranks)."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    import hvd_compress.tensorflow as hct
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    rank = hvd.rank()
+    out = {"rank": rank}
+
+    def run_tape(kind, spec):
+        model = _dense_model()
+        opt = keras.optimizers.SGD(0.1, momentum=0.5)
+
+        def wrap(tape):
+            if kind == "horovod":
+                return (hvd.DistributedGradientTape(tape, process_set=pair),
+                        [v.value for v in model.trainable_variables])
+            return (hct.DistributedGradientTape(tape, compression=comp, process_set=pair,
+                                                min_numel=0), model.trainable_variables)
+
+        comp = hct.compressor(spec) if spec else None
+        for step in range(steps):
+            _tape_step(model, opt, *_data(rank, step), wrap)
+        bound = [comp.core.rank, comp.core.world_size] if comp is not None else None
+        return {"weights": _flat(model), "bound": bound}
+
+    for kind, spec in (("horovod", None), ("ours", "none"), ("ours", "topk:ratio=0.3"),
+                       ("ours", "powersgd:rank=1")):
+        out[f"tape:{kind}:{spec}"] = run_tape(kind, spec)
+    for spec in ("none", "topk:ratio=0.3"):
+        model = _dense_model()
+        opt = hct.keras.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5),
+                                             compression=spec, min_numel=0, process_set=pair)
+        model.compile(optimizer=opt, loss="mse")
+        batches = [_data(rank, step) for step in range(steps)]  # the tape's, in order
+        model.fit(np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches]),
+                  batch_size=len(batches[0][0]), epochs=1, verbose=0, shuffle=False)
+        core = getattr(opt.compression, "core", None)
+        out[f"keras:{spec}"] = {"weights": _flat(model),
+                                "bound": [core.rank, core.world_size] if pair.included()
+                                else None}
+    _barrier()
+    return out
+
+
+def _state_of(comp):
+    """Per tensor (sorted by name): the step counter and the residual."""
+    sd = comp.state_dict()["tensors"]
+    return {"steps": [int(sd[n]["step"]) for n in sorted(sd)],
+            "residuals": [np.asarray(sd[n]["residual"]).ravel().tolist() for n in sorted(sd)
+                          if "residual" in sd[n]]}
+
+
+def broadcast_variables(steps=3):
+    """Horovod's TF2 custom-loop pattern: every rank starts from its own weights; after the
+    first step, ``hvd.broadcast_variables`` of the model's and the optimizer's variables
+    from rank 0.  Per run (Horovod's tape, ours with none, top-k, random-k): the weights
+    and our compressor's state.  Then the resume case: rank 0 alone restores a random-k
+    compressor's state; the next exchange with and without ``broadcast_compression_state``."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank = hvd.rank()
+    out = {"rank": rank}
+
+    def wrapper(kind, comp, model):
+        def wrap(tape):
+            if kind == "horovod":
+                return (hvd.DistributedGradientTape(tape),
+                        [v.value for v in model.trainable_variables])
+            return (hct.DistributedGradientTape(tape, compression=comp, min_numel=0),
+                    model.trainable_variables)
+        return wrap
+
+    for kind, spec in (("horovod", None), ("ours", "none"), ("ours", "topk:ratio=0.3"),
+                       ("ours", "randomk:ratio=0.3")):
+        model = _dense_model(seed=rank)  # a different start on every rank
+        opt = keras.optimizers.SGD(0.1, momentum=0.5)
+        comp = hct.compressor(spec) if spec else None
+        for step in range(steps):
+            _tape_step(model, opt, *_data(rank, step), wrapper(kind, comp, model))
+            if step == 0:
+                if kind == "horovod":  # as Horovod's docs have it: fails on Keras 3
+                    try:
+                        hvd.broadcast_variables(model.variables, root_rank=0)
+                        out["keras_variables_error"] = None
+                    except AttributeError as exc:  # (while tracing: before any collective)
+                        out["keras_variables_error"] = str(exc)
+                # Keras 3: the tf.Variables under the Keras ones; opt.variables is a list
+                hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
+                hvd.broadcast_variables([v.value for v in opt.variables], root_rank=0)
+        out[f"{kind}:{spec}"] = {"weights": _flat(model),
+                                 **(_state_of(comp) if spec not in (None, "none") else {})}
+
+    # resume: rank 0 restores a compressor's state (2 steps), the others start afresh
+    model = _dense_model(seed=0)
+    opt = keras.optimizers.SGD(0.1)
+    comp = hct.compressor("randomk:ratio=0.3")
+    for step in range(2):
+        _tape_step(model, opt, *_data(rank, step), wrapper("ours", comp, model))
+    saved = comp.state_dict()
+    for sync in (False, True):
+        again = hct.compressor("randomk:ratio=0.3")
+        if rank == 0:
+            again.load_state_dict(saved)
+        hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
+        if sync:
+            hct.broadcast_compression_state(root_rank=0)
+        x, y = _data(rank, 7)
+        with tf.GradientTape() as tape:
+            loss = keras.losses.MeanSquaredError()(y, model(x, training=True))
+        grads = hct.DistributedGradientTape(tape, compression=again, min_numel=0).gradient(
+            loss, model.trainable_variables)
+        out[f"resume:sync={sync}"] = {"grads": [np.asarray(g).ravel().tolist() for g in grads],
+                                      **_state_of(again)}
+    return out
