@@ -51,6 +51,7 @@ class PolicyFrontend:
         self.policy_step = 0
         #: set while tracing the delayed start's branch (TensorFlow)
         self.force_dense = False
+        self._rank, self._world_size = None, None  # what bind() set; children follow
 
     # -- the compressors -----------------------------------------------------------------
     def _make_child(self, spec):
@@ -69,12 +70,21 @@ class PolicyFrontend:
                 self._make_child(specmod.parse(spec))
             if self._epoch is not None:
                 comp.set_epoch(self._epoch)
+            if self._rank is not None:  # (the user's own object too)
+                comp = comp.bind(self._rank, self._world_size)
             self._children[key] = comp
             self._child_added(key, comp)
         return comp
 
     def _child_added(self, key, comp) -> None:
         """Hook (TensorFlow tracks the child for checkpoints)."""
+
+    def bind(self, rank: int, world_size: int):
+        """Bind every compressor, and those made later, to ``rank`` of ``world_size``."""
+        self._rank, self._world_size = rank, world_size
+        for comp in self._children.values():
+            comp.bind(rank, world_size)
+        return self
 
     @property
     def children(self) -> dict:

@@ -230,7 +230,7 @@ class TFPolicy(PolicyFrontend, TFCompressor):
 
     def __init__(self, policy, given=None):
         tf.Module.__init__(self, name="hvd_compress")
-        self._core, self._rank, self._world_size = None, None, None
+        self._core = None
         self.tensor_state = {}
         self._init_policy(policy, given)
         self.compressors = {}  # spec text -> TFCompressor, tracked for checkpoints
@@ -239,22 +239,13 @@ class TFPolicy(PolicyFrontend, TFCompressor):
         return f"TFPolicy({str(self.policy)!r})"
 
     def _make_child(self, spec):
-        comp = compressor(spec)
-        return comp if self._rank is None else comp.bind(self._rank, self._world_size)
+        return compressor(spec)
 
     def _child_protocol(self, child):
         return child
 
     def _child_added(self, key, comp) -> None:
         self.compressors[key] = comp
-        if self._rank is not None:  # (the user's own object too)
-            comp.bind(self._rank, self._world_size)
-
-    def bind(self, rank: int, world_size: int) -> "TFPolicy":
-        self._rank, self._world_size = rank, world_size
-        for comp in self._children.values():
-            comp.bind(rank, world_size)
-        return self
 
     @property
     def core(self):

@@ -106,27 +106,15 @@ class TorchPolicy(PolicyFrontend):
 
     def __init__(self, policy, given=None):
         self._init_policy(policy, given)
-        self._rank, self._world_size = None, None
 
     def __repr__(self) -> str:
         return f"TorchPolicy({str(self.policy)!r})"
 
     def _make_child(self, spec):
-        comp = compressor(spec)
-        return comp if self._rank is None else comp.bind(self._rank, self._world_size)
+        return compressor(spec)
 
     def _child_protocol(self, child):
         return child.core
-
-    def _child_added(self, key, comp) -> None:
-        if self._rank is not None:  # (the user's own object too)
-            comp.bind(self._rank, self._world_size)
-
-    def bind(self, rank: int, world_size: int) -> "TorchPolicy":
-        self._rank, self._world_size = rank, world_size
-        for comp in self._children.values():
-            comp.bind(rank, world_size)
-        return self
 
     @property
     def core(self):

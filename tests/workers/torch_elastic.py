@@ -25,19 +25,10 @@ import threading
 
 import torch
 
+from tests.workers.torch_patterns import _batch, _model  # the same model and batches
+
 SPECS = (("horovod", None), ("ours", "none"), ("ours", "topk:ratio=0.3"),
          ("ours", "randomk:ratio=0.3"), ("ours", "powersgd:rank=1"))
-
-
-def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-
-
-def _batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(6, 8, generator=g) * (3.0 if step % 2 else 1.0), \
-        torch.randint(0, 3, (6,), generator=g)
 
 
 def _optimizer(kind, model, spec, prefix):
