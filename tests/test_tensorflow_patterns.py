@@ -1,5 +1,5 @@
 """Horovod's documented TensorFlow patterns with our tape and Keras optimizer, one launch
-each (tests/workers/tf_patterns.py):
+each under Gloo and one under MPI (tests/workers/tf_patterns.py):
 
 * Horovod's Keras callbacks, for Keras 3 (hvd_compress.tensorflow.keras.callbacks), with
   our Keras optimizer under ``horovodrun -np 2 --gloo``; each checked against what
@@ -16,9 +16,10 @@ from tests.harness import run_horovod
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def runs():
-    return run_horovod("tests.workers.tf_patterns:keras_callbacks", np=2, timeout=600)
+@pytest.fixture(scope="module", params=["gloo", "mpi"])
+def runs(request):
+    return run_horovod("tests.workers.tf_patterns:keras_callbacks", np=2, timeout=600,
+                       controller=request.param)
 
 
 def test_broadcast_gives_every_rank_roots_weights_and_keeps_residuals_local(runs):
@@ -57,9 +58,10 @@ def test_learning_rate_schedule_staircase(runs):
 
 
 # -- process sets (np 3, ranks 0 and 1 in the set) ---------------------------------------------
-@pytest.fixture(scope="module")
-def process_set_runs():
-    return run_horovod("tests.workers.tf_patterns:process_set", np=3, timeout=600)
+@pytest.fixture(scope="module", params=["gloo", "mpi"])
+def process_set_runs(request):
+    return run_horovod("tests.workers.tf_patterns:process_set", np=3, timeout=600,
+                       controller=request.param)
 
 
 def test_process_set_tape_and_keras_average_within_the_set(process_set_runs):
@@ -91,9 +93,10 @@ def test_process_set_rank_outside_trains_on_its_own_gradients(process_set_runs):
 
 
 # -- hvd.broadcast_variables after the first step (Horovod's TF2 custom loop) -----------------
-@pytest.fixture(scope="module")
-def broadcast_runs():
-    return run_horovod("tests.workers.tf_patterns:broadcast_variables", np=2, timeout=600)
+@pytest.fixture(scope="module", params=["gloo", "mpi"])
+def broadcast_runs(request):
+    return run_horovod("tests.workers.tf_patterns:broadcast_variables", np=2, timeout=600,
+                       controller=request.param)
 
 
 def test_broadcast_variables_with_the_tape_is_horovods(broadcast_runs):

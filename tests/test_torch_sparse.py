@@ -15,9 +15,10 @@ from tests.harness import run_horovod
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def runs():
-    return run_horovod("tests.workers.torch_sparse:sparse_embeddings", np=2, timeout=300)
+@pytest.fixture(scope="module", params=["gloo", "mpi"])
+def runs(request):
+    return run_horovod("tests.workers.torch_sparse:sparse_embeddings", np=2, timeout=300,
+                       controller=request.param)
 
 
 def test_none_is_horovods_sparse_allreduce(runs):
