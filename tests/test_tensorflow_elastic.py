@@ -41,8 +41,8 @@ def run_horovod_elastic_tf(target: str, np: int, min_np: int, max_np: int,
         out = _run(cmd, outdir, max_np, timeout, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "180"})
         results = {int(p.stem[7:]): json.loads(p.read_text())
                    for p in Path(outdir).glob("partial*.json")}  # (what a worker saw so far)
-        results.update({int(p.stem[4:]): json.loads(p.read_text())
-                        for p in Path(outdir).glob("rank*.json")})
+        finished = [json.loads(p.read_text()) for p in Path(outdir).glob("worker*.json")]
+        results.update({r["first_rank"]: r for r in finished})  # (tests.workers.entry, elastic)
         if not results:
             raise LaunchError(f"no worker wrote a result\n{out}")
         return results
