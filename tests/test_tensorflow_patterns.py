@@ -127,3 +127,19 @@ def test_resume_on_one_rank_needs_broadcast_compression_state(broadcast_runs):
     assert a["resume:sync=True"]["steps"] == b["resume:sync=True"]["steps"] == [3, 3]
     assert a["resume:sync=True"]["grads"] == b["resume:sync=True"]["grads"]
     assert a["resume:sync=True"]["residuals"] != b["resume:sync=True"]["residuals"]
+
+
+# -- hvd.join() for uneven data (TF2 custom loop) ----------------------------------------------
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_join_with_uneven_batches_is_horovods(controller):
+    """Rank 1 runs one step fewer and joins; rank 0's last exchange completes with rank 1
+    adding zeros, as with Horovod's tape (summed payloads only: see README)."""
+    runs = run_horovod("tests.workers.tf_patterns:join_uneven", np=2, timeout=600,
+                       controller=controller)
+    for rank in runs:
+        assert rank["horovod:None"]["last"] == rank["ours:none"]["last"] == 0
+        for a, b in zip(rank["ours:none"]["weights"], rank["horovod:None"]["weights"]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    # rank 0's extra step moved its weights; rank 1 stopped a step earlier
+    assert runs[0]["ours:none"]["weights"] != runs[1]["ours:none"]["weights"]
+    assert runs[0]["ours:randomk:ratio=0.3"]["last"] == 0

@@ -208,3 +208,32 @@ def broadcast_variables(steps=3):
         out[f"resume:sync={sync}"] = {"grads": [np.asarray(g).ravel().tolist() for g in grads],
                                       **_state_of(again)}
     return out
+
+
+def join_uneven(steps=3):
+    """Uneven data with ``hvd.join()`` in a TF2 custom loop: rank ``r`` takes ``steps - r``
+    steps, then joins (the others' exchanges go on, the joined rank adding zeros).
+    Horovod's tape and ours (none, and Random-k, whose payload is summed too): the
+    weights and join's result (the last rank to join)."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+    for kind, spec in (("horovod", None), ("ours", "none"), ("ours", "randomk:ratio=0.3")):
+        model = _dense_model()
+        opt = keras.optimizers.SGD(0.1)
+
+        def wrap(tape, kind=kind, spec=spec, model=model):
+            if kind == "horovod":
+                return hvd.DistributedGradientTape(tape), [v.value for v in model.trainable_variables]
+            return (hct.DistributedGradientTape(tape, compression=spec, min_numel=0),
+                    model.trainable_variables)
+
+        for step in range(steps - rank):
+            _tape_step(model, opt, *_data(rank, step), wrap)
+        last = hvd.join()
+        out[f"{kind}:{spec}"] = {"weights": _flat(model), "last": int(last)}
+    return out
