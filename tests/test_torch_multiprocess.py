@@ -1,5 +1,6 @@
 """hvd_compress.torch under real horovodrun -np 2 launches (Gloo and MPI)."""
 
+import numpy as np
 import pytest
 
 from hvd_compress.core import build
@@ -86,3 +87,42 @@ def test_resume_from_a_checkpoint_with_horovods_broadcast_pattern(tmp_path):
         assert a["params"] == b["params"], spec  # and training went on in agreement
         if spec != "none":  # rank 1 took rank 0's counters (2 steps before the save, 2 after)
             assert a["steps"] == b["steps"] and set(a["steps"]) == {4}, (spec, a["steps"], b["steps"])
+
+
+def test_broadcast_optimizer_state_for_every_optimizer_and_rank_combination():
+    """Issue 13: broadcast_optimizer_state for every torch.optim optimizer Horovod takes,
+    with state on no rank, on rank 0 only and on every rank, returns (no rank steps an
+    exchange alone), leaves rank 0's state on every rank, and ours (compression none)
+    holds the same state and takes the same next step as Horovod's optimizer -- except
+    that ours puts the parameters back after the zero-gradient step that makes the state
+    (Horovod's leaves weight decay's change there, and its ranks train apart)."""
+    runs = run_horovod("tests.workers.torch_opt:broadcast_every_optimizer", np=2, timeout=300)
+    r0, r1 = runs
+    names = sorted({k.split(":")[0] for k in r0})
+    for must in ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam",
+                 "RAdam", "ASGD", "Rprop", "SparseAdam"):
+        assert must in names, names
+    horovod_moved = {k.rsplit(":", 1)[0] for k in r0 if k.endswith(":horovod")
+                     and (r0[k]["moved"] or r1[k]["moved"])}
+    for key in r0:
+        name, case, wrapper = key.split(":")
+        a, b = r0[key], r1[key]
+        assert a["after"] == b["after"], key  # every rank holds the same state
+        if case != "none":  # rank 0's state, as it was, reached rank 1
+            assert any(a["before"]["state"]), key
+            assert b["after"]["state"] == a["before"]["state"], key
+        if case == "root":  # rank 1 had none (Adagrad's, made at construction, differs)
+            assert b["before"]["state"] != a["before"]["state"], key
+        if wrapper == "horovod":
+            if f"{name}:{case}" not in horovod_moved:
+                assert a["params"] == b["params"], key
+            continue
+        assert not a["moved"] and not b["moved"], key  # the state-making step moved nothing
+        assert a["params"] == b["params"], key  # and the ranks took the same step
+        theirs = r0[f"{name}:{case}:horovod"]
+        assert a["after"] == theirs["after"], key
+        if f"{name}:{case}" not in horovod_moved:  # as Horovod's, where it moved nothing
+            np.testing.assert_allclose(a["params"], theirs["params"], rtol=0, atol=1e-6,
+                                       err_msg=key)
+    assert "AdamW:root" in horovod_moved  # (what ours mends: weight decay on a zero gradient)
+    assert "Adam:root" not in horovod_moved

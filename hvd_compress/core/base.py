@@ -39,6 +39,18 @@ from .backend import NUMPY
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
+#: Per-tensor state that belongs to one rank and never travels: error-feedback residuals,
+#: DGC's momentum ``u`` and accumulation ``v``, Signum's momentum.  Every other key of a
+#: tensor's state (``numel``, the ``step`` counter that keys Random-k's indices and DGC's
+#: samples, PowerSGD's ``Q``) is *shared*: equal on every rank, so a resume or an elastic
+#: sync takes it from one rank.  The one list both frameworks' syncs read.
+PER_RANK_STATE = frozenset({"residual", "u", "v", "momentum"})
+
+
+def is_shared_state(key: str) -> bool:
+    """Whether per-tensor state ``key`` must be equal on every rank (:data:`PER_RANK_STATE`)."""
+    return key not in PER_RANK_STATE
+
 
 _WARNED: set = set()
 

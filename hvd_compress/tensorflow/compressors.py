@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import spec as specmod
-from ..core.base import Encoded, warn_once
+from ..core.base import Encoded, is_shared_state, warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
 from ..pertensor import PolicyFrontend, resolve
@@ -325,17 +325,17 @@ def _horovod_rank_size():
 
 
 # -- the state every rank must hold alike -----------------------------------------------------
-#: Per-tensor state that is the same on every rank: the step counters (Random-k's indices and
-#: DGC's samples are drawn from them) and PowerSGD's Q (the ranks' average).  The rest --
-#: residuals, DGC's momentum and accumulation, Signum's momentum, the accumulators of
-#: ``backward_passes_per_step`` -- is each rank's own and never travels.
-SHARED_KEYS = ("step", "q")
+#: Per-tensor state shared by every rank is told from each rank's own by the core's one
+#: list (:data:`hvd_compress.core.base.PER_RANK_STATE`): the step counters (Random-k's
+#: indices and DGC's samples are drawn from them) and PowerSGD's Q are taken from the root;
+#: residuals, DGC's momentum and accumulation, Signum's momentum -- and the accumulators of
+#: ``backward_passes_per_step`` -- are each rank's own and never travel.
 _SYNC = {"generation": 0, "root": 0}
 
 
 def broadcast_compression_state(root_rank: int = 0) -> None:
     """Every rank calls it: at each compressor's next exchange (of each tensor), the state
-    that must be equal on every rank -- :data:`SHARED_KEYS`, DGC's warm-up epoch, the
+    that must be equal on every rank -- the shared per-tensor state, DGC's warm-up epoch, the
     wrappers' counters (passes, delayed start) -- is taken from ``root_rank``, and the
     ranks check their plan again.  Per-rank state (residuals, momenta) stays each rank's.
 
@@ -390,7 +390,7 @@ def _take_shared_state(comp, pairs, process_set) -> None:
     mine = None
     if hvd.rank() == root:
         mine = {"tensors": {k: {key: v.numpy() for key, v in vs.items()
-                                if key in SHARED_KEYS and isinstance(v, tf.Variable)}
+                                if is_shared_state(key) and isinstance(v, tf.Variable)}
                             for k, (_, vs) in held.items()},
                 "epochs": {k: getattr(h.core, "epoch", None) for k, (h, _) in held.items()},
                 "counters": {k: int(v.numpy())

@@ -47,12 +47,15 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.elastic import state as _hvd_state
 
+from ..core.base import PER_RANK_STATE
+
 __all__ = ["OptimizerStateHandler", "PER_RANK", "follow_world", "sync_compressor_state",
            "shared_state", "merge_state", "install"]
 
-#: per-tensor compressor state that belongs to one rank (module docstring); a compressor's
-#: ``extra`` state (its own noise generator, seeded by rank) is per-rank too
-PER_RANK = frozenset({"residual", "u", "v", "momentum"})
+#: per-tensor compressor state that belongs to one rank (module docstring; the core's one
+#: list); a compressor's ``extra`` state (its own noise generator, seeded by rank) is
+#: per-rank too
+PER_RANK = PER_RANK_STATE
 
 
 class _Placeholder:

@@ -286,9 +286,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _base_step(self, closure):
         return super(self.__class__, self).step(closure)
 
+    @torch.no_grad()
+    def _state_init_step(self, closure):
+        """The step Horovod's ``broadcast_optimizer_state`` takes, with zero gradients, on
+        the ranks that have no state, only to make it: local, and the parameters are put
+        back as they were.  (Horovod's leaves that step's change: weight decay -- AdamW,
+        ASGD, Muon -- moves those ranks' parameters after ``broadcast_parameters``, and
+        the ranks train apart by it.)"""
+        params = [p for g in self.param_groups for p in g["params"]]
+        kept = [p.detach().clone() for p in params]
+        try:
+            return self._base_step(closure)
+        finally:
+            for p, k in zip(params, kept):
+                p.copy_(k)
+
     def step(self, closure=None):
         if called_by_broadcast_optimizer_state():  # state init: no exchange, as Horovod's
-            return self._base_step(closure)
+            return self._state_init_step(closure)
         if self._local_phase():
             return self._local.step(closure)
         if self._dga is not None and self._communicates():

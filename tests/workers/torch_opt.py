@@ -357,3 +357,120 @@ def resume_with_broadcast(path, specs=("none", "topk:ratio=0.1", "randomk:ratio=
                      "params": [p.detach().flatten().tolist() for p in model.parameters()],
                      "steps": _tensor_steps(opt._compression.state_dict())}
     return out
+
+
+def _optimizers():
+    """Every optimizer class in torch.optim that Horovod's broadcast_optimizer_state
+    takes (it refuses LBFGS), with arguments that give each one state."""
+    kw = {"SGD": {"lr": 0.1, "momentum": 0.9}, "ASGD": {"lr": 0.1, "t0": 1.0},
+          "Adafactor": {"lr": 0.01}, "Muon": {"lr": 0.01}}
+    found = {}
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) \
+                and cls is not torch.optim.Optimizer and name != "LBFGS":
+            found[name] = (cls, kw.get(name, {"lr": 0.01}))
+    return found
+
+
+class _Embedder(torch.nn.Module):
+    """For SparseAdam, which takes sparse gradients only."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 5, sparse=True)
+
+    def forward(self, x, use_extra=False):
+        return self.emb((x.flatten(1)[:, :6] * 4).long() % 20).sum(1)
+
+
+class _Matrices(torch.nn.Module):
+    """For Muon, which takes 2-D parameters only."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 12, bias=False)
+        self.b = torch.nn.Linear(12, 5, bias=False)
+
+    def forward(self, x, use_extra=False):
+        return self.b(torch.relu(self.a(x.flatten(1))))
+
+
+def _state_record(opt):
+    """The optimizer's state and options as plain lists, in parameter order."""
+    sd = opt.state_dict()
+    state = []
+    for group in sd["param_groups"]:
+        for pid in group["params"]:
+            entry = {}
+            for key, v in sorted(sd["state"].get(pid, {}).items()):
+                if torch.is_tensor(v):
+                    v = v.to_dense() if v.is_sparse else v
+                    entry[key] = [float(x) for x in v.detach().double().flatten().tolist()]
+                else:
+                    entry[key] = [float(v)]
+            state.append(entry)
+    options = [{k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float))}
+               for g in sd["param_groups"]]
+    return {"state": state, "options": options}
+
+
+def _flat_params(model):
+    return [float(x) for p in model.parameters() for x in p.detach().double().flatten().tolist()]
+
+
+def broadcast_every_optimizer(names=None, steps=1):
+    """Horovod's resume pattern for every torch.optim optimizer, each in every
+    combination of ranks with state (none, rank 0 only, all), wrapped by ours
+    (compression none) and by Horovod's: rank 0's model and state are broadcast, the
+    state each rank holds afterwards is recorded, whether the state-making step moved
+    the parameters, then ``steps`` training steps."""
+    import horovod.torch as hvd
+
+    import hvd_compress.torch as hc
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+    for name, (cls, kw) in sorted(_optimizers().items()):
+        if names and name not in names:
+            continue
+        model_cls = {"SparseAdam": _Embedder, "Muon": _Matrices}.get(name, Net)
+        for case in ("none", "root", "all"):
+            for wrapper in ("ours", "horovod"):
+                torch.manual_seed(100 + rank)  # ranks start apart: the broadcast matters
+                model = model_cls()
+                if model_cls is Net:  # every parameter gets a gradient: with one that never
+                    model.unused.requires_grad_(False)  # does, ranks broadcast different
+                    # state lists and Horovod's broadcast hangs -- with either optimizer
+                if case == "all" or (case == "root" and rank == 0):
+                    base = cls(model.parameters(), **kw)  # state from two local steps
+                    for step in range(2):
+                        base.zero_grad()
+                        loss_fn(model, *batch(rank, 50 + step)).backward()
+                        base.step()
+                    saved = base.state_dict()
+                    model.zero_grad(set_to_none=True)
+                else:
+                    saved = None
+                if wrapper == "ours":
+                    opt = hc.DistributedOptimizer(cls(model.parameters(), **kw),
+                                                  named_parameters=model.named_parameters(),
+                                                  compression="none")
+                else:
+                    opt = hvd.DistributedOptimizer(cls(model.parameters(), **kw),
+                                                   named_parameters=model.named_parameters())
+                if saved is not None:
+                    opt.load_state_dict(saved)
+                before = _state_record(opt)
+                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+                given = _flat_params(model)
+                hvd.broadcast_optimizer_state(opt, root_rank=0)
+                after = _state_record(opt)
+                moved = _flat_params(model) != given  # by the state-making step
+                for step in range(steps):
+                    opt.zero_grad()
+                    loss_fn(model, *batch(rank, step)).backward()
+                    opt.step()
+                out[f"{name}:{case}:{wrapper}"] = {"before": before, "after": after,
+                                                   "moved": moved, "params": _flat_params(model)}
+    return out
