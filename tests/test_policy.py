@@ -236,27 +236,14 @@ def test_torch_policy_follows_the_optimizers_momentum_and_refusals():
                        torch.as_tensor(old.compression.core.states["0.weight"]["residual"]))
 
 
-def test_tf_given_compressor_keeps_the_wrappers_counters():
+def test_tf_given_compressor_keeps_the_wrappers_counters(tf_results):
     """A compressor object given to the tape keeps its accumulators and counters even when
-    the default rule wraps it in a policy (a checkpoint of that object holds them)."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    import hvd_compress.tensorflow as hct
-    hvd.init()
-    comp = hct.compressor("topk:ratio=0.1")
-    v = [tf.Variable(tf.ones([40, 30]), name="w"), tf.Variable(tf.ones([5]), name="b")]
-    for _ in range(2):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(v[0] * v[0]) + tf.reduce_sum(v[1])
-        tape = hct.DistributedGradientTape(tape, compression=comp, backward_passes_per_step=2)
-        tape.gradient(loss, v)
-    assert isinstance(tape.compression, hct.TFPolicy)
-    assert int(comp.pass_counter().numpy()) == 2
-    assert set(comp.__dict__["_accs"]) == {v[0].name, v[1].name}
-    with pytest.raises(ValueError, match="start_step"):
-        hct.DistributedGradientTape(tf.GradientTape(), compression="topk", start_step=2,
-                                    delay=1)
+    the default rule wraps it in a policy (a checkpoint of that object holds them).  (In
+    the launch: TensorFlow's Horovod is never initialised in the pytest process, see
+    tests/conftest.py.)"""
+    for r in tf_results:
+        assert r["given_is_policy"] and r["given_passes"] == 2 and r["given_accs"]
+        assert "start_step" in r["given_refused"]
 
 
 def test_torch_ranks_agree_on_the_delayed_start_after_a_rank0_resume(torch_results):

@@ -267,5 +267,23 @@ def tf_checks():
             want = _reference_step(refs3, specs3, every, dict(zip(names, shapes.values())))
         diffs.append(max(float(np.max(np.abs(g - want[n]))) for g, n in zip(got, names)))
     res["tf_start_step_errs"] = diffs
+
+    # a compressor object given to the tape keeps its accumulators and counters even when
+    # the default rule wraps it in a policy (a checkpoint of that object holds them)
+    comp = hct.compressor("topk:ratio=0.1")
+    v = [tf.Variable(tf.ones([40, 30]), name="w"), tf.Variable(tf.ones([5]), name="b")]
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v[0] * v[0]) + tf.reduce_sum(v[1])
+        tape = hct.DistributedGradientTape(tape, compression=comp, backward_passes_per_step=2)
+        tape.gradient(loss, v)
+    res["given_is_policy"] = isinstance(tape.compression, hct.TFPolicy)
+    res["given_passes"] = int(comp.pass_counter().numpy())
+    res["given_accs"] = sorted(comp.__dict__["_accs"]) == sorted([v[0].name, v[1].name])
+    try:
+        hct.DistributedGradientTape(tf.GradientTape(), compression="topk", start_step=2, delay=1)
+        res["given_refused"] = ""
+    except ValueError as e:
+        res["given_refused"] = str(e)
     hvd.allreduce(tf.constant(0.0), name="policy.done")  # every rank finishes together
     return res
