@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from .core.backend import NUMPY, set_host_fast_paths
+from .core.backend import NUMPY, prime_stride, set_host_fast_paths
 from .core.base import ef_sum_host
 from .core.bitpack import pack_codes, packed_nbytes
 from .core.sparsifiers import index_dtype
@@ -399,7 +399,7 @@ _SAMPLE_HITS = 200  # sampled values expected above the k-th largest (the cut's 
 
 def _sample_cut(gh, rh, kk):
     """A magnitude a little below the k-th largest of ``|g + r|`` (``r`` None: of
-    ``|g|``), from every ``stride``-th value: the sample's value of rank ``e + 3
+    ``|g|``), from every ``stride``-th value (a prime): the sample's value of rank ``e + 3
     sqrt(e) + 1``, ``e`` the sampled values expected above the k-th largest, so that at
     least k, and about 1.2 k, pass.  Only the speed depends on it, never the result;
     +Inf where a sample would be most of the tensor (then the bit-pattern top-k)."""
@@ -407,6 +407,7 @@ def _sample_cut(gh, rh, kk):
     stride = max(1, n // max(1, -(-_SAMPLE_HITS * n // kk)))
     if stride < 4:
         return np.float32(np.inf)
+    stride = prime_stride(stride)  # (a matrix's rows never line up with it)
     sample = np.abs(gh[::stride] + rh[::stride]) if rh is not None else np.abs(gh[::stride])
     s = sample.shape[0]
     e = kk * s / n

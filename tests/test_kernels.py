@@ -397,3 +397,33 @@ def test_stratified_kernel_gives_the_chains_indices(n, k, backend, monkeypatch):
     for fast, chain in zip(*got):
         assert fast.dtype == chain.dtype == np.int64
         np.testing.assert_array_equal(fast, chain)
+
+
+def test_prime_stride():
+    from hvd_compress.core.backend import prime_stride
+    assert [prime_stride(s) for s in (1, 2, 3, 4, 9, 1024, 16384)] == [1, 2, 3, 5, 11, 1031, 16411]
+
+
+def test_top_k_cut_is_not_fooled_by_a_matrix_whose_rows_divide_the_stride():
+    """The main job's classifier gradient (rows of 256 columns, each column about
+    constant down the rows) sampled every 1,024th value showed one column only, and the
+    cut let a third of k through on one rank (every step then took the slower
+    bit-pattern selection).  The same here with rows of 64 and a stride of 64: the
+    prime stride samples every column, and at least k, about 1.2 k, pass."""
+    rows, cols, kk = 20_000, 64, 12_800
+    n = rows * cols
+    rng = np.random.default_rng(0)
+    column = rng.standard_normal(cols).astype(np.float32)
+    g = (column[None, :] * (1 + 0.01 * rng.standard_normal((rows, cols)))).astype(np.float32)
+    g = g.reshape(-1)
+    raw = n // -(-fastpaths._SAMPLE_HITS * n // kk)
+    assert raw % cols == 0  # the old stride: one column
+
+    def passed(t):
+        return int(np.count_nonzero(np.abs(g) >= t))
+
+    sample = np.sort(np.abs(g[::raw]))  # the old cut, as _sample_cut read it
+    e = kk * sample.size / n
+    old = sample[sample.size - min(sample.size, int(e + 3 * np.sqrt(e)) + 1)]
+    assert not kk <= passed(old) <= 8 * kk  # (why the fix: outside the fast path's range)
+    assert kk <= passed(fastpaths._sample_cut(g, None, kk)) <= 2 * kk
