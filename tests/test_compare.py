@@ -1,5 +1,6 @@
 """The comparison over worker counts: cost model, capped links, the end-to-end matrix."""
 
+import contextlib
 import csv
 import json
 import math
@@ -566,7 +567,51 @@ def test_modes_are_rows_of_the_matrix_with_their_example_flags():
     cmp.check_modes(["powersgd:rank=2"], ["sync", "local SGD H=4"])
 
 
+def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horovod(monkeypatch,
+                                                                                    tmp_path):
+    """Issue 19: --strategy mwms adds TensorFlow's MultiWorkerMirroredStrategy as a row
+    (mode TF MWMS, compression none) per worker count and bandwidth, np 1 included; it
+    runs the example with --strategy mwms under the mwms launcher, uncapped, or in the
+    capped namespaces; the cost model leaves it out (sync rows only)."""
+    from hvd_compress.tools import compare as cmp
+    args = cmp.parser().parse_args(["--out", str(tmp_path), "--framework", "tensorflow",
+                                    "--example", "digits", "--compression", "none", "topk",
+                                    "--np", "1", "2", "--bandwidth", "uncapped", "1gbit",
+                                    "--strategy", "mwms"])
+    runs = cmp.plan_runs(args, capped_ok=True)
+    mwms = [(r["compression"], r["np"], r["bandwidth"]) for r in runs if r["mode"] == cmp.MWMS]
+    assert mwms == [("none", 1, "uncapped"), ("none", 2, "uncapped"), ("none", 2, "1gbit")]
+    assert len(runs) == 2 * 3 + 3
+    row = next(r for r in runs if r["mode"] == cmp.MWMS and r["bandwidth"] == "uncapped"
+               and r["np"] == 2)
+    cmd = cmp.example_command(args, row, Path("r.json"))
+    assert cmd[cmd.index("--strategy") + 1] == "mwms" and cmd[cmd.index("--compression") + 1] == "none"
+    assert cmp.method(row) == "none (TF MWMS)"
+    launched = []
+
+    class Proc:  # what execute() launches, not run
+        pid, returncode = 0, 0
+
+        def __init__(self, argv, **kw):
+            launched.append(argv)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(cmp.subprocess, "Popen", Proc)
+    cmp.execute(args, row, tmp_path)
+    assert launched[0][1:5] == ["-m", "hvd_compress.tools.mwms", "-np", "2"]
+    capped = []
+    monkeypatch.setattr(cmp.netcap, "launch_mwms", lambda net, cmd, **kw: capped.append(cmd) or 0)
+    monkeypatch.setattr(cmp.netcap, "CappedNetwork", lambda *a: contextlib.nullcontext(None))
+    cmp.execute(args, next(r for r in runs if r["mode"] == cmp.MWMS and r["bandwidth"] == "1gbit"),
+                tmp_path)
+    assert capped and "--strategy" in capped[0]
+
+
 @pytest.mark.parametrize("flags, message", [
+    (["--strategy", "mwms"], "--framework tensorflow --example digits"),
+    (["--framework", "tensorflow", "--strategy", "mwms"], "--framework tensorflow --example digits"),
     (["--example", "digits", "--target-accuracy", "0"], "(0, 1]"),
     (["--example", "digits", "--target-accuracy", "1.5"], "(0, 1]"),
     (["--example", "digits", "--target-accuracy", "nan"], "(0, 1]"),

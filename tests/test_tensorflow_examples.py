@@ -1,6 +1,7 @@
 """TensorFlow examples and the Keras optimizer under real horovodrun -np 2 launches."""
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -26,11 +27,16 @@ def test_keras_fit_digits_reaches_90_percent(spec, tmp_path):
         assert doc["bytes_per_step"] < 153_128 / 2
 
 
-def test_keras_backward_passes_per_step(tmp_path):
-    out = tmp_path / "s.json"
+@pytest.fixture(scope="module")
+def keras_bpps_doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bpps") / "s.json"
     run_script("tf_examples/train_digits.py", ["--compression", "topk:ratio=0.05", "--epochs", "2",
                                                "--backward-passes-per-step", "2", "--json", out])
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_keras_backward_passes_per_step(keras_bpps_doc):
+    doc = keras_bpps_doc
     assert doc["steps"] == (2 * 45) // 2  # 45 batches of 16 per epoch on each rank, 2 per update
     # the accuracy curve: one point per epoch (the last after training), in the training
     # seconds images/s counts (evaluation left out)
@@ -146,3 +152,33 @@ def test_keras_dgc_warmup_callback_retraces_when_the_density_changes():
                             kwargs={"spec": spec}):
         assert rank["callback"] == {"bytes": per_epoch, "warned": False}, rank
         assert rank["plain"]["bytes"] == [per_epoch[0]] * 4 and rank["plain"]["warned"], rank
+
+
+def test_mwms_baseline_trains_two_workers_with_the_examples_summary(tmp_path, keras_bpps_doc):
+    """Issue 19: TensorFlow's MultiWorkerMirroredStrategy (no Horovod) trains the same
+    digits model on the same shards, two workers launched with TF_CONFIG by
+    hvd_compress.tools.mwms, to completion; its summary has the Horovod run's keys."""
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "hvd_compress.tools.mwms", "-np", "2",
+                           "--timeout", "300", sys.executable, str(REPO / "tf_examples/train_digits.py"),
+                           "--strategy", "mwms", "--epochs", "2", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc) == set(keras_bpps_doc)
+    assert doc["strategy"] == "mwms" and keras_bpps_doc["strategy"] == "horovod"
+    assert doc["np"] == 2 and doc["steps"] == 2 * 45 and doc["compression"] == "none"
+    assert doc["bytes_per_step"] == 153_128  # dense float32, as Horovod's none
+    assert [p["epoch"] for p in doc["curve"]] == [1, 2] and doc["test_accuracy"] > 0.5
+    assert "epoch 1: test accuracy" in proc.stdout and proc.stdout.count("summary:") == 1
+
+
+def test_mwms_refuses_what_it_cannot_do():
+    script = str(REPO / "tf_examples/train_digits.py")
+    bad = subprocess.run([sys.executable, script, "--strategy", "mwms", "--compression", "topk"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "use --compression none" in bad.stderr
+    alone = subprocess.run([sys.executable, script, "--strategy", "mwms"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    assert alone.returncode != 0 and "needs TF_CONFIG" in alone.stdout + alone.stderr

@@ -8,35 +8,57 @@ split across the workers, 360 held out); the model is compiled with
 ``hvd_compress.tensorflow.keras.DistributedOptimizer``.  With DGC the warm-up
 epoch is set by a callback; another evaluates after every epoch (the ``curve`` of
 the ``--json`` summary).
+
+``--strategy mwms`` trains the same model on the same shards with TensorFlow's
+MultiWorkerMirroredStrategy instead of Horovod (the baseline; ``tf_examples/_mwms.py``):
+
+    python -m hvd_compress.tools.mwms -np 2 python tf_examples/train_digits.py --strategy mwms
 """
 
 from __future__ import annotations
 
 import time
 
+import _mwms
 from _common import compression, fit_and_report, init
 
 from hvd_compress.tools import runtools
 from hvd_compress.tools.datasets import digits_split
 
 
-def main(argv=None):
-    ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=15, batch_size=16, lr=0.02)
-    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    args = ap.parse_args(argv)
-    t_start = time.perf_counter()
-    hvd, keras, tf, hct = init(args.seed)
-    rank, size = hvd.rank(), hvd.size()
-    xtr, ytr, xte, yte = (a[..., None] if a.ndim == 3 else a for a in digits_split())
-    xtr, ytr = xtr[rank::size], ytr[rank::size]
-    model = keras.Sequential([
+def make_model(keras):
+    return keras.Sequential([
         keras.Input((8, 8, 1)),
         keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
         keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+
+
+def main(argv=None):
+    ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=15, batch_size=16, lr=0.02)
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
+                    help="horovod (default), or mwms: TensorFlow's MultiWorkerMirroredStrategy, "
+                         "launched by python -m hvd_compress.tools.mwms (--compression none)")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    data = [a[..., None] if a.ndim == 3 else a for a in digits_split()]
+    if args.strategy == "mwms":
+        _mwms.check_args(ap, args)
+        strategy, rank, size = _mwms.strategy_and_world()
+        xtr, ytr, xte, yte = data
+        steps = -(-(len(xtr) // size) // args.batch_size)  # Keras fit's count on the smaller shard
+        _mwms.fit_and_report(args, "train_digits", strategy, rank, size, make_model,
+                             xtr[rank::size], ytr[rank::size], xte, yte, steps, t_start)
+        return
+    hvd, keras, tf, hct = init(args.seed)
+    rank, size = hvd.rank(), hvd.size()
+    xtr, ytr, xte, yte = data
+    xtr, ytr = xtr[rank::size], ytr[rank::size]
     comp = compression(hct, args)
-    fit_and_report(args, "train_digits", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start)
+    fit_and_report(args, "train_digits", hvd, keras, hct, make_model(keras), comp, xtr, ytr, xte,
+                   yte, t_start)
 
 
 if __name__ == "__main__":

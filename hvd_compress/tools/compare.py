@@ -84,6 +84,10 @@ COLUMNS = (list(runtools.SUMMARY_KEYS) + ["bandwidth", "latency", "status", "ste
                                           "epochs_to_target", "best_accuracy", runtools.CURVE])
 UNCAPPED = "uncapped"
 SYNC = "sync"
+#: the baseline without Horovod: TensorFlow's MultiWorkerMirroredStrategy (``--strategy
+#: mwms``; uncompressed, launched by :mod:`.mwms`, in the namespaces when capped)
+MWMS = "TF MWMS"
+MWMS_EXAMPLES = ("digits",)
 
 
 # -- modes: how often the workers talk --------------------------------------------------------
@@ -95,10 +99,12 @@ def dga_mode(delay: int) -> str:
     return SYNC if int(delay) == 0 else f"DGA D={int(delay)}"
 
 
-def run_modes(periods=(), delays=()) -> list[str]:
+def run_modes(periods=(), delays=(), strategy: str = "horovod") -> list[str]:
     """The modes of a matrix: sync first (the baseline), then DGA delays, then local SGD
-    periods (``--delay 0`` is sync itself)."""
+    periods (``--delay 0`` is sync itself), then TensorFlow's strategy with
+    ``strategy="mwms"``."""
     modes = [SYNC] + [dga_mode(d) for d in delays or ()] + [local_sgd_mode(h) for h in periods or ()]
+    modes += [MWMS] if strategy == "mwms" else []
     return list(dict.fromkeys(modes))
 
 
@@ -111,13 +117,16 @@ def mode_flags(mode: str) -> list[str]:
     """The example flags a mode needs."""
     if mode in ("", SYNC):
         return []
+    if mode == MWMS:
+        return ["--strategy", "mwms"]
     m = re.fullmatch(r"local SGD H=(\d+)", mode)
     if m:
         return ["--local-sgd", "--backward-passes-per-step", m.group(1)]
     m = re.fullmatch(r"DGA D=(\d+)", mode)
     if m:
         return ["--delay", m.group(1)]
-    raise ValueError(f"unknown mode {mode!r} (sync, 'local SGD H=<period>' or 'DGA D=<delay>')")
+    raise ValueError(f"unknown mode {mode!r} (sync, 'local SGD H=<period>', 'DGA D=<delay>' "
+                     f"or {MWMS!r})")
 
 
 def check_modes(specs, modes) -> None:
@@ -126,6 +135,8 @@ def check_modes(specs, modes) -> None:
     from ..localsteps import check_local_args
     for spec in specs:
         for mode in modes:
+            if mode == MWMS:  # its one row is uncompressed whatever the specs
+                continue
             flags = mode_flags(mode)
             local = "--local-sgd" in flags
             period = int(flags[-1]) if local else 1
@@ -152,19 +163,27 @@ def bandwidth_label(text: str) -> str:
 
 def plan_runs(args, capped_ok: bool) -> list[dict]:
     runs = []
-    modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None))
+    modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
+                      getattr(args, "strategy", "horovod"))
+
+    def add(spec, mode):
+        for np_ in args.np:
+            if np_ == 1 and mode not in (SYNC, MWMS):
+                continue  # one worker: local SGD and DGA are plain SGD
+            bands = [UNCAPPED] if np_ == 1 else list(args.bandwidth)
+            if not capped_ok:
+                bands = [UNCAPPED]
+            for bw in dict.fromkeys(bands):
+                runs.append({"framework": args.framework, "example": args.example,
+                             "compression": spec, "np": np_, "bandwidth": bw,
+                             "latency": args.latency if bw != UNCAPPED else "", "mode": mode})
+
     for spec in args.compression:
         for mode in modes:
-            for np_ in args.np:
-                if np_ == 1 and mode != SYNC:
-                    continue  # one worker: local SGD and DGA are plain SGD
-                bands = [UNCAPPED] if np_ == 1 else list(args.bandwidth)
-                if not capped_ok:
-                    bands = [UNCAPPED]
-                for bw in dict.fromkeys(bands):
-                    runs.append({"framework": args.framework, "example": args.example,
-                                 "compression": spec, "np": np_, "bandwidth": bw,
-                                 "latency": args.latency if bw != UNCAPPED else "", "mode": mode})
+            if mode != MWMS:
+                add(spec, mode)
+    if MWMS in modes:  # the baseline's rows, once: uncompressed
+        add("none", MWMS)
     return runs
 
 
@@ -235,8 +254,11 @@ def execute(args, run: dict, out: Path) -> dict:
     t0 = time.perf_counter()
     try:
         if run["bandwidth"] == UNCAPPED:
-            full = [*horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}", "--gloo",
-                    *cmd]
+            if mode_of(run) == MWMS:
+                full = [sys.executable, "-m", "hvd_compress.tools.mwms", "-np", str(run["np"]), *cmd]
+            else:
+                full = [*horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}",
+                        "--gloo", *cmd]
             with open(log_path, "w") as log:
                 log.write("$ " + shlex.join(full) + "\n")
                 log.flush()
@@ -252,8 +274,9 @@ def execute(args, run: dict, out: Path) -> dict:
                 log.write(f"# {run['np']} namespaces, links capped at {run['bandwidth']}"
                           f"{', latency ' + run['latency'] if latency else ''}\n$ "
                           + shlex.join(cmd) + "\n")
+            launch = netcap.launch_mwms if mode_of(run) == MWMS else netcap.launch_horovod
             with netcap.CappedNetwork(run["np"], netcap.parse_rate(run["bandwidth"]), latency) as net:
-                rc = netcap.launch_horovod(net, cmd, log_path=str(log_path), timeout_s=args.timeout)
+                rc = launch(net, cmd, log_path=str(log_path), timeout_s=args.timeout)
     except Exception as exc:  # a launcher error is this run's failure, not the matrix's
         with open(log_path, "a") as log:
             log.write(f"\ncompare: launch failed: {exc!r}\n")
@@ -850,6 +873,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--delay", nargs="+", type=runtools.nonnegative_int, default=None, metavar="D",
                     help="also run Delayed Gradient Averaging with each delay D (a mode; 0 is sync; "
                          "at more than one worker; one-round compressors only)")
+    ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
+                    help="mwms: also run TensorFlow's MultiWorkerMirroredStrategy (no Horovod, "
+                         "uncompressed) as a baseline row per worker count and bandwidth "
+                         "(--framework tensorflow --example digits)")
     ap.add_argument("--target-accuracy", type=float, default=None, metavar="A",
                     help="test accuracy in (0, 1] to time: adds time and epochs to it per run and the "
                          "fastest method to it per setting (examples with accuracy: digits, cifar10)")
@@ -888,8 +915,12 @@ def main(argv=None) -> int:
         if args.example == "synthetic":
             ap.error("--target-accuracy needs an example that reports test accuracy (--example digits "
                      "or cifar10); the synthetic benchmark has none")
+    if args.strategy == "mwms" and (args.framework != "tensorflow" or
+                                    args.example not in MWMS_EXAMPLES):
+        ap.error("--strategy mwms runs with --framework tensorflow --example "
+                 + " or ".join(MWMS_EXAMPLES))
     try:
-        check_modes(args.compression, run_modes(args.local_sgd, args.delay))
+        check_modes(args.compression, run_modes(args.local_sgd, args.delay, args.strategy))
     except ValueError as exc:
         ap.error(str(exc))
     try:

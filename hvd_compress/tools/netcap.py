@@ -278,6 +278,22 @@ def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = No
             log.close()
 
 
+def launch_mwms(net: CappedNetwork, command: list[str], env: dict | None = None,
+                log_path: str | None = None, timeout_s: float = 600.0) -> int:
+    """Run ``command`` as ``net.n`` TensorFlow MultiWorkerMirroredStrategy workers
+    (:mod:`.mwms`: ``TF_CONFIG`` naming every worker's address on the bridge), worker i
+    in namespace i.  Output to ``log_path``; the first non-zero exit code, 124 on a
+    time-out."""
+    from . import mwms
+    workers = [f"{net.address(i)}:{MWMS_PORT}" for i in range(net.n)]
+    with open(log_path or os.devnull, "a") as log:
+        return mwms.run(command, net.n, timeout=timeout_s, env=env, workers=workers,
+                        prefix=net.exec_prefix, out=log)
+
+
+MWMS_PORT = 23456  # each worker listens in its own namespace, at its own address
+
+
 def wait_all(procs: list, timeout_s: float) -> int:
     """Wait for every process; the first non-zero exit code, 124 on time-out, else 0.
     After one fails the others get 10 s to report before the caller stops them."""

@@ -260,8 +260,9 @@ class Progress:
 
 def summary(framework: str, example: str, compression: str, np_: int, steps: int,
             images: int, train_s: float, stats: dict, test_accuracy, wall_s: float,
-            **extra) -> dict:
-    """The run summary; ``stats`` holds summed bytes_sent/encode_ms/comm_ms/decode_ms."""
+            strategy: str = "horovod", **extra) -> dict:
+    """The run summary; ``stats`` holds summed bytes_sent/encode_ms/comm_ms/decode_ms;
+    ``strategy``: what exchanged the gradients (Horovod, or TensorFlow's ``mwms``)."""
     steps = max(1, steps)
     per_step = {k: stats.get(k, 0.0) / steps for k in ("encode_ms", "comm_ms", "decode_ms")}
     step_ms = 1e3 * train_s / steps
@@ -275,7 +276,7 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
         "compute_ms": round(compute, 3), "encode_ms": round(per_step["encode_ms"], 3),
         "comm_ms": round(per_step["comm_ms"], 3), "decode_ms": round(per_step["decode_ms"], 3),
         "test_accuracy": None if test_accuracy is None else round(float(test_accuracy), 4),
-        "wall_s": round(wall_s, 3),
+        "wall_s": round(wall_s, 3), "strategy": strategy,
     }
     if stats.get("collectives"):
         out["collectives_per_step"] = round(stats["collectives"] / steps, 3)
