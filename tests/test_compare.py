@@ -395,6 +395,23 @@ def test_predict_on_runs_the_model_made_validates_exactly():
     assert any("200mbit runs predicted without any 200mbit run" in line and "3/3" in line for line in say)
     assert "eta = 0.900" in md and "eta = 0.800" in md
     assert "`fp16` +250.0" in md
+    # time to accuracy (issue 19): epochs to the target measured, step time predicted
+    curves = {"none": [0.8, 0.92, 0.96], "fp16": [0.8, 0.93, 0.95], "topk:ratio=0.01": [0.7, 0.9, 0.93]}
+    for r in rows:
+        step_s = float(r["step_ms"]) / 1e3
+        r["images_per_sec"] = str(2 * 8 / step_s)
+        r["curve"] = json.dumps([{"epoch": e + 1, "seconds": (e + 1) * 100 * step_s,
+                                  "test_accuracy": a} for e, a in enumerate(curves[r["compression"]])])
+    md, _ = compare.predict(rows, target=0.95)
+    table = md[md.index("## Predicted time to 0.95"):]
+    assert "one epoch = 1,600 images" in table and "Assumed: the epochs" in table
+    none_row = next(line for line in table.splitlines() if line.startswith("| `none`"))
+    cells = none_row.split(" | ")
+    assert cells[1] == "3"  # none reached 0.95 at its third epoch
+    model_step_ms = 120.0 + 0.150 * 1e3 + links[ALLREDUCE].comm_s(ALLREDUCE, 2, 8e7, 1e8) * 1e3
+    assert float(cells[2]) == pytest.approx(3 * 100 * model_step_ms / 1e3, rel=1e-3)  # p=2, 100 Mbit/s
+    assert "| `fp16` | 3 |" in table and "topk" not in table  # top-k never got there
+    assert "No sync run reached" in compare.predict(rows, target=0.99)[0]
 
 
 def test_per_tensor_flags_reach_every_run_and_mappings_are_accepted():

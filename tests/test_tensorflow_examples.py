@@ -155,20 +155,22 @@ def test_keras_dgc_warmup_callback_retraces_when_the_density_changes():
 
 
 def test_mwms_baseline_trains_two_workers_with_the_examples_summary(tmp_path, keras_bpps_doc):
-    """Issue 19: TensorFlow's MultiWorkerMirroredStrategy (no Horovod) trains the same
-    digits model on the same shards, two workers launched with TF_CONFIG by
-    hvd_compress.tools.mwms, to completion; its summary has the Horovod run's keys."""
+    """Issue 19: TensorFlow's MultiWorkerMirroredStrategy (no Horovod) trains the digits
+    (here the 10.8M-parameter MLP of --model wide) on the same shards, two workers
+    launched with TF_CONFIG by hvd_compress.tools.mwms, to completion; its summary has
+    the Horovod run's keys."""
     out = tmp_path / "m.json"
     proc = subprocess.run([sys.executable, "-m", "hvd_compress.tools.mwms", "-np", "2",
                            "--timeout", "300", sys.executable, str(REPO / "tf_examples/train_digits.py"),
-                           "--strategy", "mwms", "--epochs", "2", "--json", str(out)],
+                           "--strategy", "mwms", "--model", "wide", "--batch-size", "64",
+                           "--epochs", "2", "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert set(doc) == set(keras_bpps_doc)
     assert doc["strategy"] == "mwms" and keras_bpps_doc["strategy"] == "horovod"
-    assert doc["np"] == 2 and doc["steps"] == 2 * 45 and doc["compression"] == "none"
-    assert doc["bytes_per_step"] == 153_128  # dense float32, as Horovod's none
+    assert doc["np"] == 2 and doc["steps"] == 2 * 12 and doc["compression"] == "none"
+    assert doc["bytes_per_step"] == 4 * 10_780_170  # the wide MLP, dense float32
     assert [p["epoch"] for p in doc["curve"]] == [1, 2] and doc["test_accuracy"] > 0.5
     assert "epoch 1: test accuracy" in proc.stdout and proc.stdout.count("summary:") == 1
 

@@ -52,6 +52,17 @@ def test_train_digits_with_backward_passes_per_step(tmp_path):
     assert curve[-1]["seconds"] == pytest.approx(images / doc["images_per_sec"], rel=0.02)
 
 
+def test_train_digits_wide_model_has_ten_million_parameters(tmp_path):
+    """Issue 19: real data where the link matters -- the digits under a 10.8M-parameter
+    MLP, 43 MB of float32 gradients a step (compare's --example digits-wide)."""
+    out = tmp_path / "s.json"
+    run_script("torch_examples/train_digits.py", ["--model", "wide", "--batch-size", "64",
+                                                  "--epochs", "1", "--json", out])
+    doc = _summary(out)
+    assert doc["bytes_per_step"] == 4 * 10_780_170 and doc["steps"] == 719 // 64
+    assert doc["test_accuracy"] > 0.5
+
+
 @pytest.mark.parametrize("flags, bytes_ratio", [
     (["--local-sgd", "--backward-passes-per-step", "4"], 1 / 4),  # averages every 4th step
     (["--delay", "2"], 1.0),  # DGA sends every step, applies it 2 steps later

@@ -35,6 +35,16 @@ class DigitsNet(torch.nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+def make_model(kind: str = "cnn") -> torch.nn.Module:
+    """``cnn``: :class:`DigitsNet` (38K parameters); ``wide``: a 10.8M-parameter MLP
+    (64 -> 4,096 -> 2,560 -> 10), whose 43 MB of gradients a step make the link matter."""
+    if kind == "wide":
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 4096), torch.nn.ReLU(),
+                                   torch.nn.Linear(4096, 2560), torch.nn.ReLU(),
+                                   torch.nn.Linear(2560, 10))
+    return DigitsNet()
+
+
 def load_digits_split(seed: int = 0):
     xtr, ytr, xte, yte = digits_split(seed)
     return (torch.from_numpy(xtr[:, None]), torch.from_numpy(ytr),
@@ -52,6 +62,9 @@ def accuracy(model, x, y) -> float:
 def main(argv=None):
     ap = runtools.common_parser(__doc__.split("\n\n")[0], epochs=15, batch_size=16, lr=0.02)
     ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    ap.add_argument("--model", choices=("cnn", "wide"), default="cnn",
+                    help="cnn: a small CNN (default); wide: a 10.8M-parameter MLP, for links "
+                         "that matter")
     ap.add_argument("--horovod-optimizer", action="store_true",
                     help="use horovod.torch.DistributedOptimizer (summable compressors only)")
     args = ap.parse_args(argv)
@@ -59,7 +72,7 @@ def main(argv=None):
     rank, size = init(args.seed)
     xtr, ytr, xte, yte = load_digits_split()
     xtr, ytr = xtr[rank::size], ytr[rank::size]
-    model = DigitsNet()
+    model = make_model(args.model)
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     opt = make_optimizer(model, base, args, args.horovod_optimizer)
     reset_stats(opt)

@@ -60,7 +60,7 @@ from pathlib import Path
 from . import costmodel, hvdrun, netcap, runtools
 
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
-            "cifar10": "train_cifar10.py"}
+            "digits-wide": "train_digits.py", "cifar10": "train_cifar10.py"}
 FRAMEWORK_DIRS = {"torch": "torch_examples", "tensorflow": "tf_examples"}
 TOOLS_DIR = Path(__file__).resolve().parent
 DEFAULT_COMPRESSIONS = ["none", "fp16", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit", "qsgd:levels=7",
@@ -73,6 +73,9 @@ DEFAULT_EXAMPLE_ARGS = {
     "synthetic": "--width 64 --blocks 1 1 1 --num-classes 80000 --image-size 8 --batch-size 8 "
                  "--num-warmup-batches 2 --num-iters 3 --num-batches-per-iter 3",
     "digits": "--epochs 5",
+    # real data where the link matters: the digits under a 10.8M-parameter MLP (43 MB of
+    # gradients a step)
+    "digits-wide": "--model wide --batch-size 64 --epochs 6",
     "cifar10": "--epochs 1",
 }
 RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode")
@@ -87,7 +90,7 @@ SYNC = "sync"
 #: the baseline without Horovod: TensorFlow's MultiWorkerMirroredStrategy (``--strategy
 #: mwms``; uncompressed, launched by :mod:`.mwms`, in the namespaces when capped)
 MWMS = "TF MWMS"
-MWMS_EXAMPLES = ("digits",)
+MWMS_EXAMPLES = ("digits", "digits-wide")
 
 
 # -- modes: how often the workers talk --------------------------------------------------------
@@ -707,11 +710,46 @@ def _profile(r: dict) -> costmodel.Profile:
                              int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3)
 
 
-def predict(rows: list[dict], alpha_us: float | None = None) -> tuple[str, list[str]]:
+def time_to_target_lines(rows: list[dict], model, target: float, ps, bws) -> list[str]:
+    """prediction.md's time-to-accuracy table: per compressor with a sync run that reached
+    ``target``, the epochs it took (measured: the median over its runs that got there)
+    times one epoch's images over the predicted images/s at ``p`` workers and bandwidth
+    ``B``.  The assumption, stated in the table's heading: the epochs to the target
+    depend on the method, not on the link (it changes no arithmetic) nor on the worker
+    count (which changes the global batch: a new ``--np`` should be measured once)."""
+    epochs, per_epoch = {}, []
+    for r in rows:
+        if r.get("epochs_to_target") in (None, "") or r["compression"] not in model.profiles:
+            continue
+        epochs.setdefault(r["compression"], []).append(int(float(r["epochs_to_target"])))
+        curve = curve_of(r)
+        if curve and _f(r, "images_per_sec"):
+            per_epoch.append(_f(r, "images_per_sec") * curve[-1]["seconds"] / curve[-1]["epoch"])
+    if not epochs or not per_epoch:
+        return [f"No sync run reached the target accuracy {target:g}: no time to predict.", ""]
+    images = sorted(per_epoch)[len(per_epoch) // 2]
+    head = ["compression", "epochs to target"] + [f"p={p} {netcap.format_rate(b)}" for p in ps
+                                                   for b in bws]
+    out = [f"## Predicted time to {target:g} test accuracy (seconds of training)", "",
+           "Epochs to the target measured (the median over a compressor's runs that reached "
+           f"it), one epoch = {images:,.0f} images, step time predicted. Assumed: the epochs "
+           "to the target do not change with the bandwidth (the link changes no arithmetic) "
+           "nor with the worker count (which changes the global batch; measure a new np once).",
+           "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for spec, got in epochs.items():
+        e = sorted(got)[len(got) // 2]
+        cells = [f"{e * images / model.images_per_sec(spec, p, b):.1f}" for p in ps for b in bws]
+        out.append(f"| `{spec}` | {e} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def predict(rows: list[dict], alpha_us: float | None = None,
+            target: float | None = None) -> tuple[str, list[str]]:
     """(prediction.md text, lines worth printing).  ``alpha_us``: the per-message-step
     latency to assume (default: fitted when the runs cover two or more worker counts,
     else :data:`DEFAULT_ALPHA_US`).  Only sync-mode rows are used: the model is one exchange
-    per step."""
+    per step.  ``target``: also predict the time to that test accuracy
+    (:func:`time_to_target_lines`)."""
     rows = [r for r in ok_rows(rows) if mode_of(r) == SYNC]
     capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
     uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
@@ -837,6 +875,9 @@ def predict(rows: list[dict], alpha_us: float | None = None) -> tuple[str, list[
                 if p == 8:
                     say.append(text)
         md.append("")
+    if target is not None:
+        md += time_to_target_lines(add_targets([dict(r) for r in rows], target), model, target,
+                                   ps, bws)
     return "\n".join(md), say
 
 
@@ -964,7 +1005,7 @@ def main(argv=None) -> int:
     files = [str(csv_path), str(out / "results.md")] + plot(out, rows, args.target_accuracy)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
-        text, say = predict(rows, args.alpha_us)
+        text, say = predict(rows, args.alpha_us, args.target_accuracy)
         (out / "prediction.md").write_text(text)
         files.append(str(out / "prediction.md"))
         for line in say:
