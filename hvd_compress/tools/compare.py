@@ -917,10 +917,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
                     help="mwms: also run TensorFlow's MultiWorkerMirroredStrategy (no Horovod, "
                          "uncompressed) as a baseline row per worker count and bandwidth "
-                         "(--framework tensorflow --example digits)")
+                         "(--framework tensorflow --example digits or digits-wide)")
     ap.add_argument("--target-accuracy", type=float, default=None, metavar="A",
                     help="test accuracy in (0, 1] to time: adds time and epochs to it per run and the "
-                         "fastest method to it per setting (examples with accuracy: digits, cifar10)")
+                         "fastest method to it per setting (examples with accuracy: digits, "
+                         "digits-wide, cifar10)")
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
     ap.add_argument("--resume", action="store_true",
                     help="keep the successful runs already in DIR/results.csv; run the rest")

@@ -278,6 +278,9 @@ def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = No
             log.close()
 
 
+MWMS_PORT = 23456  # each worker listens in its own namespace, at its own address
+
+
 def launch_mwms(net: CappedNetwork, command: list[str], env: dict | None = None,
                 log_path: str | None = None, timeout_s: float = 600.0) -> int:
     """Run ``command`` as ``net.n`` TensorFlow MultiWorkerMirroredStrategy workers
@@ -289,9 +292,6 @@ def launch_mwms(net: CappedNetwork, command: list[str], env: dict | None = None,
     with open(log_path or os.devnull, "a") as log:
         return mwms.run(command, net.n, timeout=timeout_s, env=env, workers=workers,
                         prefix=net.exec_prefix, out=log)
-
-
-MWMS_PORT = 23456  # each worker listens in its own namespace, at its own address
 
 
 def wait_all(procs: list, timeout_s: float) -> int:
