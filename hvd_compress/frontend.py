@@ -153,6 +153,11 @@ class CompressorFrontend:
 
     def _refuse_unsummable(self) -> None:
         """Horovod's wrappers can only allreduce: say so clearly, naming ours."""
+        if self.core.integer_sum:
+            raise RuntimeError(
+                f"compression {str(self.spec)!r} sums integer codes, which the averaging "
+                f"allreduce of {self.HOROVOD_WRAPPER} would truncate; use {self.OUR_WRAPPER} "
+                "(a drop-in replacement taking the same arguments)")
         if not self.summable:
             raise RuntimeError(
                 f"compression {str(self.spec)!r} sends packed bytes that cannot be summed by "

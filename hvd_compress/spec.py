@@ -104,7 +104,7 @@ def _parse_part(text: str) -> CompressorSpec:
             try:
                 value = p.read(given[key])
             except ValueError as exc:
-                kind = {int: "an integer", float: "a number"}.get(p.kind, "a boolean")
+                kind = {int: "an integer", float: "a number", str: "text"}.get(p.kind, "a boolean")
                 raise ValueError(f"{name}: {key} must be {kind}, got {given[key]!r}") from exc
             if p.check is not None and not p.check[0](value):
                 raise ValueError(f"{name}: {key} must be {p.check[1]}, got {given[key]}")
@@ -139,6 +139,9 @@ def parse(spec) -> Spec:
         if second.name not in quantizers:
             raise ValueError(f"{spec!r}: the second part of a composition must be a quantizer "
                              f"({', '.join(quantizers)}), got {second.name!r}")
+        if second.params.get("sum") == "int":
+            raise ValueError(f"{spec!r}: sum=int sums a whole tensor's codes; the values a "
+                             "sparsifier keeps differ by rank, so a composition gathers them")
     return Spec(parts)
 
 

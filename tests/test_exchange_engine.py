@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hvd_compress.core import Collectives, Exchange, Loopback, build, new_stats
+from hvd_compress.core.exchange import MAX
 
 
 class Table(Collectives):
@@ -36,8 +37,11 @@ class Table(Collectives):
                 return kind, name, post
 
             def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
+                if op == MAX:
+                    return self._post("max", name, flat, op, 1.0)
                 post = postscale / (table.size if op == "average" else 1)
-                return self._post("allreduce", name, np.array(flat) * prescale, op, post)
+                flat = np.array(flat) * prescale if prescale != 1.0 else np.array(flat)
+                return self._post("allreduce", name, flat, op, post)
 
             def allgather(self, flat, name):
                 return self._post("allgather", name, flat, None, 1.0)
@@ -49,7 +53,11 @@ class Table(Collectives):
                                                table.timeout):
                         raise TimeoutError(f"rank {r}: {name} never came from every rank")
                     parts = [table.posted[name][q] for q in range(table.size)]
-                return sum(parts) * post if kind == "allreduce" else np.concatenate(parts)
+                if kind == "max":
+                    return np.maximum.reduce(parts)
+                if kind == "allreduce":  # int32 words add modulo 2**32, as Horovod's do
+                    return sum(parts) * post if post != 1.0 else sum(parts)
+                return np.concatenate(parts)
 
         return View()
 

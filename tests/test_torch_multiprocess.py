@@ -31,6 +31,10 @@ def test_every_compressor_matches_the_numpy_reference(controller):
     for res in results:
         assert res["different_orders"]["rel_err"] < 1e-5
         assert res["different_orders"]["collectives"] == 4
+        assert res["int32_wrap"]["got"] == res["int32_wrap"]["want"]
+    # integer sums: two collectives (the max of the scales, the sum of the codes) per step
+    for spec in ("terngrad:sum=int", "qsgd:sum=int,levels=5", "signsgd:sum=int"):
+        assert rep[spec]["collectives"] == 2 * rep["none"]["collectives"], spec
 
 
 def test_backward_passes_per_step_matches_accumulating_by_hand():

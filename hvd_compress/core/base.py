@@ -155,6 +155,11 @@ class Compressor:
     scale_free = False
     #: the most elements a tensor may have (None: any number)
     max_numel = None
+    #: the most ranks whose payloads may be summed (None: any number; integer sums)
+    max_ranks = None
+    #: whether the summed payload is integer codes, which Horovod's own averaging
+    #: allreduce would truncate (:mod:`.intsum`): ours only
+    integer_sum = False
 
     def __init__(self, params: dict | None = None, backend=NUMPY, rank: int = 0,
                  world_size: int = 1):
@@ -172,6 +177,11 @@ class Compressor:
 
     def rounds(self, meta: TensorMeta) -> int:
         return 1
+
+    def round_op(self, round_: int):
+        """How the payloads of round ``round_`` combine: None (a sum) or
+        :data:`~.exchange.MAX`."""
+        return None
 
     @property
     def draws_noise(self) -> bool:

@@ -13,7 +13,8 @@ One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
                                              f = 1 for the majority vote: scale-free)
     enc_i = comp.encode(x_i, n_i)           (state: residuals, DGC memory, PowerSGD Q)
     # tensors that need the same number of rounds share one collective per round
-    for each extra round (PowerSGD):        payloads laid end to end, allreduce-sum,
+    for each extra round (PowerSGD; the     payloads laid end to end, allreduce-sum
+      integer-summed quantizers' scales):   (max where comp.round_op(r) is MAX),
         enc_i = comp.next_round(enc_i, sum_i)
     final round: summable payloads          -> one allreduce-sum
                  packed bytes               -> one allgather (each rank's row)
@@ -45,7 +46,12 @@ from contextlib import nullcontext
 
 from . import agreement
 
-__all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "new_stats"]
+__all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "new_stats",
+           "MAX"]
+
+#: the ``op`` of an extra round whose payloads combine by element-wise maximum (the
+#: scales integer-summed quantizers share, :mod:`.intsum`); every Collectives honours it
+MAX = "max"
 
 
 def new_stats() -> dict:
@@ -57,8 +63,9 @@ class Collectives:
     """What a framework lends the engine: collectives over one process set.
 
     ``allreduce(flat, name, op=None, prescale=1.0, postscale=1.0)`` starts a sum
-    over ranks (``op`` None) or, for uncompressed tensors, the reduction the
-    user asked for (an opaque Horovod op); ``allgather(flat, name)`` starts the
+    over ranks (``op`` None), an element-wise maximum (``op`` :data:`MAX`) or, for
+    uncompressed tensors, the reduction the user asked for (an opaque Horovod op);
+    ``allgather(flat, name)`` starts the
     concatenation of every rank's ``flat`` in rank order.  Both return a handle
     that :meth:`wait` turns into the result (for an allgather, the flat
     concatenation or the list of the ranks' rows).  ``sums_bfloat16``: whether the
@@ -183,6 +190,10 @@ class Exchange:
         groups: dict[tuple, tuple] = {}
         for i, (x, name) in enumerate(zip(tensors, names)):
             comp = self.comp if pick is None else pick(name, B.shape(x), B.dtype_name(x))
+            if comp.max_ranks is not None and self.size > comp.max_ranks:
+                raise ValueError(f"{comp.spec}: its integer sums hold at most {comp.max_ranks} "
+                                 f"ranks, but {self.size} take part; build it with the "
+                                 "world size it runs at")
             native = self.native(comp)
             if self.average and self._predivide(comp) != 1.0 and not native:
                 x = x * (1.0 / self.predivide)
@@ -300,7 +311,7 @@ class Exchange:
             pre, post = (1.0 / self.predivide, self.predivide) if self.average else (1.0, 1.0)
             part.handle = self.coll.allreduce(flat, name, op=self.op, prescale=pre, postscale=post)
         elif summable or part.more:
-            part.handle = self.coll.allreduce(flat, name)
+            part.handle = self.coll.allreduce(flat, name, op=comp.round_op(part.round))
         elif getattr(comp, "variable_size", False):
             part.handle = self._start_rows(part, payloads, name, stats)
         else:

@@ -28,7 +28,7 @@ import sys
 import numpy as np
 
 from .. import spec as specmod
-from .exchange import Collectives, Exchange, new_stats
+from .exchange import MAX, Collectives, Exchange, new_stats
 from .registry import build
 
 DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01",
@@ -78,8 +78,11 @@ class MPICollectives(Collectives):
         # A contiguous type of one element's bytes keeps MPI from splitting elements.
         elem = self.MPI.BYTE.Create_contiguous(payload.dtype.itemsize).Commit()
         try:
-            self.comm.Allreduce([payload, payload.size, elem], [out, out.size, elem],
-                                op=self._op(payload.dtype))
+            if op == MAX:
+                self.comm.Allreduce(payload, out, op=self.MPI.MAX)
+            else:
+                self.comm.Allreduce([payload, payload.size, elem], [out, out.size, elem],
+                                    op=self._op(payload.dtype))
         finally:
             elem.Free()
         return out

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from .backend import NUMPY
 from .base import Compressor
 from .dgc import DGC
+from .intsum import IntegerSum
 from .levels import EightBitCodec, NaturalCodec, SketchMLCodec, UniformCodec
 from .powersgd import PowerSGD
 from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
@@ -98,6 +99,9 @@ class Algorithm:
 
     def make(self, params: dict, backend=NUMPY, rank: int = 0, world_size: int = 1,
              **extra) -> Compressor:
+        if params.get("sum") == "int":  # codes summed by allreduce (:mod:`.intsum`)
+            return IntegerSum(params=params, backend=backend, rank=rank, world_size=world_size,
+                              kind=self.name)
         return self.core(params=params, backend=backend, rank=rank, world_size=world_size,
                          **self.args, **extra)
 
@@ -168,6 +172,9 @@ def _randomk_ef(params: dict) -> None:
 
 _SEED = Param(int, 0, _at_least(0), "seed of the compressor's own random streams")
 _VOTE = Param(bool, True, None, "majority vote sign(sum of signs) (false: the mean of signs)")
+_SUM = Param(str, "gather", ((lambda v: v in ("gather", "int")), "gather or int"),
+             "how ranks combine: gather (packed codes by allgather) or int (codes against a "
+             "scale shared by a max allreduce, summed as integers by one allreduce)")
 _RATIO = Param(float, 0.01, _in_open_closed(0, 1), "fraction k/n of elements kept")
 
 for _alg in (
@@ -215,12 +222,14 @@ for _alg in (
         "bucket": Param(int, 512, _at_least(1), "elements per bucket sharing one norm"),
         "ef": Param(bool, False, None, "error feedback (QSGD is unbiased: off)"),
         "seed": _SEED,
+        "sum": _SUM,
     }, doc="QSGD stochastic quantization (Alistarh et al. 2017), unbiased."),
     Algorithm("terngrad", "TernGrad", QuantizerCompressor, role="quantizer",
               args={"codec_name": "terngrad"}, params={
         "clip": Param(float, 2.5, _at_least(0), "clip at clip*sigma before scaling (0: off)"),
         "ef": Param(bool, False, None, "error feedback (TernGrad is unbiased: off)"),
         "seed": _SEED,
+        "sum": _SUM,
     }, doc="TernGrad (Wen et al. 2017), unbiased ternary quantization."),
     Algorithm("onebit", "OneBit", QuantizerCompressor, role="quantizer",
               args={"codec_name": "onebit"}, params={
@@ -232,7 +241,7 @@ for _alg in (
         "ef": Param(bool, True, None, "residual kept (Strom 2015)"),
     }, doc="2-bit threshold quantization with residual (Strom 2015)."),
     Algorithm("signsgd", "SignSGD", SignCompressor, args={"codec_name": "signsgd", "name": "signsgd"},
-              params={"vote": _VOTE},
+              params={"vote": _VOTE, "sum": _SUM},
               doc="signSGD with majority vote (Bernstein et al. 2018, 2019): 1 bit per element."),
     Algorithm("signum", "Signum", SignCompressor, args={"codec_name": "signum", "name": "signum"},
               params={

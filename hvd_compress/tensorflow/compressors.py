@@ -169,6 +169,13 @@ class TFCompressor(tf.Module, CompressorFrontend):
     def rounds(self, meta) -> int:
         return self.core.rounds(meta)
 
+    def round_op(self, round_: int):
+        return self.core.round_op(round_)
+
+    @property
+    def max_ranks(self):
+        return self.core.max_ranks
+
     @tf.autograph.experimental.do_not_convert
     def next_round(self, enc: Encoded, reduced) -> Encoded:
         with self._bound(enc.meta):

@@ -13,7 +13,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..core import agreement
-from ..core.exchange import Exchange, ProcessSetCollectives
+from ..core.exchange import MAX, Exchange, ProcessSetCollectives
 
 
 def variable_name(var, default: str = "") -> str:
@@ -30,7 +30,8 @@ class HorovodTF(ProcessSetCollectives):
     """``hvd.allreduce`` / ``hvd.allgather`` over ``process_set`` (results at once)."""
 
     def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
-        return hvd.allreduce(flat, op=hvd.Sum if op is None else op, name=safe_name(name),
+        op = hvd.Sum if op is None else hvd.Max if op == MAX else op
+        return hvd.allreduce(flat, op=op, name=safe_name(name),
                              prescale_factor=prescale, postscale_factor=postscale,
                              process_set=self.process_set)
 

@@ -662,7 +662,16 @@ def _collective(spec: str) -> str:
 def _messages(spec: str) -> float:
     """Latency-bound messages per step: Horovod fuses a step's tensors into one
     collective per cycle, so one per round (PowerSGD: two), not one per tensor."""
-    return 2.0 if any(s.name == "powersgd" for s in _specs(spec)) else 1.0
+    return 2.0 if any(p.name == "powersgd" or p.params.get("sum") == "int"
+                      for s in _specs(spec) for p in s.parts) else 1.0
+
+
+def _lane_m(spec: str) -> int:
+    """The largest integer code when every tensor's codes are summed as integers (the lane
+    width then grows with the worker count), else 0."""
+    from ..core import build
+    comps = [build(s) for s in _specs(spec)]
+    return max(c.m for c in comps) if comps and all(c.integer_sum for c in comps) else 0
 
 
 def _rate(r: dict) -> float:
@@ -707,7 +716,8 @@ def _profile(r: dict) -> costmodel.Profile:
     return costmodel.Profile(r["compression"], _collective(r["compression"]), _f(r, "compute_ms") or 0.0,
                              _f(r, "encode_ms") or 0.0, _f(r, "decode_ms") or 0.0,
                              _f(r, "bytes_per_step") or 0.0, _messages(r["compression"]),
-                             int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3)
+                             int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3,
+                             lane_m=_lane_m(r["compression"]))
 
 
 def time_to_target_lines(rows: list[dict], model, target: float, ps, bws) -> list[str]:

@@ -202,6 +202,19 @@ class Profile:
     measured_p: int = 1
     images_per_step: float = 1.0  # per worker
     comm_offset_ms: float = 0.0   # fitted by :func:`fit_model` (0: the plain alpha-beta time)
+    #: integer sums (``sum=int``): the largest code, which with ``p`` sets the lane width
+    #: (:func:`~hvd_compress.core.intsum.lane_bits`); 0: bytes do not depend on ``p``
+    lane_m: int = 0
+
+    def nbytes_at(self, p: int) -> float:
+        """Payload bytes per worker at ``p`` workers: the measured bytes, scaled for integer
+        sums by the lane width ``p`` needs (the scales, a float per tensor or bucket, are
+        counted with the codes: a few per cent of QSGD's bytes)."""
+        if not self.lane_m:
+            return self.nbytes
+        from ..core.intsum import lane_bits
+        return self.nbytes * lane_bits(max(1, p), self.lane_m) / lane_bits(max(1, self.measured_p),
+                                                                          self.lane_m)
 
     def decode_at(self, p: int) -> float:
         """Allgather decodes one payload per worker; an allreduce's one sum."""
@@ -221,7 +234,8 @@ class StepModel:
 
     def step_ms(self, compression: str, p: int, bandwidth_bps: float) -> float:
         f = self.profiles[compression]
-        comm = self.links[f.collective].comm_s(f.collective, p, f.nbytes, bandwidth_bps, f.messages) * 1e3
+        comm = self.links[f.collective].comm_s(f.collective, p, f.nbytes_at(p), bandwidth_bps,
+                                               f.messages) * 1e3
         comm = max(0.0, comm + f.comm_offset_ms)
         return f.compute_ms + f.encode_ms + f.decode_at(p) + comm
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import horovod.torch as hvd
 
-from ..core.exchange import ProcessSetCollectives
+from ..core.exchange import MAX, ProcessSetCollectives
 
 
 class HorovodTorch(ProcessSetCollectives):
@@ -12,7 +12,8 @@ class HorovodTorch(ProcessSetCollectives):
     ``hvd.synchronize``.  Tensors stay where they are (CPU or CUDA)."""
 
     def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
-        return hvd.allreduce_async(flat, name=name, op=hvd.Sum if op is None else op,
+        op = hvd.Sum if op is None else hvd.Max if op == MAX else op
+        return hvd.allreduce_async(flat, name=name, op=op,
                                    prescale_factor=prescale, postscale_factor=postscale,
                                    process_set=self.process_set)
 

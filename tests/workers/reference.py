@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from hvd_compress.core.exchange import MAX
+
 
 class Reference:
     """Every rank's compressor replayed in numpy; aggregates as the optimizer should."""
@@ -20,8 +24,11 @@ class Reference:
             for r, comp in enumerate(self.comps):
                 noise = noise_by_rank[r].get(name)
                 encs.append(comp.encode(grads_by_rank[r][name], name, noise=noise))
-            for _ in range(comp0.rounds(encs[0].meta) - 1):
-                total = sum(e.payload for e in encs)
+            for r in range(comp0.rounds(encs[0].meta) - 1):
+                if comp0.round_op(r) == MAX:  # the scales integer sums share
+                    total = np.maximum.reduce([e.payload for e in encs])
+                else:
+                    total = sum(e.payload for e in encs)
                 encs = [c.next_round(e, total) for c, e in zip(self.comps, encs)]
             if comp0.summable:
                 received = encs[0].payload

@@ -14,7 +14,7 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:rat
          "qsgd:levels=7", "terngrad", "onebit", "threshold:tau=0.001", "powersgd:rank=2",
          "topk:ratio=0.1+qsgd:levels=16", "signsgd", "signum", "efsignsgd", "natural", "uniform",
          "eightbit", "sketchml", "thresholdv:tau=0.005", "adaq:ratio=0.2",
-         "inceptionn:bound=1e-4"]
+         "inceptionn:bound=1e-4", "signsgd:sum=int"]
 
 
 class _Model:

@@ -20,7 +20,7 @@ SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randomk:ratio=0.1",
          "topk:ratio=0.1+qsgd:levels=16", "randomk:ratio=0.1+fp16", "randomk:ratio=0.1+bf16",
          "dgc:ratio=0.05+onebit", "signsgd", "signum", "efsignsgd", "natural", "uniform",
          "eightbit", "sketchml", "thresholdv:tau=0.005", "adaq:ratio=0.2",
-         "inceptionn:bound=1e-4"]
+         "inceptionn:bound=1e-4", "terngrad:sum=int", "qsgd:sum=int,levels=5", "signsgd:sum=int"]
 
 
 class Net(torch.nn.Module):
@@ -129,7 +129,20 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
     out = {"rank": rank, "report": report}
     if any(build(s).variable_size for s in specs):
         out["different_orders"] = variable_sizes_in_different_orders()
+    if any(build(s).integer_sum for s in specs):
+        out["int32_wrap"] = int32_sums_wrap()
     return out
+
+
+def int32_sums_wrap():
+    """Horovod's int32 sum into the sign bit and past it comes back modulo 2**32 (what
+    the integer sums' lanes rely on): each rank adds 0x7F000000 and 0xC0000000."""
+    import horovod.torch as hvd
+    words = torch.tensor([0x7F000000, 0xC0000000 - (1 << 32), 5], dtype=torch.int32)
+    got = hvd.allreduce(words, op=hvd.Sum, name="int32_wrap")
+    size = hvd.size()
+    want = [(size * v + (1 << 31)) % (1 << 32) - (1 << 31) for v in (0x7F000000, 0xC0000000, 5)]
+    return {"got": got.tolist(), "want": want}
 
 
 def variable_sizes_in_different_orders(seconds=30.0):
