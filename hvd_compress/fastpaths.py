@@ -61,7 +61,7 @@ def host_encoder(B, codec, cols: int):
     """A host backend's fused encoder for ``codec`` (see the module), or None: turned
     off, numba missing, a codec without kernels, or 1-bit by columns."""
     body = _BODIES.get(codec.name)
-    own = ("signum", "dgc", "stratified", *_STEPS)  # encoders of their own signature
+    own = ("signum", "dgc", "stratified", "intsum", *_STEPS)  # encoders of their own signature
     if (body is None and codec.name not in own) or (codec.name == "onebit" and cols != 1) \
             or (codec.name == "inceptionn" and codec.ef) or not requested():
         return None
@@ -74,6 +74,8 @@ def host_encoder(B, codec, cols: int):
         return lambda g, st, meta, _: _dgc(k, B, codec, g, st, meta)
     if codec.name == "stratified":  # core.sampling's indices (random-k's, DGC's sample)
         return lambda n, kk, key0, key1: _stratified(k, B, n, kk, key0, key1)
+    if codec.name == "intsum":  # integer sums' passes (see IntSumHost)
+        return IntSumHost(k, B)
 
     smallest = _SMALLEST.get(codec.name, 0)
     step = _STEPS.get(codec.name)
@@ -522,6 +524,83 @@ _BODIES = {"threshold": _threshold, "onebit": _onebit,
 # whole steps (g, residual, noise, noise_source -> fields, residual, finite) for codecs
 # whose first pass does more than the core's host start
 _STEPS = {"terngrad": _stats_step(_terngrad), "qsgd": _stats_step(_qsgd), "topk": _topk}
+
+
+class IntSumHost:
+    """The host passes of :class:`~hvd_compress.core.intsum.IntegerSum` (without error
+    feedback): round 0's scales from one statistics pass that also tells finiteness
+    (TernGrad's moments, QSGD's bucket sums of squares), round 1's codes straight into
+    int32 lanes, and the lane sums decoded -- one pass each, the chain's bits for the same
+    noise (without noise given, each element's index hashed under a key drawn at round 0,
+    as the quantizers' kernels do)."""
+
+    KINDS = {"terngrad": 0, "qsgd": 1, "signsgd": 2}
+
+    def __init__(self, k, B):
+        self.k, self.B = k, B
+
+    def scales(self, comp, v):
+        """``(scales, cap)``: this rank's float32 scales and TernGrad's clipping cap (else
+        None), or None where ``v`` is not finite (then the chain runs)."""
+        k, B = self.k, self.B
+        vh = B.host_view(v)
+        if comp.kind == "terngrad":
+            s1, s2, top = k.moments(vh)
+            if not (np.isfinite(s1) and np.isfinite(s2)):
+                return None
+            c, n = comp.codec.clip, vh.shape[0]
+            if c > 0:
+                s1, s2 = (B.from_host(np.asarray(t)) for t in (s1, s2))
+                cap = np.float32(c * B.to_numpy(comp.codec.sigma(B, s1, s2, n)))
+            else:
+                cap = np.float32(np.inf)
+            return B.asarray([np.minimum(np.float32(top), cap)], "float32", like=v), cap
+        if comp.kind == "qsgd":
+            sumsq = k.bucket_sumsq(vh, comp.codec.d)
+            if not np.isfinite(sumsq).all():
+                return None
+            return comp.codec.scales(B, v, B.from_host(sumsq))[0], None
+        if not bool(B.all_finite(v)):
+            return None
+        return B.zeros((1,), "float32", like=v), None
+
+    def words(self, comp, v, noise, key, shared, cap, nwords: int, bias: int):
+        """Round 1's int32 words against the ``shared`` scales."""
+        B = self.B
+        sh = B.host_view(shared)
+        inv = np.zeros(1, np.float32)
+        safe = np.float32(1.0)
+        if comp.kind == "terngrad":
+            safe = sh[0] if sh[0] > 0 else np.float32(1.0)
+        elif comp.kind == "qsgd":
+            inv = B.host_view(B.cast(B.where(shared > 0, B.div(float(comp.m), B.where(
+                shared > 0, shared, 1.0)), 0.0), "float32"))
+        if noise is not None:
+            args = (B.host_view(noise), np.uint64(0), np.uint64(0))
+        elif key is not None:
+            args = (_NO_NOISE, np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32))
+        else:
+            args = (_NO_NOISE, np.uint64(0), np.uint64(0))
+        out = np.empty(nwords, np.int32)
+        d = comp.codec.d if comp.kind == "qsgd" else 1
+        self.k.intsum_words(B.host_view(v), *args, self.KINDS[comp.kind],
+                            np.float32(np.inf if cap is None else cap), np.float32(safe), inv,
+                            d, comp.m, comp.w, np.int64(bias & 0xFFFFFFFF), out)
+        return B.from_host(out)
+
+    def lanes(self, comp, words, n: int, unit, bias: int, out=None):
+        """The decoded sum (float32[n]) of summed ``words``, into ``out`` where given."""
+        B = self.B
+        if out is None:
+            out = np.empty(n, np.float32)
+        u = _NO_UNIT if unit is None else B.host_view(B.cast(unit, "float32"))
+        d = comp.codec.d if comp.kind == "qsgd" else max(n, 1)
+        self.k.intsum_lanes(B.host_view(words), n, comp.w, np.int64(bias & 0xFFFFFFFF), u, d,
+                            comp.vote, out)
+        return out
+
+
+_NO_UNIT = np.empty(0, np.float32)
 
 
 def host_decoder(B, codec, cols: int):

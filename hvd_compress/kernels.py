@@ -40,7 +40,8 @@ __all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack",
            "bucket_minmax", "uniform_codes", "eightbit_codes", "lookup_scaled",
            "bucket_codes", "lookup_subtract", "top_counts", "top_select",
            "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "add_count",
-           "inceptionn_widths", "inceptionn_pack", "inceptionn_decode"]
+           "inceptionn_widths", "inceptionn_pack", "inceptionn_decode", "intsum_words",
+           "intsum_lanes"]
 
 
 def enabled() -> bool:
@@ -787,6 +788,94 @@ if AVAILABLE:
                 a2 += w == 2
                 a3 += w == 3
 
+    @_jit
+    def intsum_words(v, noise, k0, k1, kind, cap, safe, inv, d, m, w, bias, out):
+        """Integer sums' codes (:mod:`hvd_compress.core.intsum`) straight into int32 words of
+        ``w``-bit lanes: biased codes ``c + 2**(w-1)`` packed, minus ``bias`` (``C``,
+        unsigned), modulo 2**32.  ``kind`` 0: TernGrad, ``|c| = [u < min(|v|, cap) / safe]``;
+        1: QSGD, ``|c| = min(floor(|v| * inv[bucket] + u), m)``; 2: signSGD, ``|c| = [v !=
+        0]``; ``c`` takes ``v``'s sign.  ``u``: the noise given, or hashed under the key
+        (:func:`_fill_uniform`).  Lanes past ``n`` hold 0 (the chain's padding)."""
+        n = v.shape[0]
+        per = 32 // w
+        h = np.int64(1) << np.int64(w - 1)
+        blocks = (n + _BLOCK - 1) // _BLOCK
+        for b in prange(blocks):
+            u = np.empty(_BLOCK, np.float32)
+            f = np.empty(_BLOCK, np.float32)
+            e = np.zeros(_BLOCK + 8, np.int64)
+            start = b * _BLOCK
+            mm = min(_BLOCK, n - start)
+            if kind != 2:
+                _fill_uniform(noise, start, mm, k0, k1, u)
+            if kind == 1:
+                j = 0
+                while j < mm:  # the buckets' factors, run by run
+                    q = (start + j) // d
+                    end = min(mm, (q + 1) * d - start)
+                    for t in range(j, end):
+                        f[t] = inv[q]
+                    j = end
+            vs = v[start:start + mm]
+            for t in range(mm):
+                x = vs[t]
+                if kind == 0:
+                    lv = np.int64(u[t] < min(abs(x), cap) / safe)
+                elif kind == 1:
+                    lv = np.int64(min(np.int32(abs(x) * f[t] + u[t]), m))
+                else:
+                    lv = np.int64(x != 0)
+                e[t] = h + lv - 2 * lv * np.int64(x < 0)
+            o = start // per  # blocks start on whole words (_BLOCK is a multiple of 8)
+            for q in range((mm + per - 1) // per):
+                word = np.int64(0)
+                for j in range(per):
+                    word |= e[q * per + j] << np.int64(w * j)
+                word = (word - bias) & np.int64(0xFFFFFFFF)
+                if word >= np.int64(1) << np.int64(31):
+                    word -= np.int64(1) << np.int64(32)
+                out[o + q] = np.int32(word)
+
+    @_jit
+    def intsum_lanes(words, n, w, bias, unit, d, vote, out):
+        """The lane sums of summed words as floats: ``(W + C)``'s lane minus ``2**(w-1)``,
+        times ``unit[i // d]`` (none given: 1), or its sign (``vote``).  Block by block
+        (:data:`_BLOCK` values, whole words): each value's factor, run by run, then the
+        lanes word by word."""
+        per = 32 // w
+        h = np.int64(1) << np.int64(w - 1)
+        mask = (np.int64(1) << np.int64(w)) - 1
+        scaled = unit.shape[0] > 0
+        blocks = (n + _BLOCK - 1) // _BLOCK
+        for b in prange(blocks):
+            f = np.ones(_BLOCK + 8, np.float32)
+            lanes = np.empty(_BLOCK + 8, np.float32)
+            start = b * _BLOCK
+            mm = min(_BLOCK, n - start)
+            if scaled:
+                j = 0
+                while j < mm:  # the buckets' factors, run by run
+                    q = (start + j) // d
+                    end = min(mm, (q + 1) * d - start)
+                    for t in range(j, end):
+                        f[t] = unit[q]
+                    j = end
+            o = start // per
+            for q in range((mm + per - 1) // per):
+                word = (np.int64(words[o + q]) + bias) & np.int64(0xFFFFFFFF)
+                for j in range(per):
+                    lanes[q * per + j] = np.float32(((word >> np.int64(w * j)) & mask) - h)
+            if vote:
+                for t in range(mm):
+                    out[start + t] = np.float32(lanes[t] > 0) - np.float32(lanes[t] < 0)
+            elif scaled:
+                for t in range(mm):
+                    out[start + t] = lanes[t] * f[t]
+            else:
+                for t in range(mm):
+                    out[start + t] = lanes[t]
+
+
 else:  # pragma: no cover
     threshold_pack = onebit_pack = terngrad_pack = qsgd_codes = sign_sums = moments = None
     bucket_sumsq = bucket_decode = lookup_2bit = None
@@ -794,3 +883,4 @@ else:  # pragma: no cover
     uniform_codes = eightbit_codes = lookup_scaled = bucket_codes = lookup_subtract = None
     top_counts = top_select = dgc_momentum = None
     inceptionn_widths = inceptionn_pack = inceptionn_decode = None
+    intsum_words = intsum_lanes = None

@@ -48,6 +48,9 @@ it was: with one scale for all, no rank's codes mean anything that step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .base import Compressor, Encoded, nan_flag, zero_nonfinite
 from .bitpack import pack_codes, packed_nbytes, unpack_values
 from .exchange import MAX
@@ -67,6 +70,31 @@ def lane_bits(world_size: int, m: int) -> int:
             return w
     raise ValueError(f"integer sums of codes up to {m} cannot hold {world_size} workers "
                      f"(at most {((1 << 31) - 1) // m:,})")
+
+
+@dataclass
+class Pending:
+    """Round 0's context for round 1: the values ``v`` (finite, with the residual), what
+    is quantized (``mag``; None on the host fast path), the noise or the key it is hashed
+    under, finiteness, and the host fast path with TernGrad's clipping cap."""
+
+    v: Any
+    mag: Any
+    noise: Any
+    finite: Any
+    fast: Any = None
+    key: Any = None
+    cap: Any = None
+
+
+class _HostPasses:
+    """What :meth:`~.backend.NumpyBackend.fused_encoder` is asked for: the host passes of
+    the integer sums (``hvd_compress.fastpaths.IntSumHost``), or None."""
+
+    name = "intsum"
+
+
+_HOST = _HostPasses()
 
 
 def _bias_word(w: int) -> int:
@@ -125,6 +153,18 @@ class IntegerSum(Compressor):
         B = self.B
         g = B.cast(B.reshape(x, (-1,)), "float32")
         st = self.state(meta, like=g)
+        fast = None if self.ef else B.fused_encoder(_HOST, 1, like=g)
+        got = None if fast is None else fast.scales(self, g)
+        if got is not None:  # host memory, finite: one statistics pass, no noise drawn
+            scales, cap = got
+            key = None
+            if noise is not None:
+                noise = B.reshape(B.cast(noise, "float32"), (-1,))
+            elif self.noise is not None:
+                key = self.noise.key(like=g)
+            st["step"] = st["step"] + 1
+            return Encoded(scales, meta, 4 * B.shape(scales)[0], round=0,
+                           ctx=Pending(g, None, noise, True, fast, key, cap))
         v = g + st["residual"] if self.ef else g
         finite = B.all_finite(v)
         clean = zero_nonfinite(B, v, finite)
@@ -138,7 +178,7 @@ class IntegerSum(Compressor):
                 B.reshape(B.cast(noise, "float32"), (-1,))
         st["step"] = st["step"] + 1
         return Encoded(scales, meta, 4 * B.shape(scales)[0], round=0,
-                       ctx=(clean, mag, noise, finite))
+                       ctx=Pending(clean, mag, noise, finite))
 
     def _magnitudes(self, v):
         """What is quantized: ``|clip(v)|`` (TernGrad), ``|v|`` (QSGD), None (signSGD)."""
@@ -163,9 +203,14 @@ class IntegerSum(Compressor):
     def next_round(self, enc: Encoded, reduced) -> Encoded:
         B = self.B
         meta = enc.meta
-        v, mag, noise, finite = enc.ctx
-        shared = reduced
-        level, unit = self._levels(v, mag, noise, shared)
+        ctx, shared = enc.ctx, reduced
+        unit = self._unit(shared)
+        if ctx.fast is not None:
+            words = ctx.fast.words(self, ctx.v, ctx.noise, ctx.key, shared, ctx.cap,
+                                   self._words(meta.numel), _bias_word(self.w))
+            return Encoded(words, meta, 4 * B.shape(words)[0], round=1, ctx=(shared, unit))
+        v, finite = ctx.v, ctx.finite
+        level = self._levels(v, ctx.mag, ctx.noise, shared)
         neg = B.cast(v < 0, "uint8")
         words = self._pack(level, neg, meta.numel)
         if self.ef:
@@ -176,21 +221,25 @@ class IntegerSum(Compressor):
             st["residual"] = B.cond(ok, lambda: v - self._scaled(codes, unit), lambda: old)
         return Encoded(words, meta, 4 * B.shape(words)[0], round=1, ctx=(shared, unit))
 
+    def _unit(self, shared):
+        """What a code is worth: TernGrad ``S``, QSGD ``N_b / s`` per bucket, signSGD None."""
+        if self.kind == "terngrad":
+            return self.B.reshape(shared, (1,))
+        return self.codec.factors(self.B, shared) if self.kind == "qsgd" else None
+
     def _levels(self, v, mag, noise, shared):
-        """``(|code|, unit)``: each value's code magnitude (uint8; signSGD: ``v != 0``) and
-        what a code is worth (TernGrad ``S``, QSGD ``N_b / s`` per bucket, signSGD None)."""
+        """Each value's code magnitude (uint8; signSGD: ``v != 0``) against ``shared``."""
         B = self.B
         if self.kind == "terngrad":
             scale = shared[0]
             prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))
-            return B.cast(noise < prob, "uint8"), B.reshape(shared, (1,))
+            return B.cast(noise < prob, "uint8")
         if self.kind == "qsgd":
             s, d = self.m, self.codec.d
             inv = B.where(shared > 0, B.div(float(s), B.where(shared > 0, shared, 1.0)), 0.0)
             scaled = B.bucket_scale(mag, inv, d)  # s*|v|/N_b (mag is ours to scale)
-            level = B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(s))
-            return B.cast(level, "uint8"), self.codec.factors(B, shared)
-        return B.cast(v != 0, "uint8"), None
+            return B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
+        return B.cast(v != 0, "uint8")
 
     def _scaled(self, x, unit):
         """Flat float32 code values ``x`` times their unit (a fresh ``x``: in place)."""
@@ -239,7 +288,14 @@ class IntegerSum(Compressor):
         B = self.B
         meta = enc.meta
         shared, unit = enc.ctx
-        total = self.lanes(B.reshape(received, (-1,)), meta.numel)
+        received = B.reshape(received, (-1,))
+        fast = B.fused_encoder(_HOST, 1, like=received)
+        if fast is not None and bool(B.all_finite(shared)):  # host memory: one pass
+            target = self._flat_out(out, meta)
+            flat = fast.lanes(self, received, meta.numel, None if self.vote else unit,
+                              _bias_word(self.w), None if target is None else B.host_view(target))
+            return out if target is not None else self._finish(B.from_host(flat), meta, out)
+        total = self.lanes(received, meta.numel)
         ok = B.all_finite(shared)  # else a rank's values were not finite: NaN throughout
         total = B.cond(ok, lambda: B.isign(total) if self.vote else self._scaled(total, unit),
                        lambda: total * nan_flag(B, ok, total))
