@@ -12,6 +12,8 @@ Launchers:
 * :func:`run_horovod_elastic` -- elastic ``horovodrun`` (Gloo) whose host discovery
   script prints a file the test or its workers rewrite; every worker process that
   finished reports (under elastic Horovod a rank is no fixed process);
+* :func:`run_nodes` -- ``nodesrun --nodes N -np P`` (Horovod Gloo workers in N simulated
+  nodes: what the hierarchical exchange needs);
 * :func:`run_mpi` -- ``mpirun -np N`` (plain mpi4py workers, no Horovod).
 
 Put several checks in one worker function so one launch serves a whole test
@@ -107,6 +109,14 @@ def run_horovod(target: str, np: int = 2, controller: str = "gloo", kwargs: dict
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be 'gloo' or 'mpi', got {controller!r}")
     cmd = [*HOROVODRUN, "-np", str(np), f"--{controller}", "-H", f"localhost:{np}"]
+    return _launch(cmd, np, target, kwargs, timeout, env)
+
+
+def run_nodes(target: str, nodes: int = 2, np: int = 4, kwargs: dict | None = None,
+              timeout: float = DEFAULT_TIMEOUT, env: dict | None = None) -> list:
+    """Run ``target`` as an ``np``-worker Horovod Gloo job in ``nodes`` simulated nodes
+    (``python -m hvd_compress.tools.nodesrun``); return per-rank results."""
+    cmd = [sys.executable, "-m", "hvd_compress.tools.nodesrun", "--nodes", str(nodes), "-np", str(np)]
     return _launch(cmd, np, target, kwargs, timeout, env)
 
 

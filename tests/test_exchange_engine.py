@@ -46,6 +46,9 @@ class Table(Collectives):
             def allgather(self, flat, name):
                 return self._post("allgather", name, flat, None, 1.0)
 
+            def reducescatter(self, flat, name):
+                return self._post("reducescatter", name, flat, None, 1.0)
+
             def wait(self, handle):
                 kind, name, post = handle
                 with table.cond:
@@ -55,6 +58,9 @@ class Table(Collectives):
                     parts = [table.posted[name][q] for q in range(table.size)]
                 if kind == "max":
                     return np.maximum.reduce(parts)
+                if kind == "reducescatter":  # rank r's part of the sum
+                    k = parts[0].shape[0] // table.size
+                    return sum(parts)[r * k:(r + 1) * k]
                 if kind == "allreduce":  # int32 words add modulo 2**32, as Horovod's do
                     return sum(parts) * post if post != 1.0 else sum(parts)
                 return np.concatenate(parts)

@@ -55,8 +55,11 @@ MAX = "max"
 
 
 def new_stats() -> dict:
-    """One step's account of bytes sent and milliseconds spent."""
-    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0}
+    """One step's account of bytes sent and milliseconds spent.  ``bytes_sent``: the
+    payloads this rank sends (every round); ``local_bytes``: what the hierarchical
+    exchange moves inside the node, dense (:mod:`.hierarchy`; 0 otherwise)."""
+    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0,
+            "local_bytes": 0}
 
 
 class Collectives:
@@ -79,6 +82,12 @@ class Collectives:
         raise NotImplementedError
 
     def allgather(self, flat, name: str):
+        raise NotImplementedError
+
+    def reducescatter(self, flat, name: str):
+        """Starts the sum over ranks of ``flat`` (its length a multiple of ``size``), of which
+        rank ``r`` receives the ``r``-th of ``size`` equal parts (the hierarchical exchange,
+        inside a node)."""
         raise NotImplementedError
 
     def wait(self, handle):
@@ -109,6 +118,9 @@ class Loopback(Collectives):
         return flat if prescale * postscale == 1.0 else flat * (prescale * postscale)
 
     def allgather(self, flat, name):
+        return flat
+
+    def reducescatter(self, flat, name):
         return flat
 
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
-import subprocess
 import sys
-import threading
+
+from .workers import run_workers
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -43,49 +42,19 @@ def tf_config(workers: list[str], index: int) -> str:
                        "task": {"type": "worker", "index": int(index)}})
 
 
-def _relay(stream, index: int, out) -> None:
-    for line in iter(stream.readline, ""):
-        out.write(f"[{index}]<stdout>:{line}")
-        out.flush()
-
-
 def run(command: list[str], np_: int, host: str = "127.0.0.1", timeout: float | None = None,
         env: dict | None = None, workers: list[str] | None = None, prefix=None,
         out=None) -> int:
     """Run ``command`` as ``np_`` workers; the first non-zero exit status (the others are
     stopped), 124 on a time-out, else 0.  ``workers``: their ``host:port`` (default:
-    free ports on ``host``); ``prefix(i)``: what worker ``i``'s command line starts with
-    (the capped links' namespaces); ``out``: where their output goes (stdout)."""
-    from .netcap import stop, wait_all
+    free ports on ``host``); ``env``: added to each worker's environment; ``prefix(i)``:
+    what worker ``i``'s command line starts with (the capped links' namespaces); ``out``:
+    where their output goes (stdout)."""
     workers = workers or [f"{host}:{port}" for port in free_ports(np_, host)]
-    out = sys.stdout if out is None else out
     threads = max(1, (os.cpu_count() or 1) // np_)
-    procs, relays = [], []
-    try:
-        for i in range(np_):
-            wenv = dict(os.environ if env is None else env)
-            wenv.update({"TF_CONFIG": tf_config(workers, i), "PYTHONUNBUFFERED": "1",
-                         "HVD_COMPRESS_THREADS": str(threads)})
-            p = subprocess.Popen((prefix(i) if prefix else []) + list(command), env=wenv,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True)
-            procs.append(p)
-            t = threading.Thread(target=_relay, args=(p.stdout, i, out), daemon=True)
-            t.start()
-            relays.append(t)
-        rc = wait_all(procs, math.inf if timeout is None else timeout)
-        if rc == 124:
-            print(f"mwms: timed out after {timeout:.0f}s; every worker stopped", file=sys.stderr,
-                  flush=True)
-        elif rc:
-            print(f"mwms: a worker exited with status {rc}; the others were stopped",
-                  file=sys.stderr, flush=True)
-        return rc if rc >= 0 else 1
-    finally:
-        for p in procs:
-            stop(p)
-        for t in relays:
-            t.join(timeout=5)
+    envs = [{**(env or {}), "TF_CONFIG": tf_config(workers, i), "PYTHONUNBUFFERED": "1",
+             "HVD_COMPRESS_THREADS": str(threads)} for i in range(np_)]
+    return run_workers(command, envs, "mwms", timeout, prefix, out)
 
 
 def main(argv=None) -> int:

@@ -233,6 +233,21 @@ class CappedNetwork:
         return ["ip", "netns", "exec", self.namespaces[i]]
 
 
+def gloo_env(slot, addr: str, port: int, iface: str, threads: int) -> dict:
+    """What ``horovodrun --gloo`` puts in a worker's environment for its ``slot`` (one of
+    Horovod's host assignments), the rendezvous at ``addr:port``, the network interface
+    Gloo uses, and the worker's share of this machine's cores."""
+    return {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
+            "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+            "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+            "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": iface, "PYTHONUNBUFFERED": "1",
+            # the workers share this machine's cores, as under horovodrun -np n
+            "HVD_COMPRESS_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)}
+
+
 def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = None,
                    log_path: str | None = None, timeout_s: float = 600.0) -> int:
     """Run ``command`` as an ``net.n``-worker Horovod Gloo job, worker i in namespace i.
@@ -255,17 +270,7 @@ def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = No
     try:
         for slot in plan:
             wenv = dict(os.environ if env is None else env)
-            wenv.update({
-                "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
-                "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-                "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-                "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-                "HOROVOD_GLOO_RENDEZVOUS_ADDR": net.bridge_address,
-                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_CONTROLLER": "gloo",
-                "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "eth0",
-                "PYTHONUNBUFFERED": "1",
-                # n workers share this machine's cores, as under horovodrun -np n
-                "HVD_COMPRESS_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)})
+            wenv.update(gloo_env(slot, net.bridge_address, port, "eth0", threads))
             procs.append(subprocess.Popen(net.exec_prefix(slot.rank) + list(command), env=wenv,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))

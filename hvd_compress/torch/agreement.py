@@ -45,7 +45,9 @@ def optimizer_plan(opt) -> dict:
                                       local and local.schedule.warmup),
         delay=opt._dga.delay if opt._dga is not None else 0,
         buffers=[[k, list(b.shape), _dtype(b)] for k, b in local.buffers] if local else [],
-        sparse_as_dense=bool(opt.sparse_as_dense), **per_tensor)
+        sparse_as_dense=bool(opt.sparse_as_dense),
+        hierarchy=f"nodes of {opt._engine.local_size}" if opt.hierarchical else "off",
+        **per_tensor)
 
 
 def _dtype(t) -> str:

@@ -20,5 +20,8 @@ class HorovodTorch(ProcessSetCollectives):
     def allgather(self, flat, name):
         return hvd.allgather_async(flat, name=name, process_set=self.process_set)
 
+    def reducescatter(self, flat, name):
+        return hvd.reducescatter_async(flat, name=name, op=hvd.Sum, process_set=self.process_set)
+
     def wait(self, handle):
         return hvd.synchronize(handle)

@@ -26,7 +26,9 @@ from contextlib import contextmanager
 import horovod.torch as hvd
 import torch
 
+from .. import nodes
 from ..core import Exchange, build, new_stats
+from ..core.hierarchy import Hierarchical
 from ..core.policy import DEFAULT_MIN_NUMEL
 from ..localsteps import check_wrapper_args
 from ..pertensor import format_plan
@@ -48,8 +50,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, local_sgd=False,
-                 local_sgd_warmup_steps=0, named_buffers=None, delay=0):
+                 local_sgd_warmup_steps=0, named_buffers=None, delay=0, hierarchical=None):
         super(self.__class__, self).__init__(params)
+        sets = None if hierarchical is False or not process_set.included() else \
+            nodes.node_sets(hvd, process_set)
+        if hierarchical and sets is None:
+            raise ValueError(nodes.MISSING)
         self._compression = compression
         named_parameters = checked_names(self.param_groups, named_parameters)
         self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
@@ -95,9 +101,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._compression.bind(*self._world)
             if process_set.size() > 1 or elastic_launch():  # (as Horovod's: the world may grow)
                 self._register_hooks()
-        self._engine = SparseAware(Exchange(
-            self._compression.core, HorovodTorch(process_set), average=op == hvd.Average,
-            predivide=gradient_predivide_factor, op=op), process_set, op)
+        #: whether compressed gradients go by the hierarchical exchange (dense inside a
+        #: node, compressed between nodes: :mod:`hvd_compress.core.hierarchy`)
+        self.hierarchical = sets is not None
+        average = op == hvd.Average
+        if sets is None:
+            engine = Exchange(self._compression.core, HorovodTorch(process_set), average=average,
+                              predivide=gradient_predivide_factor, op=op)
+        else:
+            engine = Hierarchical(self._compression.core, HorovodTorch(process_set),
+                                  HorovodTorch(sets[0]), HorovodTorch(sets[1]), sets[2],
+                                  average=average, predivide=gradient_predivide_factor, op=op)
+        self._engine = SparseAware(engine, process_set, op)
 
     # -- the per-tensor plan ---------------------------------------------------------------
     def _entries(self, params):
@@ -396,7 +411,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          local_sgd=False, local_sgd_warmup_steps=0, named_buffers=None, delay=0,
-                         min_numel=DEFAULT_MIN_NUMEL, start_step=0):
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
     """Wrap ``optimizer`` so gradients are compressed, exchanged and averaged across ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer`` 0.28.1, with
@@ -429,6 +444,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
       correction ``g_i - g_{i-D} + avg(g_{i-D})``.  ``D=0`` is synchronous.
       Needs a one-round compressor (not PowerSGD) and
       ``backward_passes_per_step=1``; call ``optimizer.drain()`` at the end.
+    * ``hierarchical``: compressed gradients summed dense inside each node, compressed
+      only between nodes (:mod:`hvd_compress.core.hierarchy`).  ``None`` (default): on
+      wherever the node process sets are registered (``hvd.init(process_sets=
+      hvd_compress.nodes.node_process_sets())``, or :func:`hvd_compress.nodes.
+      add_node_process_sets`) and the optimizer uses the global process set; ``True``:
+      required (an error otherwise); ``False``: off.
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
@@ -444,4 +465,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, local_sgd,
-               local_sgd_warmup_steps, named_buffers, delay)
+               local_sgd_warmup_steps, named_buffers, delay, hierarchical)

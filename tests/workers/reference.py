@@ -40,3 +40,39 @@ class Reference:
             aggs = [c.aggregate(received, e) for c, e in zip(self.comps, encs)]
             out[name] = aggs[0] / self.size
         return out
+
+
+def hierarchical_step(comps, grads_by_rank, nodes, per, average=True):
+    """The hierarchical exchange's aggregate by its definition, one step: ``comps`` one
+    numpy compressor per worker (rank ``c * per + l``, their state kept across steps),
+    ``grads_by_rank[r][name]``.  Summable compressors: the flat sum over every worker;
+    the others: per node the dense sum, its shard ``l`` compressed by worker ``(c, l)``
+    (named ``name@l/per``, a ``(k, 1)`` matrix for tensors of 2+ dimensions), the shards'
+    payloads summed over nodes, the shards put together.  Returns {name: aggregate}."""
+    from hvd_compress.core.hierarchy import shard_length, shard_name
+    p = nodes * per
+    out = {}
+    for name in grads_by_rank[0]:
+        xs = [np.asarray(grads_by_rank[r][name], np.float32) for r in range(p)]
+        shape = xs[0].shape
+        if comps[0].summable:
+            encs = [c.encode(x, name) for c, x in zip(comps, xs)]
+            total = comps[0].aggregate(sum(e.payload for e in encs), encs[0])
+            out[name] = total / p if average else total
+            continue
+        n = xs[0].size
+        k = shard_length(n, per)
+        shards = []
+        for lr in range(per):
+            encs = []
+            for c in range(nodes):
+                node_sum = sum(xs[c * per + j].reshape(-1) for j in range(per))
+                part = np.pad(node_sum, (0, k * per - n))[lr * k:(lr + 1) * k]
+                part = part.reshape(k, 1) if len(shape) >= 2 else part
+                encs.append(comps[c * per + lr].encode(part, shard_name(name, lr, per)))
+            got = [comps[c * per + lr].aggregate([e.payload for e in encs], encs[c])
+                   for c in range(nodes)]
+            shards.append(got[0].reshape(-1))
+        dense = np.concatenate(shards)[:n].reshape(shape)
+        out[name] = dense * np.float32(1.0 / p) if average else dense
+    return out
