@@ -93,6 +93,10 @@ class Hierarchical:
     def agreed(self):
         return self.flat.agreed
 
+    @agreed.setter
+    def agreed(self, value):
+        self.flat.agreed = self.between.agreed = value
+
     @property
     def size(self) -> int:
         return self.flat.size
@@ -164,7 +168,9 @@ class Hierarchical:
         cross = []
         for j, b in sharded:
             t0 = time.perf_counter()
-            mine = B.reshape(self.node.wait(b.handle), (-1,))
+            widths = [shard_length(_numel(shape), L) for shape in b.shapes]
+            # (a traced TensorFlow collective's result has no static length: give it)
+            mine = B.reshape(self.node.wait(b.handle), (sum(widths),))
             stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
             shards, names, at = [], [], 0
             for shape, name in zip(b.shapes, b.names):
@@ -190,8 +196,9 @@ class Hierarchical:
             table = self.node.wait(handle)
             stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
             t0 = time.perf_counter()
+            width = sum(shard_length(_numel(shape), L) for shape in b.shapes)
             table = B.reshape(B.concat(list(table)) if isinstance(table, (list, tuple)) else table,
-                              (L, -1))
+                              (L, width))
             at = 0
             scale = self.predivide / self.size if self.average else 1.0
             for i, shape, dtype in zip(b.sharded_at, b.shapes, b.dtypes):

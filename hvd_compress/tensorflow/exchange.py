@@ -12,8 +12,10 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from .. import nodes
 from ..core import agreement
 from ..core.exchange import MAX, Exchange, ProcessSetCollectives
+from ..core.hierarchy import Hierarchical
 
 
 def variable_name(var, default: str = "") -> str:
@@ -38,6 +40,10 @@ class HorovodTF(ProcessSetCollectives):
     def allgather(self, flat, name):
         return hvd.allgather(flat, name=safe_name(name), process_set=self.process_set)
 
+    def reducescatter(self, flat, name):
+        return hvd.reducescatter(flat, op=hvd.Sum, name=safe_name(name),
+                                 process_set=self.process_set)
+
     def eager(self):
         """Out of a ``tf.function`` being traced: the plan check runs once, at trace time
         (every rank traces at its first call), not in every step's graph."""
@@ -58,6 +64,18 @@ class TFExchange(Exchange):
     run_each = _plain(Exchange.run_each)
 
 
+class TFHierarchical(Hierarchical):
+    """The hierarchical exchange (:mod:`hvd_compress.core.hierarchy`), run as plain Python
+    inside ``tf.function`` as :class:`TFExchange` is."""
+
+    send = _plain(lambda self, tensors, names, *args, **kwargs: (
+        _eager_sizes(self, tensors, names),
+        Hierarchical.send(self, tensors, names, *args, **kwargs))[1])
+    receive = _plain(Hierarchical.receive)
+    run = _plain(Hierarchical.run)
+    run_each = _plain(Hierarchical.run_each)
+
+
 def _eager_sizes(engine, tensors, names) -> None:
     """Payloads of data-dependent size (threshold-v, adaptive quantization) need their
     lengths in Python: such compressors run eagerly, not inside ``tf.function``."""
@@ -74,12 +92,24 @@ def _eager_sizes(engine, tensors, names) -> None:
 
 
 def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
-           process_set=hvd.global_process_set) -> Exchange:
+           process_set=hvd.global_process_set, hierarchical=None) -> Exchange:
     """The exchange engine of a tape or Keras optimizer (``compression``: a TFCompressor,
     whose methods bind its variables as the core's state).  The plans the ranks agreed
-    on are kept with the compressor: a tape is made anew every step, its state is not."""
-    e = TFExchange(compression, HorovodTF(process_set), average=op == hvd.Average,
-                   predivide=gradient_predivide_factor, op=op)
+    on are kept with the compressor: a tape is made anew every step, its state is not.
+    ``hierarchical``: as :func:`hvd_compress.torch.DistributedOptimizer`'s (None: where
+    the node process sets are registered; the engine is then a :class:`TFHierarchical`)."""
+    sets = None if hierarchical is False or not process_set.included() else \
+        nodes.node_sets(hvd, process_set)
+    if hierarchical and sets is None:
+        raise ValueError(nodes.MISSING)
+    average = op == hvd.Average
+    if sets is None:
+        e = TFExchange(compression, HorovodTF(process_set), average=average,
+                       predivide=gradient_predivide_factor, op=op)
+    else:
+        e = TFHierarchical(compression, HorovodTF(process_set), HorovodTF(sets[0]),
+                           HorovodTF(sets[1]), sets[2], average=average,
+                           predivide=gradient_predivide_factor, op=op)
     e.agreed = compression.__dict__.setdefault("_agreed_plans", set())
     return e
 
@@ -115,6 +145,11 @@ def plan_rows(comp, variables) -> list:
     bytes per step (see :meth:`hvd_compress.pertensor.PolicyFrontend.plan`)."""
     return comp.plan([(variable_name(v), tuple(int(d) for d in v.shape), _dtype(v))
                       for v in variables])
+
+
+def hierarchy_of(engine) -> str:
+    """How an engine crosses nodes, as a plan shows it."""
+    return f"nodes of {engine.local_size}" if isinstance(engine, Hierarchical) else "off"
 
 
 def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_step,

@@ -30,7 +30,7 @@ from ..localsteps import check_wrapper_args
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import TFPolicy, as_compression, prepare_exchange
-from .exchange import engine, exchange_tensors, plan, plan_rows, variable_name
+from .exchange import engine, exchange_tensors, hierarchy_of, plan, plan_rows, variable_name
 from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
@@ -106,7 +106,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          average_aggregated_gradients=True, num_groups=0, groups=None,
                          process_set=hvd.global_process_set, *, local_sgd=False,
                          local_sgd_warmup_steps=0, buffers=(), delay=0,
-                         min_numel=DEFAULT_MIN_NUMEL, start_step=0):
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
     """Wrap a Keras 3 optimizer; arguments as ``horovod.tensorflow.keras.DistributedOptimizer``
     (``compression`` also takes a spec string or an hvd_compress compressor).
 
@@ -120,7 +120,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     with ``min_numel`` and ``start_step``, as for
     :func:`hvd_compress.tensorflow.DistributedGradientTape`; ``opt.plan(variables)``
     lists each variable's compressor and bytes.  ``process_set``: its ranks exchange
-    among themselves; a rank outside applies its own gradients."""
+    among themselves; a rank outside applies its own gradients.  ``hierarchical``:
+    compressed between nodes only, as :func:`hvd_compress.torch.DistributedOptimizer`'s."""
     comp = as_compression(compression, min_numel, start_step)
     check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
                        "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
@@ -138,13 +139,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
     opt._hvdc_process_set = process_set
-    opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set)
+    opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set, hierarchical)
     opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
                                local_sgd_warmup_steps, delay, buffers)
     opt._hvdc_plan = functools.partial(
         plan, "tensorflow.keras.DistributedOptimizer", comp, op, gradient_predivide_factor,
         backward_passes_per_step, local_sgd=local_sgd, warmup=local_sgd_warmup_steps,
-        delay=delay, buffers=tuple(buffers))
+        delay=delay, buffers=tuple(buffers), hierarchy=hierarchy_of(opt._hvdc_engine))
     opt.hvd_compressor = comp  # tracked for checkpoints
     opt.last_stats = new_stats()
     return opt

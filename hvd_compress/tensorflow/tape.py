@@ -25,7 +25,7 @@ from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..frontend import choice_of, new_stats
 from ..localsteps import check_wrapper_args
 from .compressors import TFCompressor, TFPolicy, as_compression, owned_by, prepare_exchange
-from .exchange import engine, exchange_tensors, plan, plan_rows, variable_name
+from .exchange import engine, exchange_tensors, hierarchy_of, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
 
 __all__ = ["DistributedGradientTape"]
@@ -35,7 +35,8 @@ class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
                  process_set, backward_passes_per_step=1, persistent=False,
                  watch_accessed_variables=True, local_sgd=False, local_sgd_warmup_steps=0,
-                 buffers=(), delay=0, min_numel=DEFAULT_MIN_NUMEL, start_step=0):
+                 buffers=(), delay=0, min_numel=DEFAULT_MIN_NUMEL, start_step=0,
+                 hierarchical=None):
         # As Horovod does: a tape of the user's tape class that takes over its recording.
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
@@ -45,6 +46,7 @@ class _DistributedGradientTape(tf.GradientTape):
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._bpps = backward_passes_per_step
+        self._hierarchical = hierarchical
         self._args = (op, gradient_predivide_factor, local_sgd, local_sgd_warmup_steps, delay,
                       tuple(buffers))
         self._engine = self._local = None
@@ -78,7 +80,7 @@ class _DistributedGradientTape(tf.GradientTape):
                 comp = make()
         if self._engine is None or self._engine.comp is not comp:
             op, predivide, local_sgd, warmup, delay, buffers = self._args
-            self._engine = engine(comp, op, predivide, self._process_set)
+            self._engine = engine(comp, op, predivide, self._process_set, self._hierarchical)
             self._local = strategy(self._engine, local_sgd, self._bpps, warmup, delay, buffers)
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
@@ -140,7 +142,8 @@ class _DistributedGradientTape(tf.GradientTape):
         op, predivide, local_sgd, warmup, delay, buffers = self._args
         return plan("tensorflow.DistributedGradientTape", self._engine.comp, op, predivide,
                     self._bpps, [g for _, g, _ in pairs], [n for _, _, n in pairs], local_sgd,
-                    warmup, delay, buffers, sparse_as_dense=bool(self._sparse_as_dense))
+                    warmup, delay, buffers, sparse_as_dense=bool(self._sparse_as_dense),
+                    hierarchy=hierarchy_of(self._engine))
 
     def drain(self):
         """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
@@ -193,7 +196,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                             num_groups=0, groups=None, process_set=hvd.global_process_set,
                             backward_passes_per_step=1, *, local_sgd=False,
                             local_sgd_warmup_steps=0, buffers=(), delay=0,
-                            min_numel=DEFAULT_MIN_NUMEL, start_step=0):
+                            min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
     """Wrap ``gradtape`` so ``gradient()`` returns compressed-exchanged averaged gradients.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1;
@@ -223,6 +226,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     ``delay=D``: Delayed Gradient Averaging; ``gradient()`` returns
     ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for the first D steps).
     The step counter and DGA's ring of gradients live with the compressor.
+    ``hierarchical``: compressed between nodes only, as
+    :func:`hvd_compress.torch.DistributedOptimizer`'s.
     """
     comp = choice_of(compression)
     specs = comp.specs() if isinstance(comp, TFCompressor) else \
@@ -238,4 +243,5 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                backward_passes_per_step, persistent=gradtape._persistent,
                watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True),
                local_sgd=local_sgd, local_sgd_warmup_steps=local_sgd_warmup_steps,
-               buffers=buffers, delay=delay, min_numel=min_numel, start_step=start_step)
+               buffers=buffers, delay=delay, min_numel=min_numel, start_step=start_step,
+               hierarchical=hierarchical)

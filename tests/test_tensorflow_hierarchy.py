@@ -1,0 +1,17 @@
+"""The hierarchical exchange in TensorFlow under 4 workers in 2 simulated nodes
+(python -m hvd_compress.tools.nodesrun; Gloo, the node process sets at init)."""
+
+import pytest
+
+from tests.harness import run_nodes
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_tape_aggregate_is_its_definition_eagerly_and_traced():
+    results = run_nodes("tests.workers.tf_hierarchy:tape_matches_definition", nodes=2, np=4,
+                        timeout=600)
+    for res in results:
+        for key, r in res["report"].items():
+            assert r["hierarchical"], key
+            assert r["rel_err"] < 1e-5, (key, r["rel_err"])
