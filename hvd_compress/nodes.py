@@ -20,9 +20,11 @@ it holds; :func:`add_node_process_sets` asks every worker its node instead.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 
-__all__ = ["layout", "node_process_sets", "add_node_process_sets", "node_sets"]
+__all__ = ["layout", "node_process_sets", "add_node_process_sets", "node_sets", "finish_together"]
 
 _MADE: list = []  # the process sets made here, in the order they were registered
 
@@ -104,3 +106,39 @@ def node_sets(hvd, process_set=None):
     if node.rank() != hvd.local_rank() or cross.rank() != hvd.cross_rank():
         return None
     return node, cross, node.rank()
+
+
+_FINISH = {"hvd": None, "failed": False}
+
+
+def finish_together(hvd) -> None:
+    """Make this worker wait for every other at exit (``hvd.barrier()``; TensorFlow: a tiny
+    ``allgather_object``), once per process.
+
+    The hierarchical exchange ends a step with an allgather inside the node, so one
+    node's workers can finish the last step, exit and shut Horovod down while another
+    node's are still in theirs ("Horovod has been shut down").  The wrappers call this
+    when they use it.  A worker leaving on an uncaught exception does not wait (the
+    others could be waiting for it)."""
+    if _FINISH["hvd"] is not None:
+        return
+    _FINISH["hvd"] = hvd
+    previous = sys.excepthook
+
+    def hook(*exc):
+        _FINISH["failed"] = True
+        previous(*exc)
+    sys.excepthook = hook
+    atexit.register(_barrier)
+
+
+def _barrier() -> None:
+    hvd = _FINISH["hvd"]
+    if hvd is None or _FINISH["failed"]:
+        return
+    try:
+        if hvd.is_initialized() and hvd.size() > 1:
+            barrier = getattr(hvd, "barrier", None)  # (horovod.tensorflow has none)
+            barrier() if barrier is not None else hvd.allgather_object(0, name="hvd_compress.finish")
+    except Exception:  # Horovod already shut down: nothing to wait for
+        pass

@@ -20,7 +20,8 @@ def init(seed: int):
     import tensorflow as tf
 
     import hvd_compress.tensorflow as hct
-    hvd.init()
+    from hvd_compress import nodes
+    hvd.init(process_sets=nodes.node_process_sets())  # the hierarchical exchange's, if any
     threads = runtools.worker_threads(hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     runtools.limit_kernel_threads(threads)
@@ -45,7 +46,8 @@ def keras_optimizer(keras, hct, args, comp, model):
                                           local_sgd=args.local_sgd,
                                           local_sgd_warmup_steps=args.local_sgd_warmup_steps,
                                           buffers=model.non_trainable_variables, delay=args.delay,
-                                          min_numel=args.min_numel, start_step=args.start_step)
+                                          min_numel=args.min_numel, start_step=args.start_step,
+                                          hierarchical=runtools.HIERARCHICAL[args.hierarchical])
 
 
 def runs_eagerly(comp) -> bool:

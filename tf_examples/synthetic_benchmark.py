@@ -57,7 +57,8 @@ def main(argv=None):
                 tape, compression=comp, backward_passes_per_step=bpps, local_sgd=args.local_sgd,
                 local_sgd_warmup_steps=args.local_sgd_warmup_steps,
                 buffers=model.non_trainable_variables, delay=args.delay,
-                min_numel=args.min_numel, start_step=args.start_step)
+                min_numel=args.min_numel, start_step=args.start_step,
+                hierarchical=runtools.HIERARCHICAL[args.hierarchical])
         # Horovod 0.28.1's tape keys sources by tf.Variable.ref(): give it Keras 3's
         # underlying tf.Variables
         sources = [v.value for v in model.trainable_variables] if args.horovod_tape \

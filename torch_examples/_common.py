@@ -14,12 +14,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import horovod.torch as hvd  # noqa: E402
 
 import hvd_compress.torch as hc  # noqa: E402
+from hvd_compress import nodes  # noqa: E402
 from hvd_compress.tools import runtools  # noqa: E402
 
 
 def init(seed: int):
-    """hvd.init(), one thread per worker when several share a machine, seeds."""
-    hvd.init()
+    """hvd.init() with the node process sets (the hierarchical exchange's, where the
+    workers span nodes), one thread per worker when several share a machine, seeds."""
+    hvd.init(process_sets=nodes.node_process_sets())
     threads = runtools.worker_threads(hvd.local_size())
     torch.set_num_threads(threads)
     runtools.limit_kernel_threads(threads)
@@ -45,7 +47,8 @@ def make_optimizer(model, base, args, horovod_optimizer: bool = False):
                                       local_sgd=args.local_sgd,
                                       local_sgd_warmup_steps=args.local_sgd_warmup_steps,
                                       named_buffers=model.named_buffers(), delay=args.delay,
-                                      min_numel=args.min_numel, start_step=args.start_step)
+                                      min_numel=args.min_numel, start_step=args.start_step,
+                                      hierarchical=runtools.HIERARCHICAL[args.hierarchical])
         runtools.print_plan(opt.plan(), args, hvd.rank())
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     return opt
@@ -70,7 +73,7 @@ def finish(args, example: str, steps: int, images: int, train_s: float, opt, acc
         return
     doc = runtools.summary("torch", example, args.compression, hvd.size(), steps, images,
                            train_s, stats_of(opt), accuracy, wall_s, **runtools.local_fields(args),
-                           **extra)
+                           hierarchical=bool(getattr(opt, "hierarchical", False)), **extra)
     runtools.write_summary(args.json, doc)
 
 

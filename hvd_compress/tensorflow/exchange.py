@@ -107,6 +107,7 @@ def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
         e = TFExchange(compression, HorovodTF(process_set), average=average,
                        predivide=gradient_predivide_factor, op=op)
     else:
+        nodes.finish_together(hvd)
         e = TFHierarchical(compression, HorovodTF(process_set), HorovodTF(sets[0]),
                            HorovodTF(sets[1]), sets[2], average=average,
                            predivide=gradient_predivide_factor, op=op)

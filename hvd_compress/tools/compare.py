@@ -78,18 +78,22 @@ DEFAULT_EXAMPLE_ARGS = {
     "digits-wide": "--model wide --batch-size 64 --epochs 6",
     "cifar10": "--epochs 1",
 }
-RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode")
+RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes")
 #: results.csv's columns: the examples' summary keys, then what compare adds (new ones are
 #: appended, so that the older columns keep their places)
 COLUMNS = (list(runtools.SUMMARY_KEYS) + ["bandwidth", "latency", "status", "step_ms",
                                           "collectives_per_step", "parameters", "log",
                                           "mode", "target_accuracy", "time_to_target_s",
-                                          "epochs_to_target", "best_accuracy", runtools.CURVE])
+                                          "epochs_to_target", "best_accuracy", runtools.CURVE,
+                                          "nodes", "local_bytes_per_step", "hierarchical"])
 UNCAPPED = "uncapped"
 SYNC = "sync"
 #: the baseline without Horovod: TensorFlow's MultiWorkerMirroredStrategy (``--strategy
 #: mwms``; uncompressed, launched by :mod:`.mwms`, in the namespaces when capped)
 MWMS = "TF MWMS"
+#: with ``--nodes``: compressed tensors through every worker's allgather, not the
+#: hierarchical exchange (``--hierarchical off``)
+FLAT = "flat"
 MWMS_EXAMPLES = ("digits", "digits-wide")
 
 
@@ -122,6 +126,8 @@ def mode_flags(mode: str) -> list[str]:
         return []
     if mode == MWMS:
         return ["--strategy", "mwms"]
+    if mode == FLAT:
+        return ["--hierarchical", "off"]
     m = re.fullmatch(r"local SGD H=(\d+)", mode)
     if m:
         return ["--local-sgd", "--backward-passes-per-step", m.group(1)]
@@ -138,7 +144,7 @@ def check_modes(specs, modes) -> None:
     from ..localsteps import check_local_args
     for spec in specs:
         for mode in modes:
-            if mode == MWMS:  # its one row is uncompressed whatever the specs
+            if mode in (MWMS, FLAT):  # MWMS: uncompressed whatever the specs; flat: any
                 continue
             flags = mode_flags(mode)
             local = "--local-sgd" in flags
@@ -164,12 +170,28 @@ def bandwidth_label(text: str) -> str:
     return netcap.format_rate(netcap.parse_rate(text))
 
 
+def nodes_of(row: dict) -> int:
+    """A row's simulated nodes (rows of results written before ``--nodes``: 1)."""
+    return int(row.get("nodes") or 1)
+
+
+def gathers(spec: str) -> bool:
+    """Whether some tensor of ``spec`` travels by allgather (the hierarchical exchange's)."""
+    from ..core import build
+    return any(not build(s).summable for s in _specs(spec))
+
+
 def plan_runs(args, capped_ok: bool) -> list[dict]:
     runs = []
     modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
                       getattr(args, "strategy", "horovod"))
+    nodes = int(getattr(args, "nodes", 1) or 1)
+    if nodes > 1:  # the hierarchical exchange (sync) and the flat one side by side
+        modes.insert(1, FLAT)
 
     def add(spec, mode):
+        if mode == FLAT and not gathers(spec):
+            return  # summable payloads go by one allreduce either way
         for np_ in args.np:
             if np_ == 1 and mode not in (SYNC, MWMS):
                 continue  # one worker: local SGD and DGA are plain SGD
@@ -179,7 +201,8 @@ def plan_runs(args, capped_ok: bool) -> list[dict]:
             for bw in dict.fromkeys(bands):
                 runs.append({"framework": args.framework, "example": args.example,
                              "compression": spec, "np": np_, "bandwidth": bw,
-                             "latency": args.latency if bw != UNCAPPED else "", "mode": mode})
+                             "latency": args.latency if bw != UNCAPPED else "", "mode": mode,
+                             "nodes": nodes if np_ > 1 else 1})
 
     for spec in args.compression:
         for mode in modes:
@@ -191,7 +214,8 @@ def plan_runs(args, capped_ok: bool) -> list[dict]:
 
 
 def run_key(row: dict) -> tuple:
-    return tuple(mode_of(row) if k == "mode" else str(row.get(k, "")) for k in RUN_KEYS)
+    return tuple(mode_of(row) if k == "mode" else str(nodes_of(row)) if k == "nodes"
+                 else str(row.get(k, "")) for k in RUN_KEYS)
 
 
 def _safe(text: str) -> str:
@@ -201,8 +225,9 @@ def _safe(text: str) -> str:
 def run_name(run: dict) -> str:
     lat = f"_lat{run['latency']}" if run["latency"] else ""
     mode = "" if mode_of(run) == SYNC else "_" + _safe(mode_of(run))
-    return (f"{run['framework']}_{run['example']}_{_safe(run['compression'])}{mode}_np{run['np']}_"
-            f"{run['bandwidth']}{lat}")
+    nodes = f"_{nodes_of(run)}nodes" if nodes_of(run) > 1 else ""
+    return (f"{run['framework']}_{run['example']}_{_safe(run['compression'])}{mode}_np{run['np']}"
+            f"{nodes}_{run['bandwidth']}{lat}")
 
 
 def examples_dir(framework: str, tools_dir: Path | None = None) -> Path:
@@ -259,6 +284,9 @@ def execute(args, run: dict, out: Path) -> dict:
         if run["bandwidth"] == UNCAPPED:
             if mode_of(run) == MWMS:
                 full = [sys.executable, "-m", "hvd_compress.tools.mwms", "-np", str(run["np"]), *cmd]
+            elif nodes_of(run) > 1:  # Horovod sees the nodes; loopback links
+                full = [sys.executable, "-m", "hvd_compress.tools.nodesrun", "--nodes",
+                        str(nodes_of(run)), "-np", str(run["np"]), *cmd]
             else:
                 full = [*horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}",
                         "--gloo", *cmd]
@@ -273,13 +301,21 @@ def execute(args, run: dict, out: Path) -> dict:
                     netcap.stop(proc)
         else:
             latency = netcap.parse_latency(run["latency"]) if run["latency"] else 0.0
+            nodes = nodes_of(run)
+            per = int(run["np"]) // nodes
+            where = f"{nodes} namespaces of {per} workers" if nodes > 1 else f"{run['np']} namespaces"
             with open(log_path, "w") as log:
-                log.write(f"# {run['np']} namespaces, links capped at {run['bandwidth']}"
+                log.write(f"# {where}, links capped at {run['bandwidth']}"
                           f"{', latency ' + run['latency'] if latency else ''}\n$ "
                           + shlex.join(cmd) + "\n")
-            launch = netcap.launch_mwms if mode_of(run) == MWMS else netcap.launch_horovod
-            with netcap.CappedNetwork(run["np"], netcap.parse_rate(run["bandwidth"]), latency) as net:
-                rc = launch(net, cmd, log_path=str(log_path), timeout_s=args.timeout)
+            with netcap.CappedNetwork(nodes if nodes > 1 else run["np"],
+                                      netcap.parse_rate(run["bandwidth"]), latency) as net:
+                if mode_of(run) == MWMS:
+                    rc = netcap.launch_mwms(net, cmd, log_path=str(log_path), timeout_s=args.timeout)
+                else:
+                    rc = netcap.launch_horovod(net, cmd, log_path=str(log_path),
+                                               timeout_s=args.timeout,
+                                               per_node=per)
     except Exception as exc:  # a launcher error is this run's failure, not the matrix's
         with open(log_path, "a") as log:
             log.write(f"\ncompare: launch failed: {exc!r}\n")
@@ -334,8 +370,9 @@ def ok_rows(rows: list[dict]) -> list[dict]:
 
 
 def _setting(r: dict) -> tuple:
-    """Runs compared with each other: same framework, example, np, bandwidth, latency."""
-    return (r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""))
+    """Runs compared with each other: same framework, example, np, nodes, bandwidth, latency."""
+    return (r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""),
+            nodes_of(r))
 
 
 def is_baseline(r: dict) -> bool:
@@ -357,8 +394,9 @@ def speedups(rows: list[dict]) -> dict:
 
 
 def _where(setting: tuple) -> str:
-    _, _, np_, bw, lat = setting
-    return f"np {np_}, {bw}" + (f", latency {lat}" if lat else "")
+    _, _, np_, bw, lat, nodes = setting
+    return f"np {np_}" + (f" in {nodes} nodes" if nodes > 1 else "") + f", {bw}" + \
+        (f", latency {lat}" if lat else "")
 
 
 def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict]]]:
@@ -366,7 +404,8 @@ def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict
     for r in ok_rows(rows):
         if int(r["np"]) > 1 or not multi_only:
             groups.setdefault(_setting(r), []).append(r)
-    return sorted(groups.items(), key=lambda kv: (kv[0][:2], int(kv[0][2]), str(kv[0][3]), kv[0][4]))
+    return sorted(groups.items(), key=lambda kv: (kv[0][:2], int(kv[0][2]), kv[0][5], str(kv[0][3]),
+                                                  kv[0][4]))
 
 
 def best_lines(rows: list[dict]) -> list[str]:
@@ -499,7 +538,8 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None) ->
                 reached = ["", ""]
         lines.append("| " + " | ".join(
             [r["framework"], r["example"], f"`{r['compression']}`"] + ([mode_of(r)] if modes else []) + [
-                str(r["np"]), bw, num("images_per_sec"), num("images_per_sec_per_worker"),
+                str(r["np"]) + (f" ({nodes_of(r)} nodes)" if nodes_of(r) > 1 else ""), bw,
+                num("images_per_sec"), num("images_per_sec_per_worker"),
                 f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
                 num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),
                 num("test_accuracy", "{:.4f}")] + reached + [
@@ -759,8 +799,9 @@ def predict(rows: list[dict], alpha_us: float | None = None,
     latency to assume (default: fitted when the runs cover two or more worker counts,
     else :data:`DEFAULT_ALPHA_US`).  Only sync-mode rows are used: the model is one exchange
     per step.  ``target``: also predict the time to that test accuracy
-    (:func:`time_to_target_lines`)."""
-    rows = [r for r in ok_rows(rows) if mode_of(r) == SYNC]
+    (:func:`time_to_target_lines`).  Runs in simulated nodes (``--nodes``) are left out: the
+    model knows one flat link per worker."""
+    rows = [r for r in ok_rows(rows) if mode_of(r) == SYNC and nodes_of(r) == 1]
     capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
     uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
     md, say = ["# Cost model", ""], []
@@ -924,6 +965,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--delay", nargs="+", type=runtools.nonnegative_int, default=None, metavar="D",
                     help="also run Delayed Gradient Averaging with each delay D (a mode; 0 is sync; "
                          "at more than one worker; one-round compressors only)")
+    ap.add_argument("--nodes", type=runtools.positive_int, default=1, metavar="N",
+                    help="simulated nodes: each --np count (above 1, a multiple of N) runs as N "
+                         "nodes of np/N workers -- capped runs: one network namespace per node, "
+                         "the links between nodes capped, the workers of a node talking "
+                         "uncapped inside it; uncapped runs: on loopback, Horovod seeing the "
+                         "nodes -- and every compressor that gathers runs twice: hierarchical "
+                         "(mode sync) and flat (mode flat) (default 1)")
     ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
                     help="mwms: also run TensorFlow's MultiWorkerMirroredStrategy (no Horovod, "
                          "uncompressed) as a baseline row per worker count and bandwidth "
@@ -967,6 +1015,10 @@ def main(argv=None) -> int:
         if args.example == "synthetic":
             ap.error("--target-accuracy needs an example that reports test accuracy (--example digits "
                      "or cifar10); the synthetic benchmark has none")
+    if args.nodes > 1 and any(n > 1 and n % args.nodes for n in args.np):
+        ap.error(f"--np counts above 1 must be multiples of --nodes {args.nodes}")
+    if args.nodes > 1 and args.strategy == "mwms":
+        ap.error("--strategy mwms runs without --nodes")
     if args.strategy == "mwms" and (args.framework != "tensorflow" or
                                     args.example not in MWMS_EXAMPLES):
         ap.error("--strategy mwms runs with --framework tensorflow --example "

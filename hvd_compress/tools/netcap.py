@@ -249,18 +249,21 @@ def gloo_env(slot, addr: str, port: int, iface: str, threads: int) -> dict:
 
 
 def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = None,
-                   log_path: str | None = None, timeout_s: float = 600.0) -> int:
-    """Run ``command`` as an ``net.n``-worker Horovod Gloo job, worker i in namespace i.
+                   log_path: str | None = None, timeout_s: float = 600.0, per_node: int = 1) -> int:
+    """Run ``command`` as a Horovod Gloo job of ``net.n * per_node`` workers, ``per_node``
+    in each namespace: a simulated cluster of ``net.n`` nodes whose links to each other
+    are capped, while the workers of one node talk inside their namespace, uncapped.
 
-    The environment is what ``horovodrun --gloo`` gives each worker, with one
-    host per namespace.  Output of all workers goes to ``log_path`` (prefixed
-    by rank).  Returns the first non-zero exit code (0 when all succeed); a
-    worker that fails or a time-out stops the others."""
+    The environment is what ``horovodrun --gloo`` gives each worker, with one host per
+    namespace (``worker<i>``: Horovod's local and cross ranks follow).  Output of all
+    workers goes to ``log_path`` (prefixed by rank).  Returns the first non-zero exit
+    code (0 when all succeed); a worker that fails or a time-out stops the others."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
 
-    n = net.n
-    plan = get_host_assignments(parse_hosts(",".join(f"worker{i}:1" for i in range(n))), n)
+    n = net.n * per_node
+    plan = get_host_assignments(parse_hosts(",".join(f"worker{i}:{per_node}"
+                                                     for i in range(net.n))), n)
     server = RendezvousServer(verbose=0)
     port = server.start()
     server.init(plan)
@@ -271,7 +274,8 @@ def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = No
         for slot in plan:
             wenv = dict(os.environ if env is None else env)
             wenv.update(gloo_env(slot, net.bridge_address, port, "eth0", threads))
-            procs.append(subprocess.Popen(net.exec_prefix(slot.rank) + list(command), env=wenv,
+            node = int(slot.hostname[len("worker"):])
+            procs.append(subprocess.Popen(net.exec_prefix(node) + list(command), env=wenv,
                                           stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
         return wait_all(procs, timeout_s)

@@ -128,6 +128,10 @@ def needs_final_average(args, steps: int) -> bool:
     return not (schedule.synchronous(steps - 1) or schedule.averages_after(steps - 1))
 
 
+#: ``--hierarchical`` as the wrappers' ``hierarchical=`` takes it
+HIERARCHICAL = {"auto": None, "on": True, "off": False}
+
+
 def local_fields(args) -> dict:
     """Summary keys saying how often workers talk (local SGD period, DGA delay)."""
     return {"backward_passes_per_step": args.backward_passes_per_step,
@@ -147,6 +151,10 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
                          "(default 1024; 0: compress every tensor)")
     ap.add_argument("--start-step", type=nonnegative_int, default=0, metavar="N",
                     help="send uncompressed for the first N optimizer steps (default 0)")
+    ap.add_argument("--hierarchical", choices=sorted(HIERARCHICAL), default="auto",
+                    help="compressed gradients summed dense inside each node and compressed only "
+                         "between nodes: auto (wherever the workers span two or more nodes of "
+                         "two or more), on (required), off (default: auto)")
     ap.add_argument("--backward-passes-per-step", type=positive_int, default=1, metavar="N",
                     help="accumulate N backward passes locally before one exchange (default 1); "
                          "with --local-sgd: average the parameters every N local steps")
@@ -275,6 +283,7 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
         "bytes_per_step": int(round(stats.get("bytes_sent", 0) / steps)),
         "compute_ms": round(compute, 3), "encode_ms": round(per_step["encode_ms"], 3),
         "comm_ms": round(per_step["comm_ms"], 3), "decode_ms": round(per_step["decode_ms"], 3),
+        "local_bytes_per_step": int(round(stats.get("local_bytes", 0) / steps)),
         "test_accuracy": None if test_accuracy is None else round(float(test_accuracy), 4),
         "wall_s": round(wall_s, 3), "strategy": strategy,
     }

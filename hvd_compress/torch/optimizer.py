@@ -109,6 +109,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             engine = Exchange(self._compression.core, HorovodTorch(process_set), average=average,
                               predivide=gradient_predivide_factor, op=op)
         else:
+            nodes.finish_together(hvd)
             engine = Hierarchical(self._compression.core, HorovodTorch(process_set),
                                   HorovodTorch(sets[0]), HorovodTorch(sets[1]), sets[2],
                                   average=average, predivide=gradient_predivide_factor, op=op)
