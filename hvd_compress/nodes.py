@@ -93,9 +93,11 @@ def node_sets(hvd, process_set=None):
     run, else None: sets made here are registered, ``process_set`` (the wrapper's) is the
     global one, and this worker's node set and cross set hold it as Horovod says
     (its rank in the node set is its ``local_rank``, in the cross set its
-    ``cross_rank``)."""
+    ``cross_rank``), and the job is not elastic (its world may change)."""
     if process_set is not None and process_set is not hvd.global_process_set and \
             getattr(process_set, "process_set_id", 0) != 0:
+        return None
+    if os.environ.get("HOROVOD_ELASTIC") == "1":  # the world may change: no fixed nodes
         return None
     rank = hvd.rank()
     mine = [s for s in _MADE if s.process_set_id is not None and s.ranks and rank in s.ranks]

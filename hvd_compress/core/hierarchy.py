@@ -201,12 +201,15 @@ class Hierarchical:
                               (L, width))
             at = 0
             scale = self.predivide / self.size if self.average else 1.0
+            whole = B.reshape(table, (-1,)) if len(b.shapes) == 1 else None  # (no copy)
             for i, shape, dtype in zip(b.sharded_at, b.shapes, b.dtypes):
                 n = _numel(shape)
                 k = shard_length(n, L)
-                dense = B.reshape(table[:, at:at + k], (-1,))[:n]
+                dense = whole[:n] if whole is not None else \
+                    B.reshape(table[:, at:at + k], (-1,))[:n]
                 at += k
-                dense = B.reshape(dense * scale if scale != 1.0 else dense, shape)
+                # the gathered table is this exchange's own: scaled in place
+                dense = B.reshape(B.imul(dense, scale) if scale != 1.0 else dense, shape)
                 dense = dense if dtype == "float32" else B.cast(dense, dtype)
                 out = None if outs[j] is None else outs[j][i]
                 results[j][i] = dense if out is None else B.icopy(out, dense)

@@ -21,7 +21,28 @@ class HorovodTorch(ProcessSetCollectives):
         return hvd.allgather_async(flat, name=name, process_set=self.process_set)
 
     def reducescatter(self, flat, name):
-        return hvd.reducescatter_async(flat, name=name, op=hvd.Sum, process_set=self.process_set)
+        """NCCL's reduce-scatter on GPUs; on CPU (Gloo) an allreduce of which this rank keeps
+        its part: Horovod 0.28.1's Gloo reduce-scatter was measured slower than its
+        allreduce of the same tensor (87 MB in a node of 2: 713 against 419 ms, medians
+        of 10; README, "Across nodes")."""
+        if flat.is_cuda:
+            return hvd.reducescatter_async(flat, name=name, op=hvd.Sum,
+                                           process_set=self.process_set)
+        handle = hvd.allreduce_async(flat, name=name, op=hvd.Sum, process_set=self.process_set)
+        return _Kept(handle, self.process_set.rank(), self.size)
 
     def wait(self, handle):
+        if isinstance(handle, _Kept):
+            return handle.part(hvd.synchronize(handle.handle))
         return hvd.synchronize(handle)
+
+
+class _Kept:
+    """An allreduce of which rank ``r`` of ``size`` keeps the ``r``-th equal part."""
+
+    def __init__(self, handle, r, size):
+        self.handle, self.r, self.size = handle, r, size
+
+    def part(self, total):
+        k = total.shape[0] // self.size
+        return total[self.r * k:(self.r + 1) * k]
