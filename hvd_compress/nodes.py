@@ -94,6 +94,8 @@ def node_sets(hvd, process_set=None):
     global one, and this worker's node set and cross set hold it as Horovod says
     (its rank in the node set is its ``local_rank``, in the cross set its
     ``cross_rank``), and the job is not elastic (its world may change)."""
+    if not _MADE:  # (no set made here: nothing to ask Horovod, initialised or not)
+        return None
     if process_set is not None and process_set is not hvd.global_process_set and \
             getattr(process_set, "process_set_id", 0) != 0:
         return None

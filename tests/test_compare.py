@@ -626,6 +626,51 @@ def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horo
     assert capped and "--strategy" in capped[0]
 
 
+def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
+    """Issue 17: --nodes 2 runs each gathering compressor in mode sync (hierarchical) and
+    flat, summable ones once; uncapped under nodesrun, capped with one namespace of np/2
+    workers per node -- and without --nodes, one namespace per worker, as before."""
+    from hvd_compress.tools import compare as cmp
+    args = cmp.parser().parse_args(["--out", str(tmp_path), "--compression", "none", "topk:ratio=0.01",
+                                    "--np", "1", "4", "--nodes", "2", "--bandwidth", "uncapped", "1gbit"])
+    runs = cmp.plan_runs(args, capped_ok=True)
+    got = {(r["compression"], r["mode"], r["np"], r["nodes"], r["bandwidth"]) for r in runs}
+    assert got == {("none", "sync", 1, 1, "uncapped"), ("none", "sync", 4, 2, "uncapped"),
+                   ("none", "sync", 4, 2, "1gbit"), ("topk:ratio=0.01", "sync", 1, 1, "uncapped"),
+                   ("topk:ratio=0.01", "sync", 4, 2, "uncapped"), ("topk:ratio=0.01", "sync", 4, 2, "1gbit"),
+                   ("topk:ratio=0.01", "flat", 4, 2, "uncapped"), ("topk:ratio=0.01", "flat", 4, 2, "1gbit")}
+    assert len({cmp.run_name(r) for r in runs}) == len({cmp.run_key(r) for r in runs}) == len(runs)
+    flat = next(r for r in runs if r["mode"] == "flat" and r["bandwidth"] == "uncapped")
+    cmd = cmp.example_command(args, flat, Path("r.json"))
+    assert cmd[cmd.index("--hierarchical") + 1] == "off"
+    assert cmp.method(flat) == "topk:ratio=0.01 (flat)"
+    assert cmp.run_key({k: v for k, v in runs[0].items() if k != "nodes"}) == cmp.run_key(runs[0])
+    launched, capped = [], []
+
+    class Proc:  # what execute() launches, not run
+        pid, returncode = 0, 0
+
+        def __init__(self, argv, **kw):
+            launched.append(argv)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(cmp.subprocess, "Popen", Proc)
+    cmp.execute(args, flat, tmp_path)
+    assert launched[0][1:7] == ["-m", "hvd_compress.tools.nodesrun", "--nodes", "2", "-np", "4"]
+    nets = []
+    monkeypatch.setattr(cmp.netcap, "CappedNetwork",
+                        lambda n, *a: nets.append(n) or contextlib.nullcontext(None))
+    monkeypatch.setattr(cmp.netcap, "launch_horovod",
+                        lambda net, cmd, **kw: capped.append(kw["per_node"]) or 0)
+    cmp.execute(args, next(r for r in runs if r["mode"] == "flat" and r["bandwidth"] == "1gbit"),
+                tmp_path)
+    one = dict(flat, nodes=1, np=2, bandwidth="1gbit", mode="sync")
+    cmp.execute(args, one, tmp_path)
+    assert nets == [2, 2] and capped == [2, 1]  # 2 nodes of 2; then 2 namespaces of 1
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--strategy", "mwms"], "--framework tensorflow --example digits"),
     (["--framework", "tensorflow", "--strategy", "mwms"], "--framework tensorflow --example digits"),
@@ -636,6 +681,7 @@ def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horo
     (["--compression", "powersgd:rank=2", "--delay", "2"], "one-round compressor"),
     (["--local-sgd", "0"], "must be >= 1"),
     (["--delay", "-1"], "must be >= 0"),
+    (["--np", "3", "--nodes", "2"], "multiples of --nodes 2"),
 ])
 def test_bad_target_and_mode_input_is_a_usage_error(flags, message, tmp_path, capsys):
     from hvd_compress.tools import compare

@@ -106,8 +106,7 @@ def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
     on are kept with the compressor: a tape is made anew every step, its state is not.
     ``hierarchical``: as :func:`hvd_compress.torch.DistributedOptimizer`'s (None: where
     the node process sets are registered; the engine is then a :class:`TFHierarchical`)."""
-    sets = None if hierarchical is False or not process_set.included() else \
-        nodes.node_sets(hvd, process_set)
+    sets = None if hierarchical is False else nodes.node_sets(hvd, process_set)
     if hierarchical and sets is None:
         raise ValueError(nodes.MISSING)
     average = op == hvd.Average

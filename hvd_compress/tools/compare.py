@@ -302,7 +302,7 @@ def execute(args, run: dict, out: Path) -> dict:
         else:
             latency = netcap.parse_latency(run["latency"]) if run["latency"] else 0.0
             nodes = nodes_of(run)
-            per = int(run["np"]) // nodes
+            per = int(run["np"]) // nodes if nodes > 1 else 1  # workers per namespace
             where = f"{nodes} namespaces of {per} workers" if nodes > 1 else f"{run['np']} namespaces"
             with open(log_path, "w") as log:
                 log.write(f"# {where}, links capped at {run['bandwidth']}"

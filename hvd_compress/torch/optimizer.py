@@ -52,8 +52,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  sparse_as_dense=False, process_set=hvd.global_process_set, local_sgd=False,
                  local_sgd_warmup_steps=0, named_buffers=None, delay=0, hierarchical=None):
         super(self.__class__, self).__init__(params)
-        sets = None if hierarchical is False or not process_set.included() else \
-            nodes.node_sets(hvd, process_set)
+        sets = None if hierarchical is False else nodes.node_sets(hvd, process_set)
         if hierarchical and sets is None:
             raise ValueError(nodes.MISSING)
         self._compression = compression
