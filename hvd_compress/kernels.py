@@ -157,6 +157,19 @@ if AVAILABLE:
             h = _fmix32(_fmix32(h) ^ k1x)
             u[j] = np.float32(np.int32(h >> np.uint64(8))) * np.float32(1.0 / 16777216.0)
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _bucket_factors(factors, start, m, d, f):
+        """``f[:m]``: each of the values ``start .. start+m``'s bucket factor
+        ``factors[(start + t) // d]``, filled run by run (a division per bucket, not per
+        value)."""
+        j = 0
+        while j < m:
+            q = (start + j) // d
+            end = min(m, (q + 1) * d - start)
+            for t in range(j, end):
+                f[t] = factors[q]
+            j = end
+
     @_jit
     def terngrad_pack(v, noise, k0, k1, cap, safe, out):
         """TernGrad codes (1: +1, 2: -1, 0) with P(keep) = min(|v|, cap) / safe, packed
@@ -196,13 +209,7 @@ if AVAILABLE:
             start = b * _BLOCK
             m = min(_BLOCK, n - start)
             _fill_uniform(noise, start, m, k0, k1, u)
-            j = 0
-            while j < m:  # the buckets' factors, run by run
-                q = (start + j) // d
-                end = min(m, (q + 1) * d - start)
-                for t in range(j, end):
-                    f[t] = inv[q]
-                j = end
+            _bucket_factors(inv, start, m, d, f)
             vs = v[start:start + m]
             for t in range(m):
                 x = vs[t]
@@ -809,13 +816,7 @@ if AVAILABLE:
             if kind != 2:
                 _fill_uniform(noise, start, mm, k0, k1, u)
             if kind == 1:
-                j = 0
-                while j < mm:  # the buckets' factors, run by run
-                    q = (start + j) // d
-                    end = min(mm, (q + 1) * d - start)
-                    for t in range(j, end):
-                        f[t] = inv[q]
-                    j = end
+                _bucket_factors(inv, start, mm, d, f)
             vs = v[start:start + mm]
             for t in range(mm):
                 x = vs[t]
@@ -853,13 +854,7 @@ if AVAILABLE:
             start = b * _BLOCK
             mm = min(_BLOCK, n - start)
             if scaled:
-                j = 0
-                while j < mm:  # the buckets' factors, run by run
-                    q = (start + j) // d
-                    end = min(mm, (q + 1) * d - start)
-                    for t in range(j, end):
-                        f[t] = unit[q]
-                    j = end
+                _bucket_factors(unit, start, mm, d, f)
             o = start // per
             for q in range((mm + per - 1) // per):
                 word = (np.int64(words[o + q]) + bias) & np.int64(0xFFFFFFFF)

@@ -604,9 +604,22 @@ def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horo
     cmd = cmp.example_command(args, row, Path("r.json"))
     assert cmd[cmd.index("--strategy") + 1] == "mwms" and cmd[cmd.index("--compression") + 1] == "none"
     assert cmp.method(row) == "none (TF MWMS)"
+    launched = _record_launches(monkeypatch, cmp)
+    cmp.execute(args, row, tmp_path)
+    assert launched[0][1:5] == ["-m", "hvd_compress.tools.mwms", "-np", "2"]
+    capped = []
+    monkeypatch.setattr(cmp.netcap, "launch_mwms", lambda net, cmd, **kw: capped.append(cmd) or 0)
+    monkeypatch.setattr(cmp.netcap, "CappedNetwork", lambda *a: contextlib.nullcontext(None))
+    cmp.execute(args, next(r for r in runs if r["mode"] == cmp.MWMS and r["bandwidth"] == "1gbit"),
+                tmp_path)
+    assert capped and "--strategy" in capped[0]
+
+
+def _record_launches(monkeypatch, cmp) -> list:
+    """What compare's execute() launches from now on: recorded (argv), not run."""
     launched = []
 
-    class Proc:  # what execute() launches, not run
+    class Proc:
         pid, returncode = 0, 0
 
         def __init__(self, argv, **kw):
@@ -616,14 +629,7 @@ def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horo
             return 0
 
     monkeypatch.setattr(cmp.subprocess, "Popen", Proc)
-    cmp.execute(args, row, tmp_path)
-    assert launched[0][1:5] == ["-m", "hvd_compress.tools.mwms", "-np", "2"]
-    capped = []
-    monkeypatch.setattr(cmp.netcap, "launch_mwms", lambda net, cmd, **kw: capped.append(cmd) or 0)
-    monkeypatch.setattr(cmp.netcap, "CappedNetwork", lambda *a: contextlib.nullcontext(None))
-    cmp.execute(args, next(r for r in runs if r["mode"] == cmp.MWMS and r["bandwidth"] == "1gbit"),
-                tmp_path)
-    assert capped and "--strategy" in capped[0]
+    return launched
 
 
 def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
@@ -645,18 +651,7 @@ def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
     assert cmd[cmd.index("--hierarchical") + 1] == "off"
     assert cmp.method(flat) == "topk:ratio=0.01 (flat)"
     assert cmp.run_key({k: v for k, v in runs[0].items() if k != "nodes"}) == cmp.run_key(runs[0])
-    launched, capped = [], []
-
-    class Proc:  # what execute() launches, not run
-        pid, returncode = 0, 0
-
-        def __init__(self, argv, **kw):
-            launched.append(argv)
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(cmp.subprocess, "Popen", Proc)
+    launched, capped = _record_launches(monkeypatch, cmp), []
     cmp.execute(args, flat, tmp_path)
     assert launched[0][1:7] == ["-m", "hvd_compress.tools.nodesrun", "--nodes", "2", "-np", "4"]
     nets = []

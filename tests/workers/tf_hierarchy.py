@@ -7,7 +7,7 @@ import numpy as np
 
 from hvd_compress.core import build
 from tests.workers.reference import hierarchical_step
-from tests.workers.tf_tape import _batch, _model
+from tests.workers.tf_tape import _batch, _model, tape_step
 
 SPECS = ["topk:ratio=0.1", "dgc:ratio=0.05", "onebit", "none"]
 
@@ -31,17 +31,7 @@ def tape_matches_definition(specs=SPECS, steps=2):
             comp = hct.compressor(spec)
             comps = [build(spec, rank=r, world_size=size) for r in range(size)]
             tapes = []
-
-            def step_fn(x, y):
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(y, model(x))
-                local = tape.gradient(loss, model.trainable_variables)
-                with tf.GradientTape() as tape2:
-                    loss2 = loss_fn(y, model(x))
-                dtape = hct.DistributedGradientTape(tape2, compression=comp, min_numel=0)
-                tapes.append(dtape)
-                return local, dtape.gradient(loss2, model.trainable_variables)
-
+            step_fn = tape_step(tf, hct, model, loss_fn, comp, tapes)
             fn = tf.function(step_fn) if traced else step_fn
             worst = 0.0
             for step in range(steps):

@@ -44,6 +44,25 @@ def _batch(tf, rank, step):
             tf.constant(rng.integers(0, 4, 8)))
 
 
+def tape_step(tf, hct, model, loss_fn, comp, tapes=None, **tape_kwargs):
+    """A step ``(x, y) -> (local gradients, our tape's)``, each from a tape of its own;
+    ``tapes`` (a list) collects our tapes; ``tape_kwargs`` go to
+    ``DistributedGradientTape`` (``min_numel=0``: every tensor compressed)."""
+    tape_kwargs.setdefault("min_numel", 0)
+
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        local = tape.gradient(loss, model.trainable_variables)
+        with tf.GradientTape() as tape2:
+            loss2 = loss_fn(y, model(x))
+        dtape = hct.DistributedGradientTape(tape2, compression=comp, **tape_kwargs)
+        if tapes is not None:
+            tapes.append(dtape)
+        return local, dtape.gradient(loss2, model.trainable_variables)
+    return step_fn
+
+
 def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     """Our tape's averaged gradient equals the numpy core's aggregation of every
     rank's gradient (deterministic compressors).  Stochastic ones draw their own
@@ -63,15 +82,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
         comp = hct.compressor(spec)
         ref = Reference(spec, size)
 
-        def step_fn(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x))
-            local = tape.gradient(loss, model.trainable_variables)
-            with tf.GradientTape() as tape2:
-                loss2 = loss_fn(y, model(x))
-            dtape = hct.DistributedGradientTape(tape2, compression=comp,
-                                                backward_passes_per_step=bpps, min_numel=0)
-            return local, dtape.gradient(loss2, model.trainable_variables)
+        step_fn = tape_step(tf, hct, model, loss_fn, comp, backward_passes_per_step=bpps)
 
         fn = tf.function(step_fn) if traced else step_fn
         if traced and comp.core.variable_size:  # sizes known only eagerly: a clear refusal

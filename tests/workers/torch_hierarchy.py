@@ -8,7 +8,7 @@ import torch
 
 from hvd_compress.core import build
 from tests.workers.reference import Reference, hierarchical_step
-from tests.workers.torch_opt import _local_grads, batch, loss_fn, make_model
+from tests.workers.torch_opt import exchange_step, make_model
 
 SPECS = ["topk:ratio=0.1", "dgc:ratio=0.05", "onebit", "none", "randomk:ratio=0.1"]
 
@@ -42,14 +42,8 @@ def aggregate_matches_definition(specs=SPECS, steps=3, dynamic=False):
             ref = Reference(spec, size)
             worst, sent = 0.0, []
             for step in range(steps):
-                opt.zero_grad()
-                x, y = batch(rank, step)
-                local = _local_grads(model, x, y)
-                loss_fn(model, x, y).backward()
-                opt.synchronize()
-                got = {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()}
-                with opt.skip_synchronize():
-                    opt.step()
+                local, got, _ = exchange_step(opt, model, rank, step)
+                got = {n: g.numpy() for n, g in got.items()}
                 everyone = hvd.allgather_object({k: v.numpy() for k, v in local.items()})
                 if opt.hierarchical:
                     expect = hierarchical_step(comps, everyone, n_nodes, per)

@@ -72,6 +72,29 @@ def record_noise(opt):
     return log
 
 
+def exchange_step(opt, model, rank, step, bpps=1, log=None):
+    """One optimizer step of ``bpps`` backward passes on this rank's batches: ``(local,
+    got, noise)`` -- the summed local gradients (computed apart, before the hooks), the
+    gradients the optimizer left (its exchange's result) and the noise it drew
+    (``log``: :func:`record_noise`'s)."""
+    opt.zero_grad()
+    log = [] if log is None else log
+    log.clear()
+    local = None
+    for micro in range(bpps):
+        x, y = batch(rank, step, micro)
+        g = _local_grads(model, x, y)
+        local = g if local is None else {k: local[k] + g[k] for k in g}
+        loss_fn(model, x, y).backward()
+    opt.synchronize()  # noise was drawn in the hooks (or here, for a single rank)
+    got = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    noise = {name: arr for name, arr in log}
+    log.clear()
+    with opt.skip_synchronize():
+        opt.step()
+    return local, got, noise
+
+
 def _local_grads(model, x, y, use_extra=False):
     params = [(n, p) for n, p in model.named_parameters()]
     loss = loss_fn(model, x, y, use_extra)
@@ -96,20 +119,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
         ref = Reference(str(opt.compression.spec), size)
         worst = 0.0
         for step in range(steps):
-            opt.zero_grad()
-            log.clear()
-            local = None
-            for micro in range(bpps):
-                x, y = batch(rank, step, micro)
-                g = _local_grads(model, x, y)
-                local = g if local is None else {k: local[k] + g[k] for k in g}
-                loss_fn(model, x, y).backward()
-            opt.synchronize()  # noise was drawn in the hooks (or here, for a single rank)
-            got = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-            noise = {name: arr for name, arr in log}
-            log.clear()
-            with opt.skip_synchronize():
-                opt.step()
+            local, got, noise = exchange_step(opt, model, rank, step, bpps, log)
             everyone = hvd.allgather_object(({k: v.numpy() for k, v in local.items()}, noise))
             expect = ref.step([e[0] for e in everyone], [e[1] for e in everyone])
             for name, value in expect.items():
@@ -245,14 +255,7 @@ def horovod_own_optimizer(specs=("fp16", "bf16", "randomk:ratio=0.1", "powersgd:
         ref = Reference(str(comp.spec), size)
         worst = 0.0
         for step in range(steps):
-            opt.zero_grad()
-            x, y = batch(rank, step)
-            local = _local_grads(model, x, y)
-            loss_fn(model, x, y).backward()
-            opt.synchronize()
-            got = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-            with opt.skip_synchronize():
-                opt.step()
+            local, got, _ = exchange_step(opt, model, rank, step)
             everyone = hvd.allgather_object({k: v.numpy() for k, v in local.items()})
             expect = ref.step(everyone, [{} for _ in everyone])
             for name, value in expect.items():
