@@ -133,25 +133,26 @@ def _onebit(k, B, codec, v, noise, ef):
     return {"pos": pos, "neg": neg, "signs": B.from_host(out)}
 
 
-def _noise_args(B, v, noise, noise_source):
+def _noise_args(B, v, noise, noise_source=None, key=None):
     """A kernel's noise arguments: the given noise and a zero key, or no noise and the
-    halves of one 64-bit key drawn from the compressor's generator (the kernel hashes
-    each element's index under it: ``kernels._fill_uniform``)."""
+    halves of one 64-bit key (``key``, else drawn from ``noise_source``, the
+    compressor's generator; the kernel hashes each element's index under it:
+    ``kernels._fill_uniform``)."""
     if noise is not None:
         return B.host_view(noise), np.uint64(0), np.uint64(0)
-    key = noise_source.key(like=v)
+    if key is None:
+        key = noise_source.key(like=v) if noise_source is not None else 0
     return _NO_NOISE, np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
 
 
 _NO_NOISE = np.empty(0, np.float32)
 
 
-def _terngrad(k, B, codec, v, noise, noise_source):
-    """TernGrad's fields, or None where ``v`` is not finite (nothing drawn): its sums and
-    max |v| in one pass, then the codes with the noise given or hashed."""
+def _terngrad_scale(k, B, codec, v):
+    """``(scale, cap)``: TernGrad's scale ``max|clip(v)|`` and clipping cap from one pass
+    (sums and max |v|), or None where ``v`` is not finite."""
     n, c = B.shape(v)[0], codec.clip
-    vh = B.host_view(v)
-    s1, s2, top = k.moments(vh)
+    s1, s2, top = k.moments(B.host_view(v))
     if not (np.isfinite(s1) and np.isfinite(s2)):
         return None
     # the chain's max(min(|v|, cap)) is min(max|v|, cap)
@@ -160,7 +161,26 @@ def _terngrad(k, B, codec, v, noise, noise_source):
         cap = np.float32(c * B.to_numpy(codec.sigma(B, s1, s2, n)))
     else:
         cap = np.float32(np.inf)
-    scale = np.minimum(np.float32(top), cap)
+    return np.minimum(np.float32(top), cap), cap
+
+
+def _qsgd_scales(k, B, codec, v):
+    """``(norms, inv)``: QSGD's bucket norms and ``s / norm`` from one pass (float64 sums of
+    squares, non-finite exactly where a value is), or None where ``v`` is not finite."""
+    sumsq = k.bucket_sumsq(B.host_view(v), codec.d)
+    if not np.isfinite(sumsq).all():
+        return None
+    return codec.scales(B, v, B.from_host(sumsq))
+
+
+def _terngrad(k, B, codec, v, noise, noise_source):
+    """TernGrad's fields, or None where ``v`` is not finite (nothing drawn): its sums and
+    max |v| in one pass, then the codes with the noise given or hashed."""
+    got = _terngrad_scale(k, B, codec, v)
+    if got is None:
+        return None
+    scale, cap = got
+    n, vh = B.shape(v)[0], B.host_view(v)
     out = _codes(n, 2)
     k.terngrad_pack(vh, *_noise_args(B, v, noise, noise_source), cap,
                     np.float32(scale if scale > 0 else 1.0), out)
@@ -173,10 +193,10 @@ def _qsgd(k, B, codec, v, noise, noise_source):
     codes with the noise given or hashed."""
     n, packed = B.shape(v)[0], codec.bits == 4
     vh = B.host_view(v)
-    sumsq = k.bucket_sumsq(vh, codec.d)
-    if not np.isfinite(sumsq).all():
+    got = _qsgd_scales(k, B, codec, v)
+    if got is None:
         return None
-    norms, inv = codec.scales(B, v, B.from_host(sumsq))
+    norms, inv = got
     out = _codes(n, 4) if packed else np.empty(n, np.uint8)  # 4-bit codes: packed by the kernel
     k.qsgd_codes(vh, B.host_view(B.cast(inv, "float32")), *_noise_args(B, v, noise, noise_source),
                  codec.s, codec.d, packed, out)
@@ -543,23 +563,12 @@ class IntSumHost:
         """``(scales, cap)``: this rank's float32 scales and TernGrad's clipping cap (else
         None), or None where ``v`` is not finite (then the chain runs)."""
         k, B = self.k, self.B
-        vh = B.host_view(v)
         if comp.kind == "terngrad":
-            s1, s2, top = k.moments(vh)
-            if not (np.isfinite(s1) and np.isfinite(s2)):
-                return None
-            c, n = comp.codec.clip, vh.shape[0]
-            if c > 0:
-                s1, s2 = (B.from_host(np.asarray(t)) for t in (s1, s2))
-                cap = np.float32(c * B.to_numpy(comp.codec.sigma(B, s1, s2, n)))
-            else:
-                cap = np.float32(np.inf)
-            return B.asarray([np.minimum(np.float32(top), cap)], "float32", like=v), cap
+            got = _terngrad_scale(k, B, comp.codec, v)
+            return None if got is None else (B.asarray([got[0]], "float32", like=v), got[1])
         if comp.kind == "qsgd":
-            sumsq = k.bucket_sumsq(vh, comp.codec.d)
-            if not np.isfinite(sumsq).all():
-                return None
-            return comp.codec.scales(B, v, B.from_host(sumsq))[0], None
+            got = _qsgd_scales(k, B, comp.codec, v)
+            return None if got is None else (got[0], None)
         if not bool(B.all_finite(v)):
             return None
         return B.zeros((1,), "float32", like=v), None
@@ -573,14 +582,8 @@ class IntSumHost:
         if comp.kind == "terngrad":
             safe = sh[0] if sh[0] > 0 else np.float32(1.0)
         elif comp.kind == "qsgd":
-            inv = B.host_view(B.cast(B.where(shared > 0, B.div(float(comp.m), B.where(
-                shared > 0, shared, 1.0)), 0.0), "float32"))
-        if noise is not None:
-            args = (B.host_view(noise), np.uint64(0), np.uint64(0))
-        elif key is not None:
-            args = (_NO_NOISE, np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32))
-        else:
-            args = (_NO_NOISE, np.uint64(0), np.uint64(0))
+            inv = B.host_view(B.cast(comp.codec.inverse(B, shared), "float32"))
+        args = _noise_args(B, v, noise, key=key)  # (signSGD: no noise, no key; unused)
         out = np.empty(nwords, np.int32)
         d = comp.codec.d if comp.kind == "qsgd" else 1
         self.k.intsum_words(B.host_view(v), *args, self.KINDS[comp.kind],

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 
-from .exchange import Exchange
+from .exchange import Exchange, _numel
 
 __all__ = ["Hierarchical", "shard_name", "shard_length"]
 
@@ -57,10 +57,12 @@ class _Batch:
     """One :meth:`Hierarchical.send`: the flat engine's batch (summable tensors) and the
     node's reduce-scatter in flight (compressed ones)."""
 
-    def __init__(self, count, flat, flat_at, sharded_at, shapes, names, handle, tag, dtypes):
+    def __init__(self, count, flat, flat_at, sharded_at, shapes, names, handle, tag, dtypes,
+                 widths):
         self.count, self.flat, self.flat_at = count, flat, flat_at
         self.sharded_at, self.shapes, self.names = sharded_at, shapes, names
         self.handle, self.tag, self.dtypes = handle, tag, dtypes
+        self.widths = widths  # each sharded tensor's shard length
 
 
 class Hierarchical:
@@ -124,14 +126,14 @@ class Hierarchical:
                               tag) if flat_at else None
         handle = None
         L = self.local_size
+        widths = [shard_length(_numel(B.shape(tensors[i])), L) for i in sharded_at]
         if sharded_at:
             t0 = time.perf_counter()
             rows = []
-            for i in sharded_at:  # each tensor as L rows of its shard length, side by side
+            for i, k in zip(sharded_at, widths):  # each tensor as L rows of its shard length
                 x = B.reshape(B.cast(tensors[i], "float32"), (-1,))
                 if self.average and self.predivide != 1.0:
                     x = x * (1.0 / self.predivide)
-                k = shard_length(B.shape(x)[0], L)
                 rows.append(B.reshape(B.pad_to(x, k * L), (L, k)))
             # row i of the buffer: shard i of every tensor, in order
             buf = B.reshape(rows[0], (-1,)) if len(rows) == 1 else \
@@ -142,7 +144,7 @@ class Hierarchical:
             stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
         return _Batch(len(names), flat, flat_at, sharded_at,
                       [B.shape(tensors[i]) for i in sharded_at], [names[i] for i in sharded_at],
-                      handle, tag, [B.dtype_name(tensors[i]) for i in sharded_at])
+                      handle, tag, [B.dtype_name(tensors[i]) for i in sharded_at], widths)
 
     def receive(self, batches, stats: dict, outs=None) -> list:
         single = isinstance(batches, _Batch)
@@ -168,14 +170,11 @@ class Hierarchical:
         cross = []
         for j, b in sharded:
             t0 = time.perf_counter()
-            widths = [shard_length(_numel(shape), L) for shape in b.shapes]
             # (a traced TensorFlow collective's result has no static length: give it)
-            mine = B.reshape(self.node.wait(b.handle), (sum(widths),))
+            mine = B.reshape(self.node.wait(b.handle), (sum(b.widths),))
             stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
             shards, names, at = [], [], 0
-            for shape, name in zip(b.shapes, b.names):
-                n = _numel(shape)
-                k = shard_length(n, L)
+            for shape, name, k in zip(b.shapes, b.names, b.widths):
                 part = mine[at:at + k]
                 at += k
                 shards.append(B.reshape(part, (k, 1)) if len(shape) >= 2 else part)
@@ -196,15 +195,13 @@ class Hierarchical:
             table = self.node.wait(handle)
             stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
             t0 = time.perf_counter()
-            width = sum(shard_length(_numel(shape), L) for shape in b.shapes)
             table = B.reshape(B.concat(list(table)) if isinstance(table, (list, tuple)) else table,
-                              (L, width))
+                              (L, sum(b.widths)))
             at = 0
             scale = self.predivide / self.size if self.average else 1.0
             whole = B.reshape(table, (-1,)) if len(b.shapes) == 1 else None  # (no copy)
-            for i, shape, dtype in zip(b.sharded_at, b.shapes, b.dtypes):
+            for i, shape, dtype, k in zip(b.sharded_at, b.shapes, b.dtypes, b.widths):
                 n = _numel(shape)
-                k = shard_length(n, L)
                 dense = whole[:n] if whole is not None else \
                     B.reshape(table[:, at:at + k], (-1,))[:n]
                 at += k
@@ -224,9 +221,3 @@ class Hierarchical:
         results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
         return [r for (r,) in results]
 
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

@@ -235,10 +235,8 @@ class IntegerSum(Compressor):
             prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))
             return B.cast(noise < prob, "uint8")
         if self.kind == "qsgd":
-            s, d = self.m, self.codec.d
-            inv = B.where(shared > 0, B.div(float(s), B.where(shared > 0, shared, 1.0)), 0.0)
-            scaled = B.bucket_scale(mag, inv, d)  # s*|v|/N_b (mag is ours to scale)
-            return B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(s)), "uint8")
+            scaled = B.bucket_scale(mag, self.codec.inverse(B, shared), self.codec.d)  # s|v|/N_b
+            return B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(self.m)), "uint8")
         return B.cast(v != 0, "uint8")
 
     def _scaled(self, x, unit):
@@ -300,14 +298,6 @@ class IntegerSum(Compressor):
         total = B.cond(ok, lambda: B.isign(total) if self.vote else self._scaled(total, unit),
                        lambda: total * nan_flag(B, ok, total))
         return self._finish(total, meta, out)
-
-    def decode_own(self, enc: Encoded):
-        """What this rank's final payload alone decodes to (its codes times their unit;
-        signSGD: its signs)."""
-        B = self.B
-        shared, unit = enc.ctx
-        codes = self.lanes(B.reshape(enc.payload, (-1,)), enc.meta.numel)
-        return self._finish(codes if unit is None else self._scaled(codes, unit), enc.meta)
 
     def wire(self, payload):
         return payload  # int32 words and float32 scales: Horovod adds both as they are

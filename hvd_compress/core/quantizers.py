@@ -140,8 +140,12 @@ class QSGDCodec(Codec):
         if sumsq is None:
             sumsq = B.bucket_sumsq64(v, self.d)
         norms = B.cast(B.sqrt(sumsq), "float32")
-        inv = B.where(norms > 0, B.div(float(self.s), B.where(norms > 0, norms, 1.0)), 0.0)
-        return norms, inv
+        return norms, self.inverse(B, norms)
+
+    def inverse(self, B, norms):
+        """``s / norm`` per bucket (0 for a zero bucket), float32: what ``|v|`` is multiplied
+        by before rounding (also against the norms integer sums share)."""
+        return B.where(norms > 0, B.div(float(self.s), B.where(norms > 0, norms, 1.0)), 0.0)
 
     def factors(self, B, norms):
         """What each bucket's codes minus ``s`` are multiplied by: ``norm / s``."""

@@ -177,8 +177,7 @@ def nodes_of(row: dict) -> int:
 
 def gathers(spec: str) -> bool:
     """Whether some tensor of ``spec`` travels by allgather (the hierarchical exchange's)."""
-    from ..core import build
-    return any(not build(s).summable for s in _specs(spec))
+    return _collective(spec) == costmodel.ALLGATHER
 
 
 def plan_runs(args, capped_ok: bool) -> list[dict]:
