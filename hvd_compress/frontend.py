@@ -114,6 +114,12 @@ class CompressorFrontend:
         return self.core.variable_size
 
     @property
+    def integer_sum(self) -> bool:
+        """Integer codes summed by allreduce (``sum=int``): the hierarchical exchange
+        takes them (:func:`hvd_compress.core.hierarchy.sharded`)."""
+        return self.core.integer_sum
+
+    @property
     def scale_free(self) -> bool:
         """The aggregate does not scale with the inputs (signSGD's and Signum's vote): the
         engine leaves ``gradient_predivide_factor`` out."""

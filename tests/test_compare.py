@@ -2,6 +2,7 @@
 
 import contextlib
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -91,6 +92,103 @@ def test_crossover_matches_the_closed_form():
     assert model.step_ms("c", p, b_star / 2) < model.step_ms("none", p, b_star / 2)
     step_s = 0.1 + 2 * (p - 1) / p * 1e8 * 8 / 1e12
     assert model.images_per_sec("none", p, 1e12) == pytest.approx(p * 32 / step_s, rel=1e-9)
+
+
+def test_hierarchical_wire_bytes_hops_and_profile_scaling():
+    """Nodes of L: the node's link carries its L workers' cross collectives among the
+    p/L nodes; a profile measured hierarchically at 2 x 2 scales its shard to 1/L."""
+    assert costmodel.wire_bytes(ALLGATHER, 1024, 100.0, 8, True) == 8 * 127 * 100.0
+    assert costmodel.wire_bytes(ALLREDUCE, 1024, 100.0, 8, True) == pytest.approx(8 * 2 * 127 / 128 * 100)
+    assert costmodel.wire_bytes(ALLGATHER, 1024, 100.0, 8) == 1023 * 100.0  # flat: the ring
+    assert costmodel.hops(ALLGATHER, 1024, 8, True) == 127
+    assert costmodel.hops(ALLREDUCE, 1024, 8, True) == 254
+    f = costmodel.Profile("c", ALLGATHER, compute_ms=50, encode_ms=10, decode_ms=8, nbytes=1000,
+                          measured_p=4, per_node=2, hierarchical=True, local_bytes=4000)
+    assert f.active(1024, 8) and not f.active(8, 8) and not f.active(1024, 1)
+    assert f.encode_at(1024, 8) == pytest.approx(2.5)           # a shard of 1/8, not 1/2
+    assert f.nbytes_at(1024, 8) == pytest.approx(250)
+    assert f.decode_at(1024, 8) == pytest.approx(8 * 128 / 2 / 4)  # 128 payloads of 1/4 the size
+    assert f.local_bytes_at(1024, 8) == pytest.approx(2 * 7 / 8 * 4000)  # the dense gradient: 4000
+    assert f.encode_at(8, 8) == pytest.approx(20) and f.local_bytes_at(8, 8) == 0  # one node: flat
+    assert f.decode_at(8, 8) == pytest.approx(8 * 8 / 2 * 2)
+    # the step: the cross allgather among nodes, the local bytes at the local rate
+    link = Link(alpha_s=1e-4, efficiency=0.5, local_s_per_bit=1e-9)
+    model = costmodel.StepModel(link, {"c": f})
+    cross = 127 * 1e-4 + 8 * 8 * 127 * 250 / (0.5 * 1e10)
+    local = 8 * 7000 / (0.5 * 2e11)
+    assert model.step_ms("c", 1024, 1e10, 8, 2e11) == pytest.approx(
+        50 + 2.5 + 128 + 1e3 * (cross + local))
+    assert model.step_ms("c", 4, 1e10, 2) == pytest.approx(  # as measured: the fitted local cost
+        50 + 10 + 8 + 1e3 * (1e-4 + 8 * 2 * 1000 / 5e9 + 8 * 4000 * 1e-9))
+
+
+def test_fit_model_recovers_the_cost_inside_a_node():
+    """Hierarchical and flat runs of one compressor share its offset; the hierarchical ones
+    also pay their dense bytes inside the node, whose cost per bit the fit recovers."""
+    truth = Link(alpha_s=50e-6, efficiency=0.8, local_s_per_bit=2e-10)
+    samples = []
+    for group, offset, nbytes in (("a", 0.05, 2e6), ("b", 0.01, 4e5)):
+        for hier in (False, True):
+            for bw in (2e8, 1e9, math.inf):
+                s = Sample(ALLGATHER, 4, nbytes / (2 if hier else 1), bw, 1.0, 0.0, group, 0.0, 2, hier,
+                           8e7 if hier else 0.0)
+                t = max(0.0, offset + truth.comm_s(ALLGATHER, 4, s.nbytes, bw, 1.0, 2, hier, s.local_bytes))
+                samples.append(dataclasses.replace(s, comm_s=t, step_s=1.0 + t))
+    links, offsets = costmodel.fit_model(samples, alpha_s=50e-6)
+    assert links[ALLGATHER].efficiency == pytest.approx(0.8, rel=1e-3)
+    assert links[ALLGATHER].local_s_per_bit == pytest.approx(2e-10, rel=1e-3)
+    assert offsets == pytest.approx({"a": 0.05, "b": 0.01}, abs=1e-5)
+
+
+def test_predict_fits_and_validates_runs_in_nodes_and_tables_clusters():
+    """Rows of 2 nodes x 2 workers made by the model (flat, hierarchical, integer sums):
+    leave-one-out predicts them exactly, and prediction.md has the table for nodes of 8
+    with the best exchange per column and where each stops beating none."""
+    from hvd_compress.tools import compare
+    link = Link(50e-6, 0.9, local_s_per_bit=1e-9)
+    dense = 8e7
+    # spec: (hierarchical?, bytes per worker, offset s, encode+decode ms)
+    runs = {("none", False): (dense, 0.1, 0.0), ("topk:ratio=0.01", False): (1.6e6, 0.02, 300.0),
+            ("topk:ratio=0.01", True): (0.8e6, 0.02, 150.0),
+            ("terngrad:sum=int", False): (1.0e7, 0.03, 100.0),
+            ("terngrad:sum=int", True): (0.5e7, 0.03, 50.0)}
+    rows = []
+    for (spec, hier), (nbytes, offset, codec_ms) in runs.items():
+        coll = compare._collective(spec)
+        local = dense if hier else 0.0  # 2 (L-1)/L of the gradient, L = 2
+        msgs = compare._messages(spec)
+        for bw in ("uncapped", "1gbit", "200mbit"):
+            rate = math.inf if bw == "uncapped" else netcap.parse_rate(bw)
+            wait = max(0.0, offset + link.comm_s(coll, 4, nbytes, rate, msgs, 2, hier, local)) * 1e3
+            step = 120.0 + codec_ms + wait
+            rows.append({"framework": "torch", "example": "synthetic", "compression": spec, "np": "4",
+                         "nodes": "2", "mode": "sync" if hier or spec == "none" else "flat",
+                         "hierarchical": str(hier), "local_bytes_per_step": str(local),
+                         "bandwidth": bw, "latency": "", "status": "ok", "bytes_per_step": str(nbytes),
+                         "parameters": str(dense / 4), "compute_ms": "120",
+                         "encode_ms": str(codec_ms / 2), "decode_ms": str(codec_ms / 2),
+                         "comm_ms": str(wait), "step_ms": str(step),
+                         "images_per_sec_per_worker": str(8 / (step / 1e3))})
+    md, say = compare.predict(rows)
+    assert "10/10 within 25%" in say[0] and "worst 0.0%" in say[0], say
+    assert "## Nodes of 8" in md and "| **best** |" in md
+    table = md[md.index("## Nodes of 8"):]
+    head = next(line for line in table.splitlines() if line.startswith("| exchange | p=8 10gbit"))
+    assert head.count("|") == 1 + 1 + 12
+    row = next(line for line in table.splitlines() if line.startswith("| `topk:ratio=0.01 (hierarchical)`"))
+    cells = row.split(" | ")
+    model = costmodel.StepModel(link, {})
+    prof = compare._profile(next(r for r in rows if r["compression"] == "topk:ratio=0.01"
+                                 and r["hierarchical"] == "True" and r["bandwidth"] == "uncapped"), dense)
+    model.profiles["x"] = dataclasses.replace(prof, comm_offset_ms=20.0)
+    want = model.images_per_sec("x", 1024, 1e10, 8, 2e11)  # p=1024 at 10 Gbit/s: column 10
+    assert float(cells[10].split(" ")[0]) == pytest.approx(want, rel=0.01)
+    assert any(line.startswith("### Worker counts at which each beats none") for line in table.splitlines())
+    assert any("best at 1024 workers and 10gbit" in line for line in say)
+    # other nodes (--per-node, --local-bandwidth)
+    model.profiles["none"] = compare._profile(rows[0], dense)
+    md4, _ = compare.node_lines(model, 4, 1e12)
+    assert "## Nodes of 4" in md4[0] and "at 1000gbit" in md4[2]
 
 
 def test_bandwidth_and_latency_parsing():
@@ -646,6 +744,9 @@ def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
                    ("topk:ratio=0.01", "sync", 4, 2, "uncapped"), ("topk:ratio=0.01", "sync", 4, 2, "1gbit"),
                    ("topk:ratio=0.01", "flat", 4, 2, "uncapped"), ("topk:ratio=0.01", "flat", 4, 2, "1gbit")}
     assert len({cmp.run_name(r) for r in runs}) == len({cmp.run_key(r) for r in runs}) == len(runs)
+    # integer sums take the hierarchy too: both ways; other summable specs once
+    assert [cmp.takes_hierarchy(s) for s in ("terngrad:sum=int", "terngrad", "fp16", "randomk:ratio=0.1",
+                                             "*fc*=qsgd:sum=int;*=none")] == [True, True, False, False, True]
     flat = next(r for r in runs if r["mode"] == "flat" and r["bandwidth"] == "uncapped")
     cmd = cmp.example_command(args, flat, Path("r.json"))
     assert cmd[cmd.index("--hierarchical") + 1] == "off"

@@ -69,7 +69,9 @@ def _definition(spec, nodes, per, steps=3, average=True):
 
 
 @pytest.mark.parametrize("spec", ["topk:ratio=0.2", "dgc:ratio=0.1", "qsgd:levels=3,bucket=8",
-                                  "onebit", "terngrad", "none", "fp16", "randomk:ratio=0.3"])
+                                  "onebit", "terngrad", "none", "fp16", "randomk:ratio=0.3",
+                                  "terngrad:sum=int", "qsgd:sum=int,bucket=8,ef=true",
+                                  "signsgd:sum=int"])
 @pytest.mark.parametrize("nodes,per", [(2, 2), (3, 2), (2, 3)])
 def test_the_aggregate_is_its_definition(spec, nodes, per):
     runs, _ = _run(spec, nodes, per)
@@ -85,7 +87,8 @@ def test_the_aggregate_is_its_definition(spec, nodes, per):
                                        err_msg=f"{spec} {name} step {step}")
 
 
-@pytest.mark.parametrize("spec", ["topk:ratio=0.2", "qsgd:levels=3,bucket=8", "onebit"])
+@pytest.mark.parametrize("spec", ["topk:ratio=0.2", "qsgd:levels=3,bucket=8", "onebit",
+                                  "terngrad:sum=int"])
 def test_bytes_between_nodes_fall_by_the_workers_per_node(spec):
     """The account's bytes (what crosses to other nodes) are each shard's payload: a
     worker's share of what the flat exchange sends, and the formula's."""
@@ -106,7 +109,9 @@ def test_bytes_between_nodes_fall_by_the_workers_per_node(spec):
     # inside the node: the reduce-scatter's (L-1)/L of the padded tensors and the
     # allgather's (L-1) shards
     assert stats[0]["local_bytes"] == dense * (per - 1) // per + dense // per * (per - 1)
-    assert stats[0]["collectives"] == 3  # reduce-scatter, the allgather between nodes, allgather
+    # the reduce-scatter, the exchange between nodes (integer sums: the scales' max, then
+    # the codes' sum), the allgather
+    assert stats[0]["collectives"] == 2 + (2 if comp.integer_sum else 1)
 
 
 def test_error_feedback_keeps_what_each_shard_did_not_send():
@@ -125,3 +130,14 @@ def test_error_feedback_keeps_what_each_shard_did_not_send():
             left[li * k:(li + 1) * k] += comp.states[shard_name(name, li, per)]["residual"]
         np.testing.assert_allclose(total_sent[i].reshape(-1) + left[:n], total_in[i].reshape(-1),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["signsgd", "signsgd:sum=int", "topk:ratio=0.2"])
+def test_predivide_leaves_the_average_as_it_is(spec):
+    """``gradient_predivide_factor`` divides before the node's sum and multiplies back after;
+    a majority vote (which does not scale with its inputs) is not multiplied."""
+    plain, _ = _run(spec, 2, 2, steps=2)
+    pre, _ = _run(spec, 2, 2, steps=2, predivide=4.0)
+    for (a, _), (b, _) in zip(plain, pre):
+        for x, y in zip(a[0], b[0]):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

@@ -293,3 +293,29 @@ def test_the_cost_model_widens_the_lanes_with_the_worker_count():
     wire = {p: (costmodel.wire_bytes(costmodel.ALLREDUCE, p, prof.nbytes_at(p)),
                 costmodel.wire_bytes(costmodel.ALLGATHER, p, flat.nbytes_at(p))) for p in (2, 64, 1024)}
     assert wire[2][0] == 1000 and wire[1024][0] < 8000 and wire[1024][1] == 1023 * 500
+
+
+@pytest.mark.parametrize("spec", ["terngrad:sum=int,ef=true", "qsgd:sum=int,ef=true,bucket=8"])
+def test_a_batch_of_equal_sizes_keeps_each_tensors_noise_in_torch(spec):
+    """The engine encodes a batch's tensors (round 0) before it codes any of them (round 1).
+    Torch's host generator hands out one buffer for every draw: noise drawn at round 0 would
+    be the last tensor's by round 1.  Each tensor must be coded as if it went alone."""
+    pytest.importorskip("torch")
+    from tests.test_torch_same_bits import BACKENDS
+    B = BACKENDS["host"]
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(40).astype(np.float32) for _ in range(3)]
+    shared = [np.array([4.0], np.float32) if "terngrad" in spec else np.full(5, 9.0, np.float32)] * 3
+
+    def words(interleaved):
+        comp = build(spec, B, rank=0, world_size=2)
+        if interleaved:  # as the engine: every round 0, then every round 1
+            encs = [comp.encode(B.from_numpy(x), f"t{i}") for i, x in enumerate(xs)]
+            return [B.to_numpy(comp.next_round(e, B.from_numpy(s)).payload) for e, s in zip(encs, shared)]
+        return [B.to_numpy(comp.next_round(comp.encode(B.from_numpy(x), f"t{i}"), B.from_numpy(s)).payload)
+                for i, (x, s) in enumerate(zip(xs, shared))]
+
+    alone, batched = words(False), words(True)
+    for a, b in zip(alone, batched):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(alone[0], alone[1])  # (the tensors' codes differ at all)

@@ -24,7 +24,7 @@ def test_hierarchical_aggregate_is_its_definition_and_flat_stays_flat(dynamic):
             spec, mode = key.split("|")
             summable = spec in ("none", "randomk:ratio=0.1")
             assert r["hierarchical"] == (mode == "auto"), key
-            assert r["rel_err"] < 1e-5, (key, r["rel_err"])
+            assert r["rel_err"] < 1e-5, (key, r["rel_err"], r["worst_at"])
             if mode == "auto" and not summable:
                 assert r["bytes_sent"] == [r["formula_bytes"]] * len(r["bytes_sent"]), key
                 assert r["local_bytes"] > 0

@@ -145,7 +145,9 @@ def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
                       updates, per_update=per_update)
     doc = runtools.summary("tensorflow", example, args.compression, size, updates,
                            batches * args.batch_size * size, train_s, {"bytes_sent": sent},
-                           accuracy, wall_s, **runtools.local_fields(args), **extra)
+                           accuracy, wall_s, **runtools.local_fields(args),
+                           hierarchical=bool(getattr(model.optimizer, "hierarchical", False)),
+                           **extra)
     runtools.write_summary(args.json, doc)
 
 

@@ -101,6 +101,6 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
         doc = runtools.summary("tensorflow", example, "none", size, steps,
                                steps * args.batch_size * size, train_s,
                                {"bytes_sent": dense * steps}, acc, time.perf_counter() - t_start,
-                               strategy="mwms", **runtools.local_fields(args),
+                               strategy="mwms", **runtools.local_fields(args), hierarchical=False,
                                epochs=args.epochs, curve=points)
         runtools.write_summary(args.json, doc)

@@ -46,6 +46,8 @@ def main(argv=None):
     if args.horovod_tape and (args.local_sgd or args.delay):
         raise SystemExit("--horovod-tape has no --local-sgd or --delay")
 
+    made = []  # the tape of the traced step (Python runs while tracing): its hierarchy
+
     @tf.function
     def step():
         with tf.GradientTape() as tape:
@@ -59,6 +61,7 @@ def main(argv=None):
                 buffers=model.non_trainable_variables, delay=args.delay,
                 min_numel=args.min_numel, start_step=args.start_step,
                 hierarchical=runtools.HIERARCHICAL[args.hierarchical])
+            made[:] = [tape]
         # Horovod 0.28.1's tape keys sources by tf.Variable.ref(): give it Keras 3's
         # underlying tf.Variables
         sources = [v.value for v in model.trainable_variables] if args.horovod_tape \
@@ -109,6 +112,7 @@ def main(argv=None):
                                {"bytes_sent": sent}, None,
                                time.perf_counter() - t_start, **runtools.local_fields(args),
                                parameters=nparams,
+                               hierarchical=bool(made and made[0].hierarchical),
                                img_sec_per_worker_mean=round(mean, 2),
                                img_sec_per_worker_conf=round(conf, 2))
         runtools.write_summary(args.json, doc)

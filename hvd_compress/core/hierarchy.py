@@ -23,10 +23,14 @@ vectors: a tensor of two or more dimensions hands its shard to the compressor as
 ``(ceil(n/L), 1)`` matrix, so that DGC still compresses it (1-bit's column means are then
 one per shard).
 
-Which tensors go this way: those whose compressor sends packed bytes by allgather.
-Summable payloads (``none``, ``fp16``, Random-k, PowerSGD, the integer sums) already
-travel by one allreduce, whose ring moves ``2 (p-1)/p`` of a payload whatever the
-layout; they go by the flat engine over all workers, exactly as without hierarchy.
+Which tensors go this way: those whose compressor sends packed bytes by allgather,
+and the integer sums (``terngrad:sum=int``, ...), whose allreduce between nodes then
+moves the same bytes a node as the flat one but each worker encodes and decodes
+``1/L`` of a tensor (their lanes stay as wide as the whole world needs: a compressor
+is built for ``p`` workers).  Other summable payloads (``none``, ``fp16``, Random-k,
+PowerSGD) travel by one allreduce whose ring moves ``2 (p-1)/p`` of a payload
+whatever the layout, at no cost to encode; they go by the flat engine over all
+workers, exactly as without hierarchy.
 ``gradient_predivide_factor`` ``f`` divides the gradients before the reduce-scatter and
 multiplies the result by ``f / p``, as the flat engine does.
 
@@ -40,7 +44,13 @@ import time
 
 from .exchange import Exchange, _numel
 
-__all__ = ["Hierarchical", "shard_name", "shard_length"]
+__all__ = ["Hierarchical", "shard_name", "shard_length", "sharded"]
+
+
+def sharded(comp) -> bool:
+    """Whether a compressor's tensors take the hierarchical exchange: payloads gathered,
+    or integer codes summed (each worker then encodes only its shard)."""
+    return not comp.summable or bool(comp.integer_sum)
 
 
 def shard_length(numel: int, local_size: int) -> int:
@@ -58,11 +68,12 @@ class _Batch:
     node's reduce-scatter in flight (compressed ones)."""
 
     def __init__(self, count, flat, flat_at, sharded_at, shapes, names, handle, tag, dtypes,
-                 widths):
+                 widths, free):
         self.count, self.flat, self.flat_at = count, flat, flat_at
         self.sharded_at, self.shapes, self.names = sharded_at, shapes, names
         self.handle, self.tag, self.dtypes = handle, tag, dtypes
         self.widths = widths  # each sharded tensor's shard length
+        self.free = free  # each sharded tensor's compressor's ``scale_free``
 
 
 class Hierarchical:
@@ -111,17 +122,20 @@ class Hierarchical:
         self.flat.agree(plan, key)
 
     def sharded(self, comp) -> bool:
-        """Whether ``comp``'s tensors go the hierarchical way (packed bytes by allgather)."""
-        return not comp.summable
+        """Whether ``comp``'s tensors go the hierarchical way (packed bytes by allgather,
+        or integer sums)."""
+        return sharded(comp)
 
     # -- one step ----------------------------------------------------------------------------
     def send(self, tensors, names, stats: dict, tag: str = "", noises=None) -> _Batch:
         B = self.comp.B
         pick = getattr(self.comp, "pick", None)
-        flat_at, sharded_at = [], []
+        flat_at, sharded_at, free = [], [], []
         for i, (x, name) in enumerate(zip(tensors, names)):
             comp = self.comp if pick is None else pick(name, B.shape(x), B.dtype_name(x))
             (sharded_at if self.sharded(comp) else flat_at).append(i)
+            if self.sharded(comp):
+                free.append(bool(comp.scale_free))
         flat = self.flat.send([tensors[i] for i in flat_at], [names[i] for i in flat_at], stats,
                               tag) if flat_at else None
         handle = None
@@ -144,7 +158,7 @@ class Hierarchical:
             stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
         return _Batch(len(names), flat, flat_at, sharded_at,
                       [B.shape(tensors[i]) for i in sharded_at], [names[i] for i in sharded_at],
-                      handle, tag, [B.dtype_name(tensors[i]) for i in sharded_at], widths)
+                      handle, tag, [B.dtype_name(tensors[i]) for i in sharded_at], widths, free)
 
     def receive(self, batches, stats: dict, outs=None) -> list:
         single = isinstance(batches, _Batch)
@@ -198,10 +212,11 @@ class Hierarchical:
             table = B.reshape(B.concat(list(table)) if isinstance(table, (list, tuple)) else table,
                               (L, sum(b.widths)))
             at = 0
-            scale = self.predivide / self.size if self.average else 1.0
             whole = B.reshape(table, (-1,)) if len(b.shapes) == 1 else None  # (no copy)
-            for i, shape, dtype, k in zip(b.sharded_at, b.shapes, b.dtypes, b.widths):
+            for i, shape, dtype, k, free in zip(b.sharded_at, b.shapes, b.dtypes, b.widths, b.free):
                 n = _numel(shape)
+                # (a majority vote does not scale with its inputs: no predivide to undo)
+                scale = (1.0 if free else self.predivide) / self.size if self.average else 1.0
                 dense = whole[:n] if whole is not None else \
                     B.reshape(table[:, at:at + k], (-1,))[:n]
                 at += k

@@ -173,9 +173,10 @@ class IntegerSum(Compressor):
         # a non-finite rank's scales are +inf: the max is then inf on every rank
         inf = B.where(finite, B.scalar(0.0, like=g), B.scalar(float("inf"), like=g))
         scales = B.reshape(scales + inf, (-1,))
-        if self.noise is not None:
-            noise = self.noise.draw(meta.numel, like=g) if noise is None else \
-                B.reshape(B.cast(noise, "float32"), (-1,))
+        # given noise is kept for round 1; our own is drawn there, when it is used (a
+        # backend may hand out one buffer for every draw: torch's host generator does)
+        if self.noise is not None and noise is not None:
+            noise = B.reshape(B.cast(noise, "float32"), (-1,))
         st["step"] = st["step"] + 1
         return Encoded(scales, meta, 4 * B.shape(scales)[0], round=0,
                        ctx=Pending(clean, mag, noise, finite))
@@ -210,7 +211,10 @@ class IntegerSum(Compressor):
                                    self._words(meta.numel), _bias_word(self.w))
             return Encoded(words, meta, 4 * B.shape(words)[0], round=1, ctx=(shared, unit))
         v, finite = ctx.v, ctx.finite
-        level = self._levels(v, ctx.mag, ctx.noise, shared)
+        noise = ctx.noise
+        if noise is None and self.noise is not None:
+            noise = self.noise.draw(meta.numel, like=v)
+        level = self._levels(v, ctx.mag, noise, shared)
         neg = B.cast(v < 0, "uint8")
         words = self._pack(level, neg, meta.numel)
         if self.ef:

@@ -140,6 +140,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     opt = cls.from_config(config)
     opt._hvdc_process_set = process_set
     opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set, hierarchical)
+    #: whether compressed gradients go by the hierarchical exchange (as the torch wrapper's)
+    opt.hierarchical = hierarchy_of(opt._hvdc_engine) != "off"
     opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
                                local_sgd_warmup_steps, delay, buffers)
     opt._hvdc_plan = functools.partial(

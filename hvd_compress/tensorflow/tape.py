@@ -56,6 +56,12 @@ class _DistributedGradientTape(tf.GradientTape):
         self.exchanged = True
 
     @property
+    def hierarchical(self) -> bool:
+        """Whether compressed gradients go by the hierarchical exchange (known after the
+        first gradient(); as the torch wrapper's ``hierarchical``)."""
+        return self._engine is not None and hierarchy_of(self._engine) != "off"
+
+    @property
     def compression(self):
         """The compressor holding this tape's state (for a spec: known after gradient())."""
         return self._engine.comp if self._engine is not None else \

@@ -91,8 +91,8 @@ SYNC = "sync"
 #: the baseline without Horovod: TensorFlow's MultiWorkerMirroredStrategy (``--strategy
 #: mwms``; uncompressed, launched by :mod:`.mwms`, in the namespaces when capped)
 MWMS = "TF MWMS"
-#: with ``--nodes``: compressed tensors through every worker's allgather, not the
-#: hierarchical exchange (``--hierarchical off``)
+#: with ``--nodes``: compressed tensors by every worker's allgather (or integer sum), not
+#: the hierarchical exchange (``--hierarchical off``)
 FLAT = "flat"
 MWMS_EXAMPLES = ("digits", "digits-wide")
 
@@ -175,9 +175,12 @@ def nodes_of(row: dict) -> int:
     return int(row.get("nodes") or 1)
 
 
-def gathers(spec: str) -> bool:
-    """Whether some tensor of ``spec`` travels by allgather (the hierarchical exchange's)."""
-    return _collective(spec) == costmodel.ALLGATHER
+def takes_hierarchy(spec: str) -> bool:
+    """Whether some tensor of ``spec`` takes the hierarchical exchange (payloads gathered,
+    or integer codes summed: :func:`hvd_compress.core.hierarchy.sharded`)."""
+    from ..core import build
+    from ..core.hierarchy import sharded
+    return any(sharded(build(s)) for s in _specs(spec))
 
 
 def plan_runs(args, capped_ok: bool) -> list[dict]:
@@ -189,7 +192,7 @@ def plan_runs(args, capped_ok: bool) -> list[dict]:
         modes.insert(1, FLAT)
 
     def add(spec, mode):
-        if mode == FLAT and not gathers(spec):
+        if mode == FLAT and not takes_hierarchy(spec):
             return  # summable payloads go by one allreduce either way
         for np_ in args.np:
             if np_ == 1 and mode not in (SYNC, MWMS):
@@ -717,10 +720,29 @@ def _rate(r: dict) -> float:
     return math.inf if r["bandwidth"] == UNCAPPED else netcap.parse_rate(r["bandwidth"])
 
 
+def hierarchical_row(r: dict) -> bool:
+    """Whether a run took the hierarchical exchange (in simulated nodes)."""
+    return nodes_of(r) > 1 and str(r.get("hierarchical", "")).lower() in ("true", "1")
+
+
+def variant(r: dict) -> str:
+    """A row's exchange for the cost model: its compression, marked when hierarchical."""
+    return r["compression"] + (HIER_MARK if hierarchical_row(r) else "")
+
+
+#: how prediction.md names a compressor's hierarchical exchange
+HIER_MARK = " (hierarchical)"
+
+
+def _per_node(r: dict) -> int:
+    return int(r["np"]) // nodes_of(r) if nodes_of(r) > 1 else 1
+
+
 def _sample(r: dict) -> costmodel.Sample:
     return costmodel.Sample(_collective(r["compression"]), int(r["np"]), _f(r, "bytes_per_step") or 0.0,
                             _rate(r), _messages(r["compression"]), (_f(r, "comm_ms") or 0.0) / 1e3,
-                            r["compression"], (_f(r, "step_ms") or 0.0) / 1e3)
+                            r["compression"], (_f(r, "step_ms") or 0.0) / 1e3, _per_node(r),
+                            hierarchical_row(r), _f(r, "local_bytes_per_step") or 0.0)
 
 
 #: per-message-step latency assumed when the runs cannot tell it (one worker count):
@@ -746,17 +768,27 @@ def _fit(rows: list[dict], alpha_s: float | None = None):
 def _predict_step(fitted, base: costmodel.Profile, r: dict) -> float:
     links, offsets = fitted
     prof = dataclasses.replace(base, comm_offset_ms=1e3 * offsets.get(r["compression"], 0.0))
-    return costmodel.StepModel(links, {r["compression"]: prof}).step_ms(r["compression"], int(r["np"]),
-                                                                        _rate(r))
+    return costmodel.StepModel(links, {"x": prof}).step_ms("x", int(r["np"]), _rate(r), _per_node(r))
 
 
-def _profile(r: dict) -> costmodel.Profile:
+def _dense_bytes(rows: list[dict]) -> float:
+    """The float32 gradient's bytes: 4 per parameter where the runs say, else what
+    ``none`` sends (0: unknown)."""
+    for r in rows:
+        if _f(r, "parameters"):
+            return 4.0 * _f(r, "parameters")
+    return max([_f(r, "bytes_per_step") or 0.0 for r in rows if r["compression"] == "none"], default=0.0)
+
+
+def _profile(r: dict, dense: float = 0.0) -> costmodel.Profile:
     step = _f(r, "step_ms") or 0.0
     return costmodel.Profile(r["compression"], _collective(r["compression"]), _f(r, "compute_ms") or 0.0,
                              _f(r, "encode_ms") or 0.0, _f(r, "decode_ms") or 0.0,
                              _f(r, "bytes_per_step") or 0.0, _messages(r["compression"]),
                              int(r["np"]), (_f(r, "images_per_sec_per_worker") or 0.0) * step / 1e3,
-                             lane_m=_lane_m(r["compression"]))
+                             lane_m=_lane_m(r["compression"]), per_node=_per_node(r),
+                             hierarchical=hierarchical_row(r),
+                             local_bytes=_f(r, "local_bytes_per_step") or 0.0, dense_bytes=dense)
 
 
 def time_to_target_lines(rows: list[dict], model, target: float, ps, bws) -> list[str]:
@@ -792,15 +824,24 @@ def time_to_target_lines(rows: list[dict], model, target: float, ps, bws) -> lis
     return out + [""]
 
 
-def predict(rows: list[dict], alpha_us: float | None = None,
-            target: float | None = None) -> tuple[str, list[str]]:
+#: the predictions' nodes: workers per node, and the links inside a node (PCIe 4 x16
+#: class; NVLink is several times faster)
+DEFAULT_PER_NODE, DEFAULT_LOCAL_BPS = 8, 2e11
+#: the node table's worker counts and links between nodes
+NODE_PS, NODE_BWS = (8, 64, 256, 1024), (1e10, 2.5e10, 1e11)
+
+
+def predict(rows: list[dict], alpha_us: float | None = None, target: float | None = None,
+            per_node: int = DEFAULT_PER_NODE, local_bps: float = DEFAULT_LOCAL_BPS,
+            ) -> tuple[str, list[str]]:
     """(prediction.md text, lines worth printing).  ``alpha_us``: the per-message-step
     latency to assume (default: fitted when the runs cover two or more worker counts,
     else :data:`DEFAULT_ALPHA_US`).  Only sync-mode rows are used: the model is one exchange
     per step.  ``target``: also predict the time to that test accuracy
-    (:func:`time_to_target_lines`).  Runs in simulated nodes (``--nodes``) are left out: the
-    model knows one flat link per worker."""
-    rows = [r for r in ok_rows(rows) if mode_of(r) == SYNC and nodes_of(r) == 1]
+    (:func:`time_to_target_lines`).  Runs in simulated nodes (``--nodes``) count with
+    their exchange (hierarchical or flat, :func:`variant`); ``per_node`` and ``local_bps``
+    set the nodes of the node table (:func:`node_lines`)."""
+    rows = [r for r in ok_rows(rows) if mode_of(r) in (SYNC, FLAT)]
     capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
     uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
     md, say = ["# Cost model", ""], []
@@ -808,9 +849,10 @@ def predict(rows: list[dict], alpha_us: float | None = None,
         return "# Cost model\n\nNo uncapped run succeeded: nothing to fit.\n", ["predict: no uncapped runs"]
     # per compressor: the uncapped run at the largest worker count stands for a worker's costs
     profiles, at_np = {}, {}
+    dense = _dense_bytes(rows)
     for r in sorted(uncapped, key=lambda r: int(r["np"])):
-        profiles[r["compression"]] = _profile(r)
-        at_np[(r["compression"], int(r["np"]))] = _profile(r)
+        profiles[variant(r)] = _profile(r, dense)
+        at_np[(variant(r), int(r["np"]), nodes_of(r))] = _profile(r, dense)
     multi = [r for r in rows if int(r["np"]) > 1 and not r.get("latency")]
     alpha = _fixed_alpha(capped, alpha_us)
     fitted = _fit(multi, alpha) if multi else ({}, {})
@@ -845,7 +887,7 @@ def predict(rows: list[dict], alpha_us: float | None = None,
         md += ["| compression | np | bandwidth | measured step ms | predicted ms | error |",
                "|---|---|---|---|---|---|"]
         for r in capped:
-            base = at_np.get((r["compression"], int(r["np"])))
+            base = at_np.get((variant(r), int(r["np"]), nodes_of(r)))
             if base is None:
                 continue
             pred = _predict_step(_fit([o for o in multi if o is not r], alpha), base, r)
@@ -872,11 +914,12 @@ def predict(rows: list[dict], alpha_us: float | None = None,
                "| predicted rate | fitted on | runs | median error | worst error | within 25% |",
                "|---|---|---|---|---|---|"]
         for rate in rates:
-            test = [r for r in capped if r["bandwidth"] == rate and (r["compression"], int(r["np"])) in at_np]
+            test = [r for r in capped if r["bandwidth"] == rate and
+                    (variant(r), int(r["np"]), nodes_of(r)) in at_np]
             if not test:
                 continue
             without = _fit([o for o in multi if o["bandwidth"] != rate], alpha)
-            errs = sorted(abs(_predict_step(without, at_np[(r["compression"], int(r["np"]))], r)
+            errs = sorted(abs(_predict_step(without, at_np[(variant(r), int(r["np"]), nodes_of(r))], r)
                               - _f(r, "step_ms")) / _f(r, "step_ms") for r in test)
             within = sum(e <= 0.25 for e in errs)
             others = ", ".join(["uncapped"] + [o for o in rates if o != rate])
@@ -888,7 +931,7 @@ def predict(rows: list[dict], alpha_us: float | None = None,
         md.append("")
 
     # predictions
-    profiles = {k: dataclasses.replace(v, comm_offset_ms=1e3 * offsets.get(k, 0.0))
+    profiles = {k: dataclasses.replace(v, comm_offset_ms=1e3 * offsets.get(v.compression, 0.0))
                 for k, v in profiles.items()}
     model = costmodel.StepModel(links, profiles)
     bws = [1e8, 1e9, 1e10, 1e11]
@@ -897,7 +940,8 @@ def predict(rows: list[dict], alpha_us: float | None = None,
     head = ["compression"] + [f"p={p} {netcap.format_rate(b)}" for p in ps for b in bws]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     has_none = "none" in profiles
-    for spec in profiles:
+    flat = [k for k in profiles if not k.endswith(HIER_MARK)]  # one worker a link: no nodes
+    for spec in flat:
         cells = []
         for p in ps:
             for b in bws:
@@ -908,7 +952,7 @@ def predict(rows: list[dict], alpha_us: float | None = None,
     md.append("")
     if has_none:
         md += ["## Crossover bandwidths", ""]
-        for spec in profiles:
+        for spec in flat:
             if spec == "none":
                 continue
             for p in ps:
@@ -925,10 +969,74 @@ def predict(rows: list[dict], alpha_us: float | None = None,
                 if p == 8:
                     say.append(text)
         md.append("")
+    if has_none:
+        got, lines = node_lines(model, per_node, local_bps)
+        md += got
+        say += lines
     if target is not None:
         md += time_to_target_lines(add_targets([dict(r) for r in rows], target), model, target,
                                    ps, bws)
     return "\n".join(md), say
+
+
+def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float) -> tuple[list[str], list[str]]:
+    """prediction.md's table for clusters of nodes: predicted images/s (and the speed-up
+    over ``none``) of every exchange measured, at :data:`NODE_PS` workers in nodes of
+    ``per_node`` and :data:`NODE_BWS` between nodes, the best per column, and the worker
+    counts (``per_node`` times powers of 2, to 1,024 nodes) at which each beats ``none``.
+    (Lines for prediction.md, lines worth printing.)"""
+    L = per_node
+    scan = [L * 2 ** k for k in range(11)]
+    specs = list(model.profiles)
+
+    def ips(spec, p, b):
+        return model.images_per_sec(spec, p, b, L, local_bps)
+
+    head = ["exchange"] + [f"p={p} {netcap.format_rate(b)}" for p in NODE_PS for b in NODE_BWS]
+    md = [f"## Nodes of {L}: predicted images/s (all workers) and speed-up over none", "",
+          f"{L} workers a node, the links inside a node at {netcap.format_rate(local_bps)} "
+          f"(`--local-bandwidth`), the node's link to the others at the rate in the column; at "
+          f"p = {L} the job is one node and every collective runs inside it. The hierarchical "
+          "exchange (dense inside the node, compressed between nodes) and the flat one are rows "
+          "of their own where measured; a worker's compute, encode and decode are as measured, "
+          "encode and decode scaled to the shard a worker holds (1/L of a tensor, hierarchical) "
+          "and to the payloads it decodes.", "",
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    best = {}
+    for spec in specs:
+        cells = []
+        for p in NODE_PS:
+            for b in NODE_BWS:
+                v, base = ips(spec, p, b), ips("none", p, b)
+                cells.append(f"{v:.0f} ({v / base:.2f}x)")
+                if (p, b) not in best or v > best[(p, b)][1]:
+                    best[(p, b)] = (spec, v, v / base)
+        md.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+    md.append("| **best** | " + " | ".join(f"`{best[(p, b)][0]}` ({best[(p, b)][2]:.2f}x)"
+                                          for p in NODE_PS for b in NODE_BWS) + " |")
+    md += ["", f"### Worker counts at which each beats none (nodes of {L}, {L} to {scan[-1]:,} workers)",
+           "", "| exchange | " + " | ".join(netcap.format_rate(b) for b in NODE_BWS) + " |",
+           "|---|" + "---|" * len(NODE_BWS)]
+    say = []
+    for spec in specs:
+        if spec == "none":
+            continue
+        cells = []
+        for b in NODE_BWS:
+            wins = [p for p in scan if ips(spec, p, b) > ips("none", p, b)]
+            if not wins:
+                cells.append("never")
+                continue
+            stop = next((p for p in scan if p > wins[0] and p not in wins), None)
+            cells.append(f"from {wins[0]:,}" + (f", stops at {stop:,}" if stop else
+                                                f", still at {scan[-1]:,}"))
+        md.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+        say.append(f"nodes of {L}, {netcap.format_rate(NODE_BWS[0])}: {spec} beats none "
+                   + cells[0].replace("never", "at no worker count"))
+    p, b = NODE_PS[-1], NODE_BWS[0]
+    say.append(f"nodes of {L}: best at {p} workers and {netcap.format_rate(b)}: "
+               f"{best[(p, b)][0]} ({best[(p, b)][2]:.2f}x none)")
+    return md + [""], say
 
 
 # -- command line ----------------------------------------------------------------------------
@@ -969,8 +1077,8 @@ def parser() -> argparse.ArgumentParser:
                          "nodes of np/N workers -- capped runs: one network namespace per node, "
                          "the links between nodes capped, the workers of a node talking "
                          "uncapped inside it; uncapped runs: on loopback, Horovod seeing the "
-                         "nodes -- and every compressor that gathers runs twice: hierarchical "
-                         "(mode sync) and flat (mode flat) (default 1)")
+                         "nodes -- and every compressor that gathers or sums integers runs twice: "
+                         "hierarchical (mode sync) and flat (mode flat) (default 1)")
     ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
                     help="mwms: also run TensorFlow's MultiWorkerMirroredStrategy (no Horovod, "
                          "uncompressed) as a baseline row per worker count and bandwidth "
@@ -987,6 +1095,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--alpha-us", type=float, default=None, metavar="US",
                     help="with --predict: latency per message step in microseconds (default: "
                          f"fitted from runs at two or more worker counts, else {DEFAULT_ALPHA_US:g})")
+    ap.add_argument("--per-node", type=runtools.positive_int, default=DEFAULT_PER_NODE, metavar="L",
+                    help="with --predict: workers per node in the table for clusters of nodes "
+                         f"(default {DEFAULT_PER_NODE})")
+    ap.add_argument("--local-bandwidth", default=netcap.format_rate(DEFAULT_LOCAL_BPS), metavar="RATE",
+                    help="with --predict: the links inside a node in that table (default "
+                         f"{netcap.format_rate(DEFAULT_LOCAL_BPS)})")
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds before one run is stopped and recorded as timed out (default 900)")
     ap.add_argument("--quiet", action="store_true", help="no progress display")
@@ -1000,6 +1114,7 @@ def main(argv=None) -> int:
         args.bandwidth = [bandwidth_label(b) for b in args.bandwidth]
         if args.latency:
             netcap.parse_latency(args.latency)
+        netcap.parse_rate(args.local_bandwidth)
     except ValueError as exc:
         ap.error(str(exc))
     if args.alpha_us is not None and not (math.isfinite(args.alpha_us) and args.alpha_us >= 0):
@@ -1067,7 +1182,8 @@ def main(argv=None) -> int:
     files = [str(csv_path), str(out / "results.md")] + plot(out, rows, args.target_accuracy)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
-        text, say = predict(rows, args.alpha_us, args.target_accuracy)
+        text, say = predict(rows, args.alpha_us, args.target_accuracy, args.per_node,
+                            netcap.parse_rate(args.local_bandwidth))
         (out / "prediction.md").write_text(text)
         files.append(str(out / "prediction.md"))
         for line in say:

@@ -18,6 +18,21 @@ them with each compressor's measured compute, encode/decode time and bytes to
 predict step times at other bandwidths and worker counts, and
 :func:`crossover` finds the bandwidth below which a compressor beats sending
 gradients uncompressed.
+
+Nodes (``per_node`` workers sharing one link to the other nodes).  Flat, a ring
+crosses each node's link once, so the formulas above hold with ``B`` the node's
+link.  The hierarchical exchange (:mod:`hvd_compress.core.hierarchy`; nodes of
+``L``, ``N = p / L``) puts on the node's link its ``L`` workers' collectives
+among the ``N`` nodes, each of a shard's payload ``s``::
+
+    hierarchical allgather     L * (N-1) * s * 8/B        +   (N-1) * alpha
+    hierarchical integer sum   L * 2(N-1)/N * s * 8/B     + 2(N-1) * alpha
+
+plus the dense reduce-scatter and allgather inside the node, ``2 (L-1)/L`` of the
+gradient per worker at the node's internal rate (or, where the model was fitted,
+a fitted cost per bit, :attr:`Link.local_s_per_bit`).  A worker encodes and
+decodes a shard (``1/L`` of each tensor) and decodes ``N`` payloads, not ``p``;
+integer sums pay lanes as wide as ``p`` needs (:class:`Profile`).
 """
 
 from __future__ import annotations
@@ -33,8 +48,17 @@ ALLREDUCE, ALLGATHER = "allreduce", "allgather"
 ETA_RANGE = (0.5, 2.0)
 
 
-def wire_bytes(collective: str, p: int, nbytes: float) -> float:
-    """Bytes one worker puts on its link for one collective of an ``nbytes`` payload."""
+def wire_bytes(collective: str, p: int, nbytes: float, per_node: int = 1,
+               hierarchical: bool = False) -> float:
+    """Bytes on the busiest link for one collective of an ``nbytes`` payload per worker.
+
+    Flat: what one worker puts on its link (nodes of ``per_node`` workers in ring order:
+    the ring crosses each node's link once, so the node's link carries as much as one
+    worker's).  ``hierarchical`` (nodes of ``per_node``): the node's link carries its
+    ``per_node`` workers' collectives among the ``p / per_node`` nodes, each of a shard's
+    payload."""
+    if hierarchical and per_node > 1:
+        return per_node * wire_bytes(collective, p // per_node, nbytes)
     if p <= 1:
         return 0.0
     if collective == ALLREDUCE:
@@ -44,8 +68,10 @@ def wire_bytes(collective: str, p: int, nbytes: float) -> float:
     raise ValueError(f"unknown collective {collective!r}")
 
 
-def hops(collective: str, p: int) -> int:
-    """Latency-bound message steps of one ring collective."""
+def hops(collective: str, p: int, per_node: int = 1, hierarchical: bool = False) -> int:
+    """Latency-bound message steps of one ring collective (hierarchical: among the nodes)."""
+    if hierarchical and per_node > 1:
+        return hops(collective, p // per_node)
     if p <= 1:
         return 0
     return 2 * (p - 1) if collective == ALLREDUCE else p - 1
@@ -53,16 +79,27 @@ def hops(collective: str, p: int) -> int:
 
 @dataclass(frozen=True)
 class Link:
-    """``alpha_s`` per message step; ``efficiency`` of the nominal bandwidth reached."""
+    """``alpha_s`` per message step; ``efficiency`` of the nominal bandwidth reached;
+    ``local_s_per_bit``: what a bit of the hierarchical exchange's dense traffic inside a
+    node cost where the model was fitted (its link and the node's sums; 0: not fitted)."""
 
     alpha_s: float
     efficiency: float = 1.0
+    local_s_per_bit: float = 0.0
 
     def comm_s(self, collective: str, p: int, nbytes: float, bandwidth_bps: float,
-               messages: float = 1.0) -> float:
-        """Seconds for ``messages`` collectives per step moving ``nbytes`` in all."""
-        bits = 8.0 * wire_bytes(collective, p, nbytes)
-        return messages * hops(collective, p) * self.alpha_s + bits / (self.efficiency * bandwidth_bps)
+               messages: float = 1.0, per_node: int = 1, hierarchical: bool = False,
+               local_bytes: float = 0.0, local_bps: float | None = None) -> float:
+        """Seconds for ``messages`` collectives per step moving ``nbytes`` in all, and the
+        ``local_bytes`` inside the node: at ``local_bps`` (nominal, as efficient as the
+        link between nodes), or as fitted (``local_bps=None``)."""
+        bits = 8.0 * wire_bytes(collective, p, nbytes, per_node, hierarchical)
+        t = messages * hops(collective, p, per_node, hierarchical) * self.alpha_s + \
+            bits / (self.efficiency * bandwidth_bps)
+        if local_bytes:
+            t += 8.0 * local_bytes * (self.local_s_per_bit if local_bps is None
+                                      else 1.0 / (self.efficiency * local_bps))
+        return t
 
 
 @dataclass(frozen=True)
@@ -77,6 +114,9 @@ class Sample:
     comm_s: float            # measured
     group: str = ""          # the compressor: samples of one group share an offset
     step_s: float = 0.0      # the measured step, to weigh residuals (0: comm_s)
+    per_node: int = 1        # workers per node
+    hierarchical: bool = False  # the hierarchical exchange (nbytes: a shard's payload)
+    local_bytes: float = 0.0    # its dense bytes inside the node per worker per step
 
 
 def fit_model(samples: list[Sample], alpha_s: float | None = None,
@@ -95,7 +135,10 @@ def fit_model(samples: list[Sample], alpha_s: float | None = None,
     Fitted by a grid over ``alpha`` and ``eta`` (0.5 to 2 times the nominal rate)
     per collective, the offsets solved per grid point.  With one worker count,
     ``alpha * hops`` is a constant the offsets absorb: pass ``alpha_s`` to fix it
-    instead of fitting it.  A collective without samples gets the other's link.
+    instead of fitting it.  Hierarchical samples (runs in nodes) add their dense bytes
+    inside the node at a fitted cost per bit (:attr:`Link.local_s_per_bit`), the same
+    compressor's flat and hierarchical runs sharing its offset.  A collective without
+    samples gets the other's link.
     """
     links, offsets = {}, {}
     for coll in (ALLREDUCE, ALLGATHER):
@@ -114,19 +157,22 @@ def fit_model(samples: list[Sample], alpha_s: float | None = None,
 def _fit_collective(samples: list[Sample], alpha_s=None) -> tuple[Link, dict[str, float]]:
     groups = sorted({s.group for s in samples})
     gi = np.array([groups.index(s.group) for s in samples])
-    lat = np.array([s.messages * hops(s.collective, s.p) for s in samples], dtype=np.float64)
-    bits = np.array([8.0 * wire_bytes(s.collective, s.p, s.nbytes) / s.bandwidth_bps
-                     for s in samples], dtype=np.float64)
+    lat = np.array([s.messages * hops(s.collective, s.p, s.per_node, s.hierarchical)
+                    for s in samples], dtype=np.float64)
+    bits = np.array([8.0 * wire_bytes(s.collective, s.p, s.nbytes, s.per_node, s.hierarchical)
+                     / s.bandwidth_bps for s in samples], dtype=np.float64)
+    loc = np.array([8.0 * s.local_bytes for s in samples], dtype=np.float64)
     y = np.array([s.comm_s for s in samples], dtype=np.float64)
     steps = np.array([s.step_s or s.comm_s for s in samples], dtype=np.float64)
     w2 = 1.0 / np.maximum(steps, 1e-6) ** 2
     floor = np.array([-max(0.0, min(steps[gi == g] - y[gi == g])) for g in range(len(groups))])
     capped = bool((bits > 0).any())
+    local = bool((loc > 0).any())
 
-    def offsets(alpha, eta):
+    def offsets(alpha, eta, theta):
         """Best offsets for one link: the best of a grid, then least squares over the
         samples each leaves above zero.  Returns (offsets, weighted squared error)."""
-        t = alpha * lat + bits / eta
+        t = alpha * lat + bits / eta + theta * loc
         cands = np.linspace(-float(t.max()) - 1e-3, float(y.max()) + 1e-3, 401)
         err = (np.maximum(0.0, cands[:, None] + t[None, :]) - y[None, :]) ** 2 * w2[None, :]
         per_group = np.zeros((len(cands), len(groups)))
@@ -139,58 +185,100 @@ def _fit_collective(samples: list[Sample], alpha_s=None) -> tuple[Link, dict[str
                 c[g] = max(float(np.sum(w2[on] * (y[on] - t[on])) / np.sum(w2[on])), floor[g])
         return c, float(np.sum(w2 * (np.maximum(0.0, c[gi] + t) - y) ** 2))
 
-    # for each alpha of a coarse grid the best eta (a grid, then zooming in), then both
-    # zoomed in together around the best pair (log scales; alpha = 0 kept apart)
-    def zoom(best, grid, rounds=24):
-        step_a, step_e = 2.0, 1.06
-        for _ in range(rounds):
-            grid_a, grid_e = grid(best[1], best[2], step_a, step_e)
-            moved = min([best] + [(offsets(a, e)[1], a, e) for a in grid_a for e in grid_e],
-                        key=lambda r: r[0])
-            if moved[1:] == best[1:]:  # the best is inside: look closer
-                step_a, step_e = step_a ** 0.5, step_e ** 0.5
-            best = moved
-        return best
+    def search(theta):
+        """(error, alpha, eta) for a local cost ``theta``: for each alpha of a coarse grid
+        the best eta (a grid, then zooming in), then both zoomed in together around the
+        best pair (log scales; alpha = 0 kept apart)."""
+        def zoom(best, grid, rounds=24):
+            step_a, step_e = 2.0, 1.06
+            for _ in range(rounds):
+                grid_a, grid_e = grid(best[1], best[2], step_a, step_e)
+                moved = min([best] + [(offsets(a, e, theta)[1], a, e) for a in grid_a
+                                      for e in grid_e], key=lambda r: r[0])
+                if moved[1:] == best[1:]:  # the best is inside: look closer
+                    step_a, step_e = step_a ** 0.5, step_e ** 0.5
+                best = moved
+            return best
 
-    def around_eta(a0, e0, step_a, step_e):
-        return [a0], ([e0] if not capped else np.clip(e0 * step_e ** np.linspace(-1, 1, 7), *ETA_RANGE))
+        def around_eta(a0, e0, step_a, step_e):
+            return [a0], ([e0] if not capped else np.clip(e0 * step_e ** np.linspace(-1, 1, 7),
+                                                          *ETA_RANGE))
 
-    def around_both(a0, e0, step_a, step_e):
-        grid_a = [a0] if alpha_s is not None or a0 == 0.0 else a0 * step_a ** np.linspace(-1, 1, 7)
-        return grid_a, around_eta(a0, e0, step_a, step_e)[1]
+        def around_both(a0, e0, step_a, step_e):
+            grid_a = [a0] if alpha_s is not None or a0 == 0.0 else a0 * step_a ** np.linspace(-1, 1, 7)
+            return grid_a, around_eta(a0, e0, step_a, step_e)[1]
 
-    alphas = np.concatenate([[0.0], np.geomspace(1e-6, 0.2, 25)]) if alpha_s is None \
-        else np.array([float(alpha_s)])
-    etas = np.geomspace(ETA_RANGE[0], ETA_RANGE[1], 25) if capped else np.array([1.0])
-    per_alpha = [zoom(min(((offsets(a, e)[1], a, e) for e in etas), key=lambda r: r[0]), around_eta, 8)
-                 for a in alphas]
-    best = zoom(min(per_alpha, key=lambda r: r[0]), around_both)
-    _, alpha, eta = best
-    c, err = offsets(alpha, eta)
+        alphas = np.concatenate([[0.0], np.geomspace(1e-6, 0.2, 25)]) if alpha_s is None \
+            else np.array([float(alpha_s)])
+        etas = np.geomspace(ETA_RANGE[0], ETA_RANGE[1], 25) if capped else np.array([1.0])
+        per_alpha = [zoom(min(((offsets(a, e, theta)[1], a, e) for e in etas),
+                              key=lambda r: r[0]), around_eta, 8) for a in alphas]
+        return zoom(min(per_alpha, key=lambda r: r[0]), around_both)
+
+    # the local cost (seconds per bit inside a node, 1 Mbit/s to 10 Tbit/s), alternating
+    # with the link: the best theta for the link found without it (a log grid, then
+    # zooming in), the link again for that theta, theta again; the polish below then
+    # solves all of them together
+    def best_theta(alpha, eta):
+        tried = {th: offsets(alpha, eta, th)[1]
+                 for th in np.concatenate([[0.0], np.geomspace(1e-13, 1e-6, 29)])}
+        theta, step = min(tried, key=tried.get), 10 ** 0.25
+        for _ in range(12):
+            if theta > 0:
+                for th in (theta / step, theta * step):
+                    tried.setdefault(th, offsets(alpha, eta, th)[1])
+                theta = min(tried, key=tried.get)
+            step = step ** 0.5
+        return theta
+
+    theta = 0.0
+    _, alpha, eta = search(theta)
+    if local:
+        for _ in range(2):
+            theta = best_theta(alpha, eta)
+            _, alpha, eta = search(theta)
+    c, err = offsets(alpha, eta, theta)
     # polish: where each sample stands (waiting or hidden) fixed, the model is linear in
-    # (alpha, 1/eta, offsets): solve that weighted least squares exactly
-    on = c[gi] + alpha * lat + bits / eta > 0
+    # (alpha, 1/eta, theta, offsets): solve that weighted least squares exactly
+    on = c[gi] + alpha * lat + bits / eta + theta * loc > 0
     free = [lat] if alpha_s is None else []
     free += [bits] if capped else []
-    target = y - (0.0 if alpha_s is None else alpha * lat)  # (uncapped only: bits are 0)
+    free += [loc] if local else []
+    target = y - (0.0 if alpha_s is None else alpha * lat) - (0.0 if capped else bits / eta)
     cols = np.stack(free + [(gi == g).astype(float) for g in range(len(groups))], axis=1)
     if on.sum() >= cols.shape[1]:
         sw = np.sqrt(w2[on])
         sol, *_ = np.linalg.lstsq(cols[on] * sw[:, None], target[on] * sw, rcond=None)
-        a2 = float(sol[0]) if alpha_s is None else alpha
-        inv_eta = float(sol[len(free) - 1]) if capped else 1.0
-        e2 = 1.0 / inv_eta if inv_eta > 0 else math.inf
-        c2 = np.where(np.bincount(gi[on], minlength=len(groups)) > 0, sol[len(free):], c)
-        t2 = a2 * lat + bits / e2
+        at = 0
+        a2 = alpha
+        if alpha_s is None:
+            a2, at = float(sol[0]), 1
+        e2 = eta
+        if capped:
+            e2 = 1.0 / float(sol[at]) if sol[at] > 0 else math.inf
+            at += 1
+        th2 = theta
+        if local:
+            th2, at = float(sol[at]), at + 1
+        c2 = np.where(np.bincount(gi[on], minlength=len(groups)) > 0, sol[at:], c)
+        t2 = a2 * lat + bits / e2 + th2 * loc
         err2 = float(np.sum(w2 * (np.maximum(0.0, c2[gi] + t2) - y) ** 2))
-        if a2 >= 0 and ETA_RANGE[0] <= e2 <= ETA_RANGE[1] and (c2 >= floor).all() and err2 < err:
-            alpha, eta, c = a2, e2, c2
-    return Link(float(alpha), float(eta)), {g: float(o) for g, o in zip(groups, c)}
+        if a2 >= 0 and th2 >= 0 and ETA_RANGE[0] <= e2 <= ETA_RANGE[1] and (c2 >= floor).all() \
+                and err2 < err:
+            alpha, eta, theta, c = a2, e2, th2, c2
+    return Link(float(alpha), float(eta), float(theta)), {g: float(o) for g, o in zip(groups, c)}
 
 
 @dataclass
 class Profile:
-    """What one compressor costs a worker per step, measured (milliseconds, bytes)."""
+    """What one compressor costs a worker per step, measured (milliseconds, bytes).
+
+    ``per_node``/``hierarchical``: the run's workers per node and whether its tensors took
+    the hierarchical exchange (:mod:`hvd_compress.core.hierarchy`: then ``nbytes`` is a
+    shard's payload, and encode/decode worked on shards).  The ``*_at`` methods scale what
+    was measured to ``p`` workers in nodes of ``per_node``: a shard is ``1/L`` of a tensor
+    where the exchange is hierarchical (two or more nodes of ``L`` >= 2), the whole tensor
+    where it is flat."""
 
     compression: str
     collective: str
@@ -205,43 +293,88 @@ class Profile:
     #: integer sums (``sum=int``): the largest code, which with ``p`` sets the lane width
     #: (:func:`~hvd_compress.core.intsum.lane_bits`); 0: bytes do not depend on ``p``
     lane_m: int = 0
+    per_node: int = 1
+    hierarchical: bool = False
+    local_bytes: float = 0.0  # the hierarchical exchange's dense bytes inside the node
+    #: the dense gradient's bytes (float32), for that traffic at other node sizes
+    dense_bytes: float = 0.0
 
-    def nbytes_at(self, p: int) -> float:
+    def active(self, p: int, per_node: int) -> bool:
+        """Whether this profile's exchange is hierarchical at ``p`` workers in nodes of
+        ``per_node`` (as the wrappers' rule: two or more nodes of two or more)."""
+        return bool(self.hierarchical) and per_node > 1 and p // per_node > 1
+
+    def _share(self, p: int, per_node: int) -> float:
+        """A worker's part of each tensor at ``(p, per_node)`` over the measured one."""
+        now = 1.0 / per_node if self.active(p, per_node) else 1.0
+        then = 1.0 / self.per_node if self.active(self.measured_p, self.per_node) else 1.0
+        return now / then
+
+    def nbytes_at(self, p: int, per_node: int = 1) -> float:
         """Payload bytes per worker at ``p`` workers: the measured bytes, scaled for integer
         sums by the lane width ``p`` needs (the scales, a float per tensor or bucket, are
-        counted with the codes: a few per cent of QSGD's bytes)."""
+        counted with the codes: a few per cent of QSGD's bytes), and by the shard."""
+        share = self._share(p, per_node)
         if not self.lane_m:
-            return self.nbytes
+            return self.nbytes * share
         from ..core.intsum import lane_bits
-        return self.nbytes * lane_bits(max(1, p), self.lane_m) / lane_bits(max(1, self.measured_p),
-                                                                          self.lane_m)
+        return self.nbytes * share * lane_bits(max(1, p), self.lane_m) / \
+            lane_bits(max(1, self.measured_p), self.lane_m)
 
-    def decode_at(self, p: int) -> float:
-        """Allgather decodes one payload per worker; an allreduce's one sum."""
+    def encode_at(self, p: int, per_node: int = 1) -> float:
+        return self.encode_ms * self._share(p, per_node)
+
+    def decode_at(self, p: int, per_node: int = 1) -> float:
+        """Allgather decodes one payload per worker (hierarchical: per node); an
+        allreduce's one sum.  Each of a shard."""
+        share = self._share(p, per_node)
         if self.collective == ALLGATHER and self.measured_p > 0:
-            return self.decode_ms * max(1, p) / max(1, self.measured_p)
-        return self.decode_ms
+            now = p // per_node if self.active(p, per_node) else p
+            then = self.measured_p // self.per_node if self.active(self.measured_p, self.per_node) \
+                else self.measured_p
+            return self.decode_ms * max(1, now) / max(1, then) * share
+        return self.decode_ms * share
+
+    def local_bytes_at(self, p: int, per_node: int = 1) -> float:
+        """The dense bytes a worker moves inside its node (reduce-scatter and allgather:
+        ``2 (L-1)/L`` of the gradient), where the exchange is hierarchical."""
+        if not self.active(p, per_node):
+            return 0.0
+        dense = self.dense_bytes
+        if not dense and self.local_bytes and self.active(self.measured_p, self.per_node):
+            dense = self.local_bytes / (2.0 * (self.per_node - 1) / self.per_node)
+        return 2.0 * (per_node - 1) / per_node * dense
 
 
 class StepModel:
     """Predicted step time = compute + encode + decode(p) + comm(p, B).
 
-    ``link``: one :class:`Link` for every collective, or a dict by collective."""
+    ``link``: one :class:`Link` for every collective, or a dict by collective.  Workers in
+    nodes of ``per_node`` (1: every worker its own link): ``bandwidth_bps`` is each node's
+    link to the others; the links inside a node run at ``local_bps`` (None: the fitted
+    cost, :attr:`Link.local_s_per_bit`; one node alone is then not modelled)."""
 
     def __init__(self, link, profiles: dict[str, Profile]):
         self.links = link if isinstance(link, dict) else {ALLREDUCE: link, ALLGATHER: link}
         self.profiles = profiles
 
-    def step_ms(self, compression: str, p: int, bandwidth_bps: float) -> float:
+    def step_ms(self, compression: str, p: int, bandwidth_bps: float, per_node: int = 1,
+                local_bps: float | None = None) -> float:
         f = self.profiles[compression]
-        comm = self.links[f.collective].comm_s(f.collective, p, f.nbytes_at(p), bandwidth_bps,
-                                               f.messages) * 1e3
+        hier = f.active(p, per_node)
+        if per_node > 1 and p <= per_node:  # one node: every ring inside it
+            bandwidth_bps = local_bps if local_bps else math.inf
+        comm = self.links[f.collective].comm_s(
+            f.collective, p, f.nbytes_at(p, per_node), bandwidth_bps, f.messages, per_node, hier,
+            f.local_bytes_at(p, per_node), local_bps) * 1e3
         comm = max(0.0, comm + f.comm_offset_ms)
-        return f.compute_ms + f.encode_ms + f.decode_at(p) + comm
+        return f.compute_ms + f.encode_at(p, per_node) + f.decode_at(p, per_node) + comm
 
-    def images_per_sec(self, compression: str, p: int, bandwidth_bps: float) -> float:
+    def images_per_sec(self, compression: str, p: int, bandwidth_bps: float, per_node: int = 1,
+                       local_bps: float | None = None) -> float:
         f = self.profiles[compression]
-        return p * f.images_per_step / (self.step_ms(compression, p, bandwidth_bps) / 1e3)
+        return p * f.images_per_step / (self.step_ms(compression, p, bandwidth_bps, per_node,
+                                                     local_bps) / 1e3)
 
 
 def crossover(model: StepModel, compression: str, p: int, baseline: str = "none",

@@ -42,20 +42,23 @@ class Reference:
         return out
 
 
-def hierarchical_step(comps, grads_by_rank, nodes, per, average=True):
+def hierarchical_step(comps, grads_by_rank, nodes, per, average=True, noises=None):
     """The hierarchical exchange's aggregate by its definition, one step: ``comps`` one
     numpy compressor per worker (rank ``c * per + l``, their state kept across steps),
     ``grads_by_rank[r][name]``.  Summable compressors: the flat sum over every worker;
-    the others: per node the dense sum, its shard ``l`` compressed by worker ``(c, l)``
-    (named ``name@l/per``, a ``(k, 1)`` matrix for tensors of 2+ dimensions), the shards'
-    payloads summed over nodes, the shards put together.  Returns {name: aggregate}."""
+    the others and the integer sums: per node the dense sum, its shard ``l`` compressed
+    by worker ``(c, l)`` (named ``name@l/per``, a ``(k, 1)`` matrix for tensors of 2+
+    dimensions), the shards' payloads summed over nodes (integer sums: the scales' max,
+    then the codes' int32 sum), the shards put together.  ``noises[r][shard name]``: the
+    noise worker ``r`` drew for a shard (else each compressor draws its own).  Returns
+    {name: aggregate}."""
     from hvd_compress.core.hierarchy import shard_length, shard_name
     p = nodes * per
     out = {}
     for name in grads_by_rank[0]:
         xs = [np.asarray(grads_by_rank[r][name], np.float32) for r in range(p)]
         shape = xs[0].shape
-        if comps[0].summable:
+        if comps[0].summable and not comps[0].integer_sum:
             encs = [c.encode(x, name) for c, x in zip(comps, xs)]
             total = comps[0].aggregate(sum(e.payload for e in encs), encs[0])
             out[name] = total / p if average else total
@@ -69,9 +72,19 @@ def hierarchical_step(comps, grads_by_rank, nodes, per, average=True):
                 node_sum = sum(xs[c * per + j].reshape(-1) for j in range(per))
                 part = np.pad(node_sum, (0, k * per - n))[lr * k:(lr + 1) * k]
                 part = part.reshape(k, 1) if len(shape) >= 2 else part
-                encs.append(comps[c * per + lr].encode(part, shard_name(name, lr, per)))
-            got = [comps[c * per + lr].aggregate([e.payload for e in encs], encs[c])
-                   for c in range(nodes)]
+                sname = shard_name(name, lr, per)
+                noise = None if noises is None else noises[c * per + lr].get(sname)
+                encs.append(comps[c * per + lr].encode(part, sname) if noise is None else
+                            comps[c * per + lr].encode(part, sname, noise=noise))
+            mine = [comps[c * per + lr] for c in range(nodes)]
+            if comps[0].integer_sum:  # scales by max, then the codes' int32 sum (wrapping)
+                shared = np.max([e.payload for e in encs], axis=0)
+                encs = [m.next_round(e, shared) for m, e in zip(mine, encs)]
+                words = np.sum([e.payload.astype(np.int64) for e in encs], axis=0)
+                total = ((words + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32)
+                got = [m.aggregate(total, e) for m, e in zip(mine, encs)]
+            else:
+                got = [m.aggregate([e.payload for e in encs], e) for m, e in zip(mine, encs)]
             shards.append(got[0].reshape(-1))
         dense = np.concatenate(shards)[:n].reshape(shape)
         out[name] = dense * np.float32(1.0 / p) if average else dense

@@ -8,9 +8,9 @@ import torch
 
 from hvd_compress.core import build
 from tests.workers.reference import Reference, hierarchical_step
-from tests.workers.torch_opt import exchange_step, make_model
+from tests.workers.torch_opt import exchange_step, make_model, record_noise
 
-SPECS = ["topk:ratio=0.1", "dgc:ratio=0.05", "onebit", "none", "randomk:ratio=0.1"]
+SPECS = ["topk:ratio=0.1", "dgc:ratio=0.05", "onebit", "none", "randomk:ratio=0.1", "terngrad:sum=int"]
 
 
 def aggregate_matches_definition(specs=SPECS, steps=3, dynamic=False):
@@ -41,20 +41,25 @@ def aggregate_matches_definition(specs=SPECS, steps=3, dynamic=False):
             comps = [build(spec, rank=r, world_size=size) for r in range(size)]
             ref = Reference(spec, size)
             worst, sent = 0.0, []
+            log = record_noise(opt)  # (the quantizers' noise: torch draws its own)
             for step in range(steps):
-                local, got, _ = exchange_step(opt, model, rank, step)
+                local, got, noise = exchange_step(opt, model, rank, step, log=log)
                 got = {n: g.numpy() for n, g in got.items()}
                 everyone = hvd.allgather_object({k: v.numpy() for k, v in local.items()})
+                noises = hvd.allgather_object(noise)
                 if opt.hierarchical:
-                    expect = hierarchical_step(comps, everyone, n_nodes, per)
+                    expect = hierarchical_step(comps, everyone, n_nodes, per, noises=noises)
                 else:
-                    expect = ref.step(everyone, [{} for _ in everyone])
+                    expect = ref.step(everyone, noises)
                 for name, value in expect.items():
                     diff = float(np.max(np.abs(got[name].astype(np.float64) - value)))
-                    worst = max(worst, diff / max(1e-6, float(np.max(np.abs(value)))))
+                    err = diff / max(1e-6, float(np.max(np.abs(value))))
+                    if err > worst:
+                        worst, where = err, f"{name} step {step}"
                 sent.append(opt.last_stats["bytes_sent"])
             key = f"{spec}|{'flat' if hierarchical is False else 'auto'}"
-            report[key] = {"hierarchical": opt.hierarchical, "rel_err": worst, "bytes_sent": sent,
+            report[key] = {"hierarchical": opt.hierarchical, "rel_err": worst,
+                           "worst_at": where if worst else None, "bytes_sent": sent,
                            "local_bytes": opt.last_stats["local_bytes"]}
             if opt.hierarchical:  # what crosses between nodes: each shard's payload
                 comp = build(spec)

@@ -64,7 +64,9 @@ def record_noise(opt):
     def encode(x, name="", noise=None):
         meta = core.meta_for(x, name)
         n = core.k_for(meta) if hasattr(core, "k_for") else meta.numel
-        noise = core.noise.draw(n, like=x.reshape(-1))
+        # (a copy: the host generator hands out one buffer for every draw, and the
+        # integer sums keep theirs until round 1)
+        noise = core.noise.draw(n, like=x.reshape(-1)).clone()
         log.append((name, noise.numpy().copy()))
         return original(x, name, noise=noise)
 
