@@ -721,8 +721,10 @@ def _rate(r: dict) -> float:
 
 
 def hierarchical_row(r: dict) -> bool:
-    """Whether a run took the hierarchical exchange (in simulated nodes)."""
-    return nodes_of(r) > 1 and str(r.get("hierarchical", "")).lower() in ("true", "1")
+    """Whether a run's compressed tensors took the hierarchical exchange (in simulated
+    nodes; the wrapper says ``hierarchical`` for ``none`` too, whose tensors go flat)."""
+    return nodes_of(r) > 1 and str(r.get("hierarchical", "")).lower() in ("true", "1") and \
+        takes_hierarchy(r["compression"])
 
 
 def variant(r: dict) -> str:
