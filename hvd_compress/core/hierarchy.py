@@ -121,11 +121,6 @@ class Hierarchical:
     def agree(self, plan, key=None) -> None:
         self.flat.agree(plan, key)
 
-    def sharded(self, comp) -> bool:
-        """Whether ``comp``'s tensors go the hierarchical way (packed bytes by allgather,
-        or integer sums)."""
-        return sharded(comp)
-
     # -- one step ----------------------------------------------------------------------------
     def send(self, tensors, names, stats: dict, tag: str = "", noises=None) -> _Batch:
         B = self.comp.B
@@ -133,9 +128,11 @@ class Hierarchical:
         flat_at, sharded_at, free = [], [], []
         for i, (x, name) in enumerate(zip(tensors, names)):
             comp = self.comp if pick is None else pick(name, B.shape(x), B.dtype_name(x))
-            (sharded_at if self.sharded(comp) else flat_at).append(i)
-            if self.sharded(comp):
+            if sharded(comp):
+                sharded_at.append(i)
                 free.append(bool(comp.scale_free))
+            else:
+                flat_at.append(i)
         flat = self.flat.send([tensors[i] for i in flat_at], [names[i] for i in flat_at], stats,
                               tag) if flat_at else None
         handle = None

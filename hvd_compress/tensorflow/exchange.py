@@ -155,9 +155,14 @@ def plan_rows(comp, variables) -> list:
                       for v in variables])
 
 
+def is_hierarchical(engine) -> bool:
+    """Whether an engine is the hierarchical exchange (the wrappers' ``hierarchical``)."""
+    return isinstance(engine, Hierarchical)
+
+
 def hierarchy_of(engine) -> str:
     """How an engine crosses nodes, as a plan shows it."""
-    return f"nodes of {engine.local_size}" if isinstance(engine, Hierarchical) else "off"
+    return f"nodes of {engine.local_size}" if is_hierarchical(engine) else "off"
 
 
 def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_step,

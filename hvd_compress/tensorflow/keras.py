@@ -30,7 +30,7 @@ from ..localsteps import check_wrapper_args
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import TFPolicy, as_compression, prepare_exchange
-from .exchange import engine, exchange_tensors, hierarchy_of, plan, plan_rows, variable_name
+from .exchange import engine, exchange_tensors, hierarchy_of, is_hierarchical, plan, plan_rows, variable_name
 from .localsteps import strategy
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
@@ -141,7 +141,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     opt._hvdc_process_set = process_set
     opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set, hierarchical)
     #: whether compressed gradients go by the hierarchical exchange (as the torch wrapper's)
-    opt.hierarchical = hierarchy_of(opt._hvdc_engine) != "off"
+    opt.hierarchical = is_hierarchical(opt._hvdc_engine)
     opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
                                local_sgd_warmup_steps, delay, buffers)
     opt._hvdc_plan = functools.partial(

@@ -25,7 +25,7 @@ from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..frontend import choice_of, new_stats
 from ..localsteps import check_wrapper_args
 from .compressors import TFCompressor, TFPolicy, as_compression, owned_by, prepare_exchange
-from .exchange import engine, exchange_tensors, hierarchy_of, plan, plan_rows, variable_name
+from .exchange import engine, exchange_tensors, hierarchy_of, is_hierarchical, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
 
 __all__ = ["DistributedGradientTape"]
@@ -59,7 +59,7 @@ class _DistributedGradientTape(tf.GradientTape):
     def hierarchical(self) -> bool:
         """Whether compressed gradients go by the hierarchical exchange (known after the
         first gradient(); as the torch wrapper's ``hierarchical``)."""
-        return self._engine is not None and hierarchy_of(self._engine) != "off"
+        return is_hierarchical(self._engine)
 
     @property
     def compression(self):

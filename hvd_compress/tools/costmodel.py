@@ -244,7 +244,7 @@ def _fit_collective(samples: list[Sample], alpha_s=None) -> tuple[Link, dict[str
     free = [lat] if alpha_s is None else []
     free += [bits] if capped else []
     free += [loc] if local else []
-    target = y - (0.0 if alpha_s is None else alpha * lat) - (0.0 if capped else bits / eta)
+    target = y - (0.0 if alpha_s is None else alpha * lat)  # (uncapped only: bits are 0)
     cols = np.stack(free + [(gi == g).astype(float) for g in range(len(groups))], axis=1)
     if on.sum() >= cols.shape[1]:
         sw = np.sqrt(w2[on])
@@ -329,11 +329,13 @@ class Profile:
         allreduce's one sum.  Each of a shard."""
         share = self._share(p, per_node)
         if self.collective == ALLGATHER and self.measured_p > 0:
-            now = p // per_node if self.active(p, per_node) else p
-            then = self.measured_p // self.per_node if self.active(self.measured_p, self.per_node) \
-                else self.measured_p
-            return self.decode_ms * max(1, now) / max(1, then) * share
+            return self.decode_ms * max(1, self._senders(p, per_node)) / \
+                max(1, self._senders(self.measured_p, self.per_node)) * share
         return self.decode_ms * share
+
+    def _senders(self, p: int, per_node: int) -> int:
+        """The payloads an allgather hands a worker: one per node where hierarchical."""
+        return p // per_node if self.active(p, per_node) else p
 
     def local_bytes_at(self, p: int, per_node: int = 1) -> float:
         """The dense bytes a worker moves inside its node (reduce-scatter and allgather:
