@@ -683,6 +683,55 @@ def test_modes_are_rows_of_the_matrix_with_their_example_flags():
     cmp.check_modes(["powersgd:rank=2"], ["sync", "local SGD H=4"])
 
 
+def test_modes_for_some_specs_and_runs_that_stop_at_the_target(tmp_path):
+    """Issue 19's documented job: local SGD for ``none`` only (--modes-for), and every run
+    told to stop at the target (--stop-at-target passes the examples' --stop-at A)."""
+    from hvd_compress.tools import compare as cmp
+    args = cmp.parser().parse_args(["--out", "x", "--framework", "tensorflow", "--example", "digits",
+                                    "--compression", "none", "topk:ratio=0.01", "powersgd:rank=2",
+                                    "--np", "1", "2", "--bandwidth", "uncapped", "1gbit",
+                                    "--local-sgd", "4", "--delay", "2", "--modes-for", "none",
+                                    "--strategy", "mwms", "--target-accuracy", "0.85",
+                                    "--stop-at-target"])
+    runs = cmp.plan_runs(args, capped_ok=True)
+    modes = {}
+    for r in runs:
+        modes.setdefault(r["mode"], set()).add(r["compression"])
+    assert modes == {"sync": {"none", "topk:ratio=0.01", "powersgd:rank=2"},
+                     "DGA D=2": {"none"}, "local SGD H=4": {"none"}, "TF MWMS": {"none"}}
+    assert len(runs) == 3 * 3 + 2 * 2 + 3  # sync: np 1 + np 2 x 2 bandwidths; the modes at np 2
+    for r in runs:
+        cmd = cmp.example_command(args, r, Path("r.json"))
+        assert cmd[cmd.index("--stop-at") + 1] == "0.85", cmd
+    # DGA refuses PowerSGD, but --modes-for keeps it out of that mode: no usage error
+    cmp.check_modes(args.modes_for, cmp.run_modes(args.local_sgd, args.delay, args.strategy))
+    plain = cmp.parser().parse_args(["--out", "x", "--example", "digits", "--target-accuracy", "0.85"])
+    assert all("--stop-at" not in cmp.example_command(plain, r, Path("r.json"))
+               for r in cmp.plan_runs(plain, capped_ok=True))
+    # with --framework torch the MWMS rows run TensorFlow's example and are compared with
+    # the torch runs of their setting (speed-up over torch's none, the fastest to the target)
+    args = cmp.parser().parse_args(["--out", "x", "--example", "digits-wide", "--compression", "none",
+                                    "--np", "2", "--bandwidth", "uncapped", "--strategy", "mwms"])
+    runs = cmp.plan_runs(args, capped_ok=True)
+    assert [(r["framework"], r["mode"]) for r in runs] == [("torch", "sync"), ("tensorflow", "TF MWMS")]
+    assert "tf_examples" in cmp.example_command(args, runs[1], Path("r.json"))[1]
+    rows = [_run_row("none", 2, "uncapped", ips=100.0, curve=[(4.0, 0.9)]),
+            dict(_run_row("none", 2, "uncapped", "TF MWMS", ips=150.0, curve=[(2.0, 0.9)]),
+                 framework="tensorflow")]
+    assert cmp.speedups(rows)[cmp.run_key(rows[1])] == pytest.approx(1.5)
+    assert any("none (TF MWMS)" in line and "2.00x sooner than none" in line
+               for line in cmp.target_lines(rows, 0.85)), cmp.target_lines(rows, 0.85)
+    tf_too = rows + [dict(_run_row("none", 2, "uncapped", ips=50.0, curve=[(8.0, 0.9)]),
+                          framework="tensorflow")]  # a TF Horovod none beside it: MWMS stays with TF
+    assert cmp.speedups(tf_too)[cmp.run_key(rows[1])] == pytest.approx(3.0)
+    md = tmp_path / "results.md"
+    row = _run_row("none", 2, "uncapped", curve=[(1.0, 0.9)])
+    cmp.write_markdown(md, [row], 0.85, stopped=True)
+    assert "Every run stopped there (--stop-at-target)" in md.read_text()
+    cmp.write_markdown(md, [row], 0.85)
+    assert "stopped" not in md.read_text()
+
+
 def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horovod(monkeypatch,
                                                                                     tmp_path):
     """Issue 19: --strategy mwms adds TensorFlow's MultiWorkerMirroredStrategy as a row
@@ -769,8 +818,8 @@ def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--strategy", "mwms"], "--framework tensorflow --example digits"),
-    (["--framework", "tensorflow", "--strategy", "mwms"], "--framework tensorflow --example digits"),
+    (["--strategy", "mwms"], "--strategy mwms runs with --example digits or digits-wide"),
+    (["--framework", "tensorflow", "--strategy", "mwms"], "--example digits or digits-wide"),
     (["--example", "digits", "--target-accuracy", "0"], "(0, 1]"),
     (["--example", "digits", "--target-accuracy", "1.5"], "(0, 1]"),
     (["--example", "digits", "--target-accuracy", "nan"], "(0, 1]"),
@@ -779,6 +828,12 @@ def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
     (["--local-sgd", "0"], "must be >= 1"),
     (["--delay", "-1"], "must be >= 0"),
     (["--np", "3", "--nodes", "2"], "multiples of --nodes 2"),
+    (["--example", "digits", "--stop-at-target"], "--stop-at-target needs --target-accuracy"),
+    (["--compression", "none", "--modes-for", "none"], "--modes-for needs --local-sgd or --delay"),
+    (["--compression", "none", "--local-sgd", "4", "--modes-for", "topk"],
+     "--modes-for names specs that --compression does not: topk"),
+    (["--compression", "none", "powersgd:rank=2", "--delay", "2", "--modes-for", "powersgd:rank=2"],
+     "one-round compressor"),
 ])
 def test_bad_target_and_mode_input_is_a_usage_error(flags, message, tmp_path, capsys):
     from hvd_compress.tools import compare

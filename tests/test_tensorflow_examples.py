@@ -62,6 +62,21 @@ def test_keras_fit_digits_with_local_sgd_and_dga(flags, bytes_ratio, tmp_path):
     assert doc["local_sgd"] == ("--local-sgd" in flags)
 
 
+def test_keras_fit_stops_at_the_target_on_every_worker(tmp_path):
+    """--stop-at A ends fit after the first epoch that reaches A (rank 0 decides), under
+    local SGD too; the summary counts no final average, which did not run."""
+    out = tmp_path / "s.json"
+    run_script("tf_examples/train_digits.py", ["--local-sgd", "--backward-passes-per-step", "4",
+                                               "--epochs", "4", "--stop-at", "0.2", "--json", out,
+                                               "--quiet"], timeout=300)
+    doc = json.loads(out.read_text())
+    assert doc["epochs"] == 1 and [p["epoch"] for p in doc["curve"]] == [1], doc
+    assert doc["steps"] == 45 and doc["test_accuracy"] == doc["curve"][0]["test_accuracy"] >= 0.2
+    assert doc["bytes_per_step"] == pytest.approx(153_128 * 11 / 45, rel=0.01)  # 11 averages
+    images = doc["steps"] * 16 * 2
+    assert doc["curve"][0]["seconds"] == pytest.approx(images / doc["images_per_sec"], rel=0.02)
+
+
 def test_synthetic_tape_with_local_sgd(tmp_path):
     out = tmp_path / "s.json"
     run_script("tf_examples/synthetic_benchmark.py",
@@ -163,7 +178,7 @@ def test_mwms_baseline_trains_two_workers_with_the_examples_summary(tmp_path, ke
     proc = subprocess.run([sys.executable, "-m", "hvd_compress.tools.mwms", "-np", "2",
                            "--timeout", "300", sys.executable, str(REPO / "tf_examples/train_digits.py"),
                            "--strategy", "mwms", "--model", "wide", "--batch-size", "64",
-                           "--epochs", "2", "--json", str(out)],
+                           "--epochs", "2", "--stop-at", "1", "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -173,6 +188,21 @@ def test_mwms_baseline_trains_two_workers_with_the_examples_summary(tmp_path, ke
     assert doc["bytes_per_step"] == 4 * 10_780_170  # the wide MLP, dense float32
     assert [p["epoch"] for p in doc["curve"]] == [1, 2] and doc["test_accuracy"] > 0.5
     assert "epoch 1: test accuracy" in proc.stdout and proc.stdout.count("summary:") == 1
+
+
+def test_mwms_stops_at_the_target_on_every_worker(tmp_path):
+    """--stop-at under MWMS: rank 0's answer reaches the other worker through the
+    strategy's all-reduce, and both leave the loop after that epoch."""
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "hvd_compress.tools.mwms", "-np", "2",
+                           "--timeout", "300", sys.executable, str(REPO / "tf_examples/train_digits.py"),
+                           "--strategy", "mwms", "--epochs", "3", "--stop-at", "0.2", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["epochs"] == 1 and doc["steps"] == 45 and [p["epoch"] for p in doc["curve"]] == [1]
+    assert doc["test_accuracy"] == doc["curve"][0]["test_accuracy"] >= 0.2
+    assert "after 1 epochs" in proc.stdout
 
 
 def test_mwms_refuses_what_it_cannot_do():

@@ -52,6 +52,20 @@ def test_train_digits_with_backward_passes_per_step(tmp_path):
     assert curve[-1]["seconds"] == pytest.approx(images / doc["images_per_sec"], rel=0.02)
 
 
+def test_train_digits_stops_at_the_target_on_every_worker(tmp_path):
+    """--stop-at A: training ends after the first epoch whose test accuracy (rank 0's) is at
+    least A, on both workers -- under local SGD, whose replicas score differently, too (a
+    worker that went on would hang in its next average)."""
+    out = tmp_path / "s.json"
+    run_script("torch_examples/train_digits.py",
+               ["--local-sgd", "--backward-passes-per-step", "4", "--epochs", "4",
+                "--stop-at", "0.2", "--json", out, "--quiet"], timeout=300)
+    doc = _summary(out)
+    assert doc["epochs"] == 1 and [p["epoch"] for p in doc["curve"]] == [1], doc
+    assert doc["steps"] == 719 // 16 == 44 and doc["test_accuracy"] == doc["curve"][0]["test_accuracy"] >= 0.2
+    assert doc["bytes_per_step"] == pytest.approx(153_128 * 11 / 44, rel=0.01)  # 11 averages, none after
+
+
 def test_train_digits_wide_model_has_ten_million_parameters(tmp_path):
     """Issue 19: real data where the link matters -- the digits under a 10.8M-parameter
     MLP, 43 MB of float32 gradients a step (compare's --example digits-wide)."""

@@ -82,19 +82,22 @@ def epoch_callback(keras, comp, eager=False):
     return Epochs(comp)
 
 
-def curve_callback(keras, xte, yte, epochs: int):
+def curve_callback(keras, xte, yte, epochs: int, stop=None):
     """A callback that evaluates the test accuracy after every epoch but the last (the
     caller evaluates that one after training, when local SGD has averaged) and keeps
     the points of the summary's curve (:func:`runtools.curve_point`).  ``.t0``: when
     training started (set before ``fit``); ``.eval_s``: the seconds spent evaluating,
     which the training time leaves out.  Under local SGD an epoch before the last
-    evaluates this worker's replica (the workers differ until their next average)."""
+    evaluates this worker's replica (the workers differ until their next average).
+    ``stop(accuracy)``, called on every worker after such an epoch, ends ``fit`` there
+    when it returns True (``--stop-at``: the same answer on every worker); ``.stopped``
+    then says so."""
     import time
 
     class Curve(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.t0, self.eval_s, self.points = time.perf_counter(), 0.0, []
+            self.t0, self.eval_s, self.points, self.stopped = time.perf_counter(), 0.0, [], False
 
         def on_epoch_end(self, epoch, logs=None):
             if epoch + 1 >= epochs:
@@ -103,8 +106,18 @@ def curve_callback(keras, xte, yte, epochs: int):
             acc = float(self.model.evaluate(xte, yte, verbose=0)[1])
             self.points.append(runtools.curve_point(epoch + 1, now - self.t0 - self.eval_s, acc))
             self.eval_s += time.perf_counter() - now
+            if stop is not None and stop(acc):
+                self.stopped = self.model.stop_training = True
 
     return Curve()
+
+
+def stop_rule(hvd, args):
+    """``--stop-at`` for the Keras callback: rank 0's accuracy decides for every worker
+    (None without the flag)."""
+    if getattr(args, "stop_at", None) is None:
+        return None
+    return lambda acc: bool(hvd.broadcast_object(runtools.stops_here(args, acc), 0, name="stop_at"))
 
 
 def compression(hct, args):
@@ -138,11 +151,13 @@ def bytes_sent(args, comp, variables, buffers, updates, final=True, per_update=N
 
 
 def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
-           per_update=None, **extra) -> None:
-    """Print and (with --json) write the summary; rank 0 only calls it."""
+           per_update=None, final_average=True, **extra) -> None:
+    """Print and (with --json) write the summary; rank 0 only calls it.
+    ``final_average``: whether local SGD's last average before evaluating may have run
+    (not when ``--stop-at`` ended training)."""
     updates = max(1, batches // runtools.passes_per_step(args))
     sent = bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
-                      updates, per_update=per_update)
+                      updates, final=final_average, per_update=per_update)
     doc = runtools.summary("tensorflow", example, args.compression, size, updates,
                            batches * args.batch_size * size, train_s, {"bytes_sent": sent},
                            accuracy, wall_s, **runtools.local_fields(args),
@@ -167,18 +182,22 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
                   metrics=["accuracy"], run_eagerly=eager)
     broadcast_initial(hvd, model)
     epochs = epoch_callback(keras, comp, eager)
-    curve = curve_callback(keras, xte, yte, args.epochs)
+    curve = curve_callback(keras, xte, yte, args.epochs, stop_rule(hvd, args))
     curve.t0 = time.perf_counter()
     model.fit(xtr, ytr, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
               verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs, curve])
-    if runtools.needs_final_average(args, epochs.steps):  # evaluate the mean model
-        model.optimizer.average_parameters(model.trainable_variables)
-    train_s = time.perf_counter() - curve.t0 - curve.eval_s
-    acc = float(model.evaluate(xte, yte, verbose=0)[1])
-    points = curve.points + [runtools.curve_point(args.epochs, train_s, acc)]
+    if curve.stopped:  # --stop-at: the target was met; its epoch is the last point
+        points = curve.points
+        train_s, acc = points[-1]["seconds"], points[-1]["test_accuracy"]
+    else:
+        if runtools.needs_final_average(args, epochs.steps):  # evaluate the mean model
+            model.optimizer.average_parameters(model.trainable_variables)
+        train_s = time.perf_counter() - curve.t0 - curve.eval_s
+        acc = float(model.evaluate(xte, yte, verbose=0)[1])
+        points = curve.points + [runtools.curve_point(args.epochs, train_s, acc)]
     if rank == 0:
         if not args.quiet:
-            print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
+            print(f"test accuracy {acc:.4f} after {len(points)} epochs", flush=True)
         finish(args, example, comp, model, epochs.steps, size, train_s, acc,
                time.perf_counter() - t_start, per_update=epochs.mean_per_update(),
-               epochs=args.epochs, curve=points)
+               epochs=len(points), curve=points, final_average=not curve.stopped)

@@ -75,8 +75,14 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
         logits = model(xte, training=False)
         return float(np.mean(np.argmax(np.asarray(logits), axis=1) == yte))
 
+    def stop(acc: float) -> bool:
+        """--stop-at: rank 0's answer, summed over the workers by the strategy."""
+        mine = float(rank == 0 and runtools.stops_here(args, acc))
+        votes = strategy.run(lambda: tf.constant(mine))
+        return float(strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)) > 0
+
     rng = np.random.default_rng(args.seed + rank)
-    points, eval_s, steps = [], 0.0, 0
+    points, eval_s, steps, stopped = [], 0.0, 0, False
     t0 = time.perf_counter()
     for epoch in range(args.epochs):
         order = rng.permutation(len(xtr))
@@ -91,16 +97,22 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
             if rank == 0 and not args.quiet:
                 print(f"epoch {epoch + 1}: test accuracy {points[-1]['test_accuracy']:.4f}",
                       flush=True)
-    train_s = time.perf_counter() - t0 - eval_s
-    acc = accuracy()
-    points.append(runtools.curve_point(args.epochs, train_s, acc))
+            if args.stop_at is not None and stop(points[-1]["test_accuracy"]):
+                stopped = True
+                break
+    if stopped:  # the target was met: that epoch is the last point
+        train_s, acc = points[-1]["seconds"], points[-1]["test_accuracy"]
+    else:
+        train_s = time.perf_counter() - t0 - eval_s
+        acc = accuracy()
+        points.append(runtools.curve_point(args.epochs, train_s, acc))
     if rank == 0:
         if not args.quiet:
-            print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
+            print(f"test accuracy {acc:.4f} after {len(points)} epochs", flush=True)
         dense = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
         doc = runtools.summary("tensorflow", example, "none", size, steps,
                                steps * args.batch_size * size, train_s,
                                {"bytes_sent": dense * steps}, acc, time.perf_counter() - t_start,
                                strategy="mwms", **runtools.local_fields(args), hierarchical=False,
-                               epochs=args.epochs, curve=points)
+                               epochs=len(points), curve=points)
         runtools.write_summary(args.json, doc)

@@ -28,12 +28,20 @@ from hvd_compress.tools.datasets import digits_split
 
 def make_model(keras, kind: str = "cnn"):
     """``cnn``: the small CNN (38K parameters); ``wide``: a 10.8M-parameter MLP
-    (64 -> 4,096 -> 2,560 -> 10), whose 43 MB of gradients a step make the link matter."""
+    (64 -> 4,096 -> 2,560 -> 10), whose 43 MB of gradients a step make the link matter,
+    initialised as torch's ``nn.Linear`` (weights and biases uniform in
+    ±1/sqrt(fan_in)): the same model as torch_examples/train_digits.py's, which the
+    MultiWorkerMirroredStrategy baseline is compared with (Keras's Glorot default
+    starts it elsewhere)."""
     if kind == "wide":
+        def dense(units, fan_in, **kw):
+            bound = fan_in ** -0.5
+            init = keras.initializers.RandomUniform
+            return keras.layers.Dense(units, kernel_initializer=init(-bound, bound),
+                                      bias_initializer=init(-bound, bound), **kw)
         return keras.Sequential([
             keras.Input((8, 8, 1)), keras.layers.Flatten(),
-            keras.layers.Dense(4096, activation="relu"), keras.layers.Dense(2560, activation="relu"),
-            keras.layers.Dense(10)])
+            dense(4096, 64, activation="relu"), dense(2560, 4096, activation="relu"), dense(10, 2560)])
     return keras.Sequential([
         keras.Input((8, 8, 1)),
         keras.layers.Conv2D(16, 3, padding="same", activation="relu"),

@@ -86,7 +86,10 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
     ``curve`` holds the test accuracy after each epoch with the training time so far
     (:func:`runtools.curve_point`; evaluation is not timed).  Under local SGD the
     epochs before the last evaluate this worker's replica (the workers differ until
-    their next average); the last evaluates their mean."""
+    their next average); the last evaluates their mean.  With ``--stop-at A`` the loop
+    ends after the first epoch whose accuracy on rank 0 (the curve's) is at least A;
+    rank 0 decides and every worker stops with it (under local SGD the workers' replicas
+    score differently)."""
     import time
 
     rank, size = hvd.rank(), hvd.size()
@@ -120,4 +123,7 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
         curve.append(runtools.curve_point(epoch + 1, train_s, acc))
         if log_epochs and rank == 0 and not args.quiet:
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)
+        if epoch < args.epochs - 1 and getattr(args, "stop_at", None) is not None and \
+                hvd.broadcast_object(runtools.stops_here(args, acc), 0, name="stop_at"):
+            break
     return steps, steps * per_step * size, train_s, acc, curve

@@ -77,7 +77,7 @@ def main(argv=None):
         lambda: evaluate(model, xte, yte), f"cifar10 {args.compression}", gen=gen,
         after_step=sched.step, log_epochs=True)
     finish(args, "train_cifar10", steps, images, train_s, opt, acc,
-           time.perf_counter() - t_start, epochs=args.epochs, curve=curve)
+           time.perf_counter() - t_start, epochs=len(curve), curve=curve)
 
 
 if __name__ == "__main__":

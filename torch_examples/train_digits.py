@@ -80,9 +80,9 @@ def main(argv=None):
         args, opt, xtr, ytr, lambda xb, yb: F.cross_entropy(model(xb), yb),
         lambda: accuracy(model, xte, yte), f"digits {args.compression} np={size}")
     if rank == 0 and not args.quiet:
-        print(f"test accuracy {acc:.4f} after {args.epochs} epochs", flush=True)
+        print(f"test accuracy {acc:.4f} after {len(curve)} epochs", flush=True)
     finish(args, "train_digits", steps, images, train_s, opt, acc,
-           time.perf_counter() - t_start, epochs=args.epochs, curve=curve)
+           time.perf_counter() - t_start, epochs=len(curve), curve=curve)
 
 
 if __name__ == "__main__":

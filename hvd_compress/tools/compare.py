@@ -14,7 +14,11 @@ rate, one network namespace per worker behind ``tc``-capped links
 ``--json`` summary.  The modes: ``sync`` (ordinary synchronous training) always,
 then local SGD for each period of ``--local-sgd H ...`` and Delayed Gradient
 Averaging for each delay of ``--delay D ...`` (at more than one worker: for a
-single worker both are plain SGD).  Into ``--out`` go:
+single worker both are plain SGD; ``--modes-for SPEC ...`` runs them for those
+compressors only), and TensorFlow's MultiWorkerMirroredStrategy with ``--strategy
+mwms`` (the TensorFlow example, a baseline row per setting).  With
+``--target-accuracy A --stop-at-target`` every run stops at the first epoch that
+reaches A (a time-to-accuracy matrix need not train on).  Into ``--out`` go:
 
 * ``results.csv``: one row per run, the keys of the examples' ``--json``
   summary (:data:`hvd_compress.tools.runtools.SUMMARY_KEYS`) plus
@@ -201,14 +205,16 @@ def plan_runs(args, capped_ok: bool) -> list[dict]:
             if not capped_ok:
                 bands = [UNCAPPED]
             for bw in dict.fromkeys(bands):
-                runs.append({"framework": args.framework, "example": args.example,
+                runs.append({"framework": "tensorflow" if mode == MWMS else args.framework,
+                             "example": args.example,
                              "compression": spec, "np": np_, "bandwidth": bw,
                              "latency": args.latency if bw != UNCAPPED else "", "mode": mode,
                              "nodes": nodes if np_ > 1 else 1})
 
+    only = getattr(args, "modes_for", None)
     for spec in args.compression:
         for mode in modes:
-            if mode != MWMS:
+            if mode in (SYNC, FLAT) or (mode != MWMS and (not only or spec in only)):
                 add(spec, mode)
     if MWMS in modes:  # the baseline's rows, once: uncompressed
         add("none", MWMS)
@@ -261,6 +267,8 @@ def example_command(args, run: dict, json_path: Path) -> list[str]:
         if getattr(args, flag, None) is not None:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     extra += mode_flags(mode_of(run))
+    if getattr(args, "stop_at_target", False):
+        extra += ["--stop-at", f"{args.target_accuracy:g}"]
     return [sys.executable, str(script), *extra, "--compression", run["compression"],
             "--json", str(json_path), "--quiet"]
 
@@ -377,6 +385,26 @@ def _setting(r: dict) -> tuple:
             nodes_of(r))
 
 
+def setting_of(rows: list[dict]):
+    """A function giving each of ``rows`` its setting (:func:`_setting`).  TensorFlow's
+    strategy (mode TF MWMS, framework tensorflow) joins the setting of the Horovod rows
+    beside it whatever their framework: with ``--framework torch --strategy mwms`` the
+    baseline trains the same MLP in Keras, and is compared with the torch runs.  Where
+    Horovod rows of both frameworks share a setting it stays with tensorflow's."""
+    horovod: dict = {}
+    for r in rows:
+        if mode_of(r) != MWMS:
+            horovod.setdefault(_setting(r)[1:], set()).add(r["framework"])
+
+    def key(r: dict) -> tuple:
+        s = _setting(r)
+        frameworks = horovod.get(s[1:], set())
+        if mode_of(r) == MWMS and len(frameworks) == 1:
+            return (next(iter(frameworks)),) + s[1:]
+        return s
+    return key
+
+
 def is_baseline(r: dict) -> bool:
     """``none`` in sync mode: what speed-ups and times to target are measured against."""
     return mode_of(r) == SYNC and all(s.name == "none" for s in _specs(r["compression"]))
@@ -385,10 +413,11 @@ def is_baseline(r: dict) -> bool:
 def speedups(rows: list[dict]) -> dict:
     """run key -> images/s over that of none in sync mode at the same framework, example,
     np and bandwidth."""
-    base = {_setting(r): _f(r, "images_per_sec") for r in ok_rows(rows) if is_baseline(r)}
+    setting = setting_of(rows)
+    base = {setting(r): _f(r, "images_per_sec") for r in ok_rows(rows) if is_baseline(r)}
     out = {}
     for r in ok_rows(rows):
-        b = base.get(_setting(r))
+        b = base.get(setting(r))
         ips = _f(r, "images_per_sec")
         if b and ips is not None:
             out[run_key(r)] = ips / b
@@ -403,9 +432,10 @@ def _where(setting: tuple) -> str:
 
 def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict]]]:
     groups: dict = {}
+    setting = setting_of(rows)
     for r in ok_rows(rows):
         if int(r["np"]) > 1 or not multi_only:
-            groups.setdefault(_setting(r), []).append(r)
+            groups.setdefault(setting(r), []).append(r)
     return sorted(groups.items(), key=lambda kv: (kv[0][:2], int(kv[0][2]), kv[0][5], str(kv[0][3]),
                                                   kv[0][4]))
 
@@ -510,10 +540,12 @@ def target_lines(rows: list[dict], target: float) -> list[str]:
     return lines
 
 
-def write_markdown(path: Path, rows: list[dict], target: float | None = None) -> None:
+def write_markdown(path: Path, rows: list[dict], target: float | None = None,
+                   stopped: bool = False) -> None:
     """results.md: the table (a mode column when some run is not sync; with a target,
     the time and epochs to it, or "missed" and the best accuracy reached), then the best
-    method per setting and, with a target, the fastest to it."""
+    method per setting and, with a target, the fastest to it; ``stopped``: the runs
+    ended at the target (``--stop-at-target``), which the heading then says."""
     sp = speedups(rows)
     modes = any(mode_of(r) != SYNC for r in rows)
     head = (["framework", "example", "compression"] + (["mode"] if modes else [])
@@ -549,7 +581,9 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None) ->
     text = "\n".join(lines) + "\n"
     if target is not None:
         text = (f"Target test accuracy {target:g}: time to target is the training time (evaluation not "
-                "counted) until the end of the first epoch whose test accuracy reached it.\n\n" + text)
+                "counted) until the end of the first epoch whose test accuracy reached it."
+                + (" Every run stopped there (--stop-at-target): its accuracy is that epoch's."
+                   if stopped else "") + "\n\n" + text)
     bl = best_lines(rows) + (target_lines(rows, target) if target is not None else [])
     if bl:
         text += "\n" + "\n".join(f"- {line}" for line in bl) + "\n"
@@ -1074,6 +1108,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--delay", nargs="+", type=runtools.nonnegative_int, default=None, metavar="D",
                     help="also run Delayed Gradient Averaging with each delay D (a mode; 0 is sync; "
                          "at more than one worker; one-round compressors only)")
+    ap.add_argument("--modes-for", nargs="+", default=None, metavar="SPEC",
+                    help="run the --local-sgd and --delay modes only for these of the "
+                         "--compression specs (default: for all)")
     ap.add_argument("--nodes", type=runtools.positive_int, default=1, metavar="N",
                     help="simulated nodes: each --np count (above 1, a multiple of N) runs as N "
                          "nodes of np/N workers -- capped runs: one network namespace per node, "
@@ -1084,11 +1121,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
                     help="mwms: also run TensorFlow's MultiWorkerMirroredStrategy (no Horovod, "
                          "uncompressed) as a baseline row per worker count and bandwidth "
-                         "(--framework tensorflow --example digits or digits-wide)")
+                         "(--example digits or digits-wide; always the TensorFlow example, "
+                         "compared with the Horovod runs of --framework, torch too)")
     ap.add_argument("--target-accuracy", type=float, default=None, metavar="A",
                     help="test accuracy in (0, 1] to time: adds time and epochs to it per run and the "
                          "fastest method to it per setting (examples with accuracy: digits, "
                          "digits-wide, cifar10)")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="with --target-accuracy: every run stops after the first epoch that "
+                         "reaches it (the examples' --stop-at), so the curves end there and a "
+                         "time-to-accuracy matrix takes less time; runs that never reach it "
+                         "train every epoch")
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
     ap.add_argument("--resume", action="store_true",
                     help="keep the successful runs already in DIR/results.csv; run the rest")
@@ -1131,20 +1174,28 @@ def main(argv=None) -> int:
         if args.example == "synthetic":
             ap.error("--target-accuracy needs an example that reports test accuracy (--example digits "
                      "or cifar10); the synthetic benchmark has none")
+    if args.stop_at_target and args.target_accuracy is None:
+        ap.error("--stop-at-target needs --target-accuracy A")
+    if args.modes_for:
+        if not (args.local_sgd or args.delay):
+            ap.error("--modes-for needs --local-sgd or --delay")
+        stray = [s for s in args.modes_for if s not in args.compression]
+        if stray:
+            ap.error(f"--modes-for names specs that --compression does not: {' '.join(stray)}")
     if args.nodes > 1 and any(n > 1 and n % args.nodes for n in args.np):
         ap.error(f"--np counts above 1 must be multiples of --nodes {args.nodes}")
     if args.nodes > 1 and args.strategy == "mwms":
         ap.error("--strategy mwms runs without --nodes")
-    if args.strategy == "mwms" and (args.framework != "tensorflow" or
-                                    args.example not in MWMS_EXAMPLES):
-        ap.error("--strategy mwms runs with --framework tensorflow --example "
-                 + " or ".join(MWMS_EXAMPLES))
+    if args.strategy == "mwms" and args.example not in MWMS_EXAMPLES:
+        ap.error("--strategy mwms runs with --example " + " or ".join(MWMS_EXAMPLES))
     try:
-        check_modes(args.compression, run_modes(args.local_sgd, args.delay, args.strategy))
+        check_modes(args.modes_for or args.compression,
+                    run_modes(args.local_sgd, args.delay, args.strategy))
     except ValueError as exc:
         ap.error(str(exc))
     try:
-        examples_dir(args.framework)
+        for framework in {args.framework} | ({"tensorflow"} if args.strategy == "mwms" else set()):
+            examples_dir(framework)
     except FileNotFoundError as exc:
         ap.error(str(exc))
     out = Path(args.out)
@@ -1180,7 +1231,7 @@ def main(argv=None) -> int:
     rows.sort(key=lambda r: order.get(run_key(r), len(order)))
     add_targets(rows, args.target_accuracy)
     write_csv(csv_path, rows)
-    write_markdown(out / "results.md", rows, args.target_accuracy)
+    write_markdown(out / "results.md", rows, args.target_accuracy, args.stop_at_target)
     files = [str(csv_path), str(out / "results.md")] + plot(out, rows, args.target_accuracy)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:

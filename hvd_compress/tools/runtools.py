@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -81,6 +82,14 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def accuracy_arg(text: str) -> float:
+    """A test accuracy in (0, 1]."""
+    value = float(text)
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise argparse.ArgumentTypeError(f"a test accuracy in (0, 1], e.g. 0.9; got {text}")
     return value
 
 
@@ -168,6 +177,10 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
                          "(default 0: synchronous)")
     if epochs is not None:
         ap.add_argument("--epochs", type=positive_int, default=epochs, help="epochs (default %(default)s)")
+        ap.add_argument("--stop-at", type=accuracy_arg, default=None, metavar="A",
+                        help="stop after the first epoch whose test accuracy (rank 0's) is at "
+                             "least A, in (0, 1]: a time-to-accuracy run need not train on "
+                             "(default: run every epoch)")
     if steps is not None:
         ap.add_argument("--steps", type=positive_int, default=steps,
                         help="optimizer steps to time (default %(default)s)")
@@ -291,6 +304,12 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
         out["collectives_per_step"] = round(stats["collectives"] / steps, 3)
     out.update(extra)
     return out
+
+
+def stops_here(args, accuracy: float) -> bool:
+    """Whether ``--stop-at`` ends training at an epoch that scored ``accuracy`` (this
+    rank's view: the examples let rank 0 decide and tell the others)."""
+    return getattr(args, "stop_at", None) is not None and accuracy >= args.stop_at
 
 
 def curve_point(epoch: int, seconds: float, test_accuracy: float) -> dict:
