@@ -112,14 +112,6 @@ def curve_callback(keras, xte, yte, epochs: int, stop=None):
     return Curve()
 
 
-def stop_rule(hvd, args):
-    """``--stop-at`` for the Keras callback: rank 0's accuracy decides for every worker
-    (None without the flag)."""
-    if getattr(args, "stop_at", None) is None:
-        return None
-    return lambda acc: bool(hvd.broadcast_object(runtools.stops_here(args, acc), 0, name="stop_at"))
-
-
 def compression(hct, args):
     """The compressor, or per-tensor policy, the flags ask for."""
     return hct.as_compression(args.compression, args.min_numel, args.start_step)
@@ -182,7 +174,8 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
                   metrics=["accuracy"], run_eagerly=eager)
     broadcast_initial(hvd, model)
     epochs = epoch_callback(keras, comp, eager)
-    curve = curve_callback(keras, xte, yte, args.epochs, stop_rule(hvd, args))
+    curve = curve_callback(keras, xte, yte, args.epochs, lambda acc: runtools.stop_agreed(
+        args, acc, lambda answer: hvd.broadcast_object(answer, 0, name="stop_at")))
     curve.t0 = time.perf_counter()
     model.fit(xtr, ytr, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
               verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs, curve])

@@ -75,10 +75,9 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
         logits = model(xte, training=False)
         return float(np.mean(np.argmax(np.asarray(logits), axis=1) == yte))
 
-    def stop(acc: float) -> bool:
-        """--stop-at: rank 0's answer, summed over the workers by the strategy."""
-        mine = float(rank == 0 and runtools.stops_here(args, acc))
-        votes = strategy.run(lambda: tf.constant(mine))
+    def from_rank0(answer: bool) -> bool:
+        """Rank 0's answer on every worker: the strategy sums a vote only rank 0 casts."""
+        votes = strategy.run(lambda: tf.constant(float(rank == 0 and answer)))
         return float(strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)) > 0
 
     rng = np.random.default_rng(args.seed + rank)
@@ -97,7 +96,7 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
             if rank == 0 and not args.quiet:
                 print(f"epoch {epoch + 1}: test accuracy {points[-1]['test_accuracy']:.4f}",
                       flush=True)
-            if args.stop_at is not None and stop(points[-1]["test_accuracy"]):
+            if runtools.stop_agreed(args, points[-1]["test_accuracy"], from_rank0):
                 stopped = True
                 break
     if stopped:  # the target was met: that epoch is the last point

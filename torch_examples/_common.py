@@ -123,7 +123,7 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
         curve.append(runtools.curve_point(epoch + 1, train_s, acc))
         if log_epochs and rank == 0 and not args.quiet:
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)
-        if epoch < args.epochs - 1 and getattr(args, "stop_at", None) is not None and \
-                hvd.broadcast_object(runtools.stops_here(args, acc), 0, name="stop_at"):
+        if epoch < args.epochs - 1 and runtools.stop_agreed(
+                args, acc, lambda answer: hvd.broadcast_object(answer, 0, name="stop_at")):
             break
     return steps, steps * per_step * size, train_s, acc, curve

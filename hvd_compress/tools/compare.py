@@ -473,9 +473,7 @@ def reach(curve: list[dict], target: float) -> dict | None:
 
 
 def check_target(target: float) -> float:
-    if not (math.isfinite(target) and 0.0 < target <= 1.0):
-        raise ValueError(f"--target-accuracy is a test accuracy in (0, 1], e.g. 0.95; got {target:g}")
-    return target
+    return runtools.check_accuracy(target, "--target-accuracy")
 
 
 def best_accuracy(row: dict) -> float | None:

@@ -85,12 +85,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def accuracy_arg(text: str) -> float:
-    """A test accuracy in (0, 1]."""
-    value = float(text)
+def check_accuracy(value: float, flag: str) -> float:
+    """``value`` if it is a test accuracy in (0, 1], else ValueError naming ``flag``."""
     if not (math.isfinite(value) and 0.0 < value <= 1.0):
-        raise argparse.ArgumentTypeError(f"a test accuracy in (0, 1], e.g. 0.9; got {text}")
+        raise ValueError(f"{flag} is a test accuracy in (0, 1], e.g. 0.95; got {value:g}")
     return value
+
+
+def accuracy_arg(text: str) -> float:
+    """``--stop-at``'s type: a test accuracy in (0, 1]."""
+    try:
+        return check_accuracy(float(text), "--stop-at")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def nonnegative_int(text: str) -> int:
@@ -306,10 +313,14 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
     return out
 
 
-def stops_here(args, accuracy: float) -> bool:
-    """Whether ``--stop-at`` ends training at an epoch that scored ``accuracy`` (this
-    rank's view: the examples let rank 0 decide and tell the others)."""
-    return getattr(args, "stop_at", None) is not None and accuracy >= args.stop_at
+def stop_agreed(args, accuracy: float, from_rank0) -> bool:
+    """``--stop-at``: whether every worker ends training after an epoch that scored
+    ``accuracy`` on this one.  Rank 0's answer decides (under local SGD the replicas score
+    differently): ``from_rank0(answer)`` returns rank 0's answer on every worker (a
+    broadcast, a strategy's vote).  False without the flag, with no collective."""
+    if getattr(args, "stop_at", None) is None:
+        return False
+    return bool(from_rank0(accuracy >= args.stop_at))
 
 
 def curve_point(epoch: int, seconds: float, test_accuracy: float) -> dict:
