@@ -236,6 +236,31 @@ def test_torch_policy_follows_the_optimizers_momentum_and_refusals():
                        torch.as_tensor(old.compression.core.states["0.weight"]["residual"]))
 
 
+def test_torch_dgc_epoch_set_before_the_first_step_is_kept():
+    """A resumed run sets DGC's epoch before its first step; building the compressors at
+    that step (bind, the optimizer's momentum moved into DGC) used to restart the
+    warm-up at epoch 0 (25% sent instead of 0.1%)."""
+    import horovod.torch as hvd
+    import torch
+
+    import hvd_compress.torch as hc
+    hvd.init()
+    for compression in ("dgc:ratio=0.001", hc.DGC(ratio=0.001)):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(100, 50)  # 5,000-element weight: compressed
+        with pytest.warns(UserWarning, match="DGC applies momentum"):
+            opt = hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                          named_parameters=m.named_parameters(),
+                                          compression=compression)
+        opt.compression.set_epoch(4)  # past the 4 warm-up epochs
+        m(torch.ones(3, 100)).sum().backward()
+        opt.step()
+        dgcs = [c.core for c in opt.compression.children.values()]
+        assert dgcs and all(c.epoch == 4 for c in dgcs)
+        weight = next(r for r in opt.plan() if r["name"] == "weight")
+        assert weight["bytes"] == 5 * 8  # ceil(0.1% of 5,000) slots of index + value
+
+
 def test_tf_given_compressor_keeps_the_wrappers_counters(tf_results):
     """A compressor object given to the tape keeps its accumulators and counters even when
     the default rule wraps it in a policy (a checkpoint of that object holds them).  (In

@@ -52,12 +52,20 @@ class TorchCompressor(CompressorFrontend):
     def bind(self, rank: int, world_size: int) -> "TorchCompressor":
         """Set this rank and the number of ranks (done by the optimizer)."""
         if self._core is not None and (rank, world_size) != (self._rank, self._world_size):
-            state = self._core.state_dict()
-            self._core = None
             self._rank, self._world_size = rank, world_size
-            self.core.load_state_dict(state)
+            self._rebuild()
         self._rank, self._world_size = rank, world_size
         return self
+
+    def _rebuild(self) -> None:
+        """Build the core again (other rank or parameters), keeping its per-tensor state
+        and DGC's warm-up epoch (a ``set_epoch`` made before the first step)."""
+        old = self._core
+        self._core = None
+        self.core.load_state_dict(old.state_dict())
+        epoch = getattr(old, "epoch", None)
+        if epoch is not None and hasattr(self.core, "set_epoch"):
+            self.core.set_epoch(epoch)
 
     def with_param(self, part: int, key: str, value) -> None:
         """Change one parameter of spec part ``part`` (keeps the state)."""
@@ -67,9 +75,7 @@ class TorchCompressor(CompressorFrontend):
         parts[part] = specmod.CompressorSpec(parts[part].name, params)
         self.spec = specmod.Spec(tuple(parts))
         if self._core is not None:
-            state = self._core.state_dict()
-            self._core = None
-            self.core.load_state_dict(state)
+            self._rebuild()
 
     @property
     def core(self):
