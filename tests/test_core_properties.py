@@ -368,3 +368,49 @@ def test_parallel_uniform_draws_are_the_serial_stream(n, before):
     np.testing.assert_array_equal(fill_uniform(split, np.empty(n, np.float32)), expected)
     np.testing.assert_array_equal(split.random(3, dtype=np.float32), serial.random(3, dtype=np.float32))
     assert split.random() == serial.random()
+
+
+# -- the average's scaling of a sparse aggregate -------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "dgc:ratio=0.01,warmup_epochs=0",
+                                  "topk:ratio=0.01+qsgd:levels=7", "randomk:ratio=0.01",
+                                  "topk:ratio=0.5"])
+def test_a_sparse_aggregate_is_scaled_where_its_payloads_name(spec, backend):
+    """``scaled`` touches only the named coordinates when they are few (a pass over the
+    tensor saved) and gives the bits :meth:`imul` gives; with many it scales everything.
+    Three ranks (1/3 is inexact), ranks naming the same coordinates, DGC's unused slots."""
+    n, p = 4000, 3
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        from hvd_compress.torch.backend import TorchBackend
+        B, to = TorchBackend(), torch.from_numpy
+    else:
+        from hvd_compress.core.backend import NUMPY as B
+        to = np.asarray
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(n).astype(np.float32)
+    encs = []
+    for r in range(p):
+        comp = build(spec, backend=B, rank=r, world_size=p)
+        x = shared + 0.1 * rng.standard_normal(n).astype(np.float32)  # mostly the same top-k
+        encs.append(comp.encode(to(x.reshape(40, 100)), "w"))
+    own = encs[0]
+    received = own.payload if comp.summable else [e.payload for e in encs]
+    if comp.summable:  # random-k: the allreduce's sum of the payloads
+        received = sum((e.payload for e in encs[1:]), encs[0].payload)
+    total = comp.aggregate(received, own)
+    factor = 1.0 / p
+    want = B.to_numpy(B.imul(B.copy(total), factor))
+    flat = B.to_numpy(total).reshape(-1).copy()
+    touched = flat != 0
+    unnamed = ~touched & (np.arange(n) != 0)  # (DGC's unused slots name index 0)
+    sentinel = B.copy(total)
+    B.flat_view(sentinel)[np.flatnonzero(unnamed)] = 7.0  # marked
+    got = B.to_numpy(comp.scaled(sentinel, received, own, factor)).reshape(-1)
+    assert np.array_equal(got[touched].view(np.uint32), want.reshape(-1)[touched].view(np.uint32))
+    sparse = spec != "topk:ratio=0.5"
+    assert unnamed.sum() > (n // 2 if sparse else 0)
+    assert np.all(got[unnamed] == (7.0 if sparse else np.float32(7.0) * np.float32(factor)))
+    plain = B.to_numpy(comp.scaled(B.copy(total), received, own, factor))
+    assert np.array_equal(plain.view(np.uint32), want.view(np.uint32))

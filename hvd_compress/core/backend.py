@@ -341,6 +341,12 @@ class NumpyBackend:
         np.add.at(acc, idx, values)
         return acc
 
+    def iscale_at(self, x, idx, factor: float):
+        """``x[i] *= factor`` in place, once for each distinct ``i`` of ``idx`` (repeats
+        allowed: every copy writes the same product, as :meth:`imul` computes it)."""
+        x[idx] = np.multiply(x[idx], factor)
+        return x
+
     def compact(self, mask, k: int):
         """Indices of the first ``k`` True entries of flat ``mask``, in index order, padded
         with ``len(mask)`` (an out-of-range marker) when fewer are True; int64, length ``k``."""

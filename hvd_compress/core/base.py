@@ -275,6 +275,11 @@ class Compressor:
         allocating a dense tensor per step."""
         return self._finish(self._decode(payload, meta, ctx), meta, out)
 
+    def scaled(self, result, received, enc: Encoded, factor: float):
+        """``result *= factor`` for :meth:`aggregate`'s ``result`` of ``received`` (the
+        average's scaling; in place where the backend can, returned)."""
+        return self.B.imul(result, factor)
+
     def aggregate(self, received, enc: Encoded, out=None):
         """Dense sum over ranks from the allreduced payload or the list of gathered ones.
 

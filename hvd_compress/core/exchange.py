@@ -400,7 +400,7 @@ class Exchange:
             return result if out is None else B.icopy(out, result)
         result = comp.aggregate(got, enc, out=out)
         if self.average:  # the aggregate is a fresh tensor (or ``out``): scaled in place
-            result = B.imul(result, self._predivide(comp) / self.size)
+            result = comp.scaled(result, got, enc, self._predivide(comp) / self.size)
         return result
 
     def _predivide(self, comp) -> float:

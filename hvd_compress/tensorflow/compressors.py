@@ -186,6 +186,9 @@ class TFCompressor(tf.Module, CompressorFrontend):
         with self._bound(enc.meta):
             return self.core.aggregate(received, enc, out)
 
+    def scaled(self, result, received, enc: Encoded, factor: float):
+        return self.core.scaled(result, received, enc, factor)  # (immutable: imul)
+
     def state_dict(self) -> dict:
         tensors = {name: {k: (v.numpy() if isinstance(v, tf.Variable) else v)
                           for k, v in vs.items()} for name, vs in self.tensor_state.items()}

@@ -293,6 +293,9 @@ class TorchBackend:
     def index_add(self, acc, idx, values):
         return acc.index_add_(0, idx, values.to(acc.dtype))
 
+    def iscale_at(self, x, idx, factor: float):
+        return x.index_put_((idx,), x[idx].mul_(factor))  # repeats write equal products
+
     def compact(self, mask, k):
         n = mask.shape[0]
         if self.is_host(mask):  # no device to wait for: the direct way is fastest
