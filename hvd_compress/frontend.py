@@ -157,6 +157,13 @@ class CompressorFrontend:
             return bool(self.core.set_epoch(epoch))
         return False
 
+    def _keep_epoch(self, old) -> None:
+        """After the core was built again (other rank or parameters), DGC's warm-up epoch
+        of the ``old`` core carries over (a ``set_epoch`` made before the first step)."""
+        epoch = getattr(old, "epoch", None)
+        if epoch is not None:  # (the core's own: the same sizes as before, nothing to re-trace)
+            self.core.set_epoch(epoch)
+
     def _refuse_unsummable(self) -> None:
         """Horovod's wrappers can only allreduce: say so clearly, naming ours."""
         if self.core.integer_sum:

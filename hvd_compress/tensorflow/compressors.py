@@ -77,9 +77,7 @@ class TFCompressor(tf.Module, CompressorFrontend):
         old = self._core
         if old is not None and (old.rank, old.world_size) != (rank, world_size):
             self._core = None
-            epoch = getattr(old, "epoch", None)
-            if epoch is not None and hasattr(self.core, "set_epoch"):
-                self.core.set_epoch(epoch)
+            self._keep_epoch(old)
         return self
 
     # -- state in variables ------------------------------------------------------------

@@ -63,9 +63,7 @@ class TorchCompressor(CompressorFrontend):
         old = self._core
         self._core = None
         self.core.load_state_dict(old.state_dict())
-        epoch = getattr(old, "epoch", None)
-        if epoch is not None and hasattr(self.core, "set_epoch"):
-            self.core.set_epoch(epoch)
+        self._keep_epoch(old)
 
     def with_param(self, part: int, key: str, value) -> None:
         """Change one parameter of spec part ``part`` (keeps the state)."""
