@@ -402,9 +402,8 @@ def _topk(k, B, comp, g, residual, noise, noise_source):
             B.isub(residual, g)
         return None, residual, False
     passed = int(counts.sum())
-    if kk <= passed <= _FAR_MORE * kk:
-        cand, vals = np.empty(passed, itype), np.empty(passed, np.float32)
-        k.at_least(vh, t, np.cumsum(counts) - counts, cand, vals, chunks)
+    if kk <= passed <= _most_gathered(n, kk):
+        cand, vals = _gathered(k, vh, t, counts, None, None, None, 0, itype)
         keep = _k_largest(vals, kk)
         idx, values = cand[keep], vals[keep]
     else:
@@ -414,6 +413,37 @@ def _topk(k, B, comp, g, residual, noise, noise_source):
         vh[idx] = 0.0
     payload = B.from_host(np.concatenate([idx.view(np.uint8), values.view(np.uint8)]))
     return {"payload": payload}, residual, True
+
+
+_FAR_MORE = 8  # more than this many times k passing (and _GATHER_LEAST): top-k by bit patterns
+_GATHER_LEAST = 1 << 16  # candidates always gathered (bit-pattern counts cost more below)
+
+
+def _most_gathered(n, kk):
+    """The most candidates a selection gathers and picks the k largest of; beyond, the
+    top-k comes from the bit-pattern counts (:func:`_top_by_bits`), whose fixed cost
+    is what a small tensor's handful of candidates would not repay."""
+    return min(n, max(_FAR_MORE * kk, _GATHER_LEAST))
+
+
+def _room(n, kk, chunks):
+    """Candidates a stretch of a fused pass may gather (its slots in the buffers:
+    untouched pages of them cost nothing)."""
+    return min(-(-n // chunks), _most_gathered(n, kk))
+
+
+def _gathered(k, vh, t, counts, got, cand, vals, room, itype):
+    """The candidates ``|v| >= t`` (``counts`` per stretch) in index order, with their
+    values: those a fused pass gathered (``got`` per stretch, from ``cand``/``vals`` at
+    ``room`` slots a stretch), or, where it did not (``got`` None or a stretch's -1),
+    one more pass (:func:`~hvd_compress.kernels.at_least`)."""
+    if got is not None and (got >= 0).all():
+        parts = [slice(c * room, c * room + int(got[c])) for c in range(got.shape[0])]
+        return np.concatenate([cand[p] for p in parts]), np.concatenate([vals[p] for p in parts])
+    passed = int(counts.sum())
+    cand, vals = np.empty(passed, itype), np.empty(passed, np.float32)
+    k.at_least(vh, np.float32(t), np.cumsum(counts) - counts, cand, vals, counts.shape[0])
+    return cand, vals
 
 
 _SAMPLE_HITS = 200  # sampled values expected above the k-th largest (the cut's resolution)
@@ -456,13 +486,14 @@ def _dgc(k, B, comp, g, st, meta):
     the momentum correction's one pass then counts the values at or above it and
     above its first lowering (the float32 product :meth:`DGC.lowered` computes), which
     answers the correction loop almost always (a deeper lowering costs one read pass
-    each).  Where at least k pass, the k largest of those that pass are the top-k
-    (the chain takes the k largest of its candidates); else every value that passes,
-    in index order.  Those that pass are gathered in one more pass -- or, when far
-    more than k pass (a threshold from an unlucky sample), the top-k comes from
-    :func:`_top_by_bits`.  The sent values leave ``v`` and, with masking, ``u``.
-    Returns the payload and the selection (indices, valid slots, values sent), or None
-    (NaN/Inf in ``g``: nothing touched, the chain runs)."""
+    each), and gathers those at or above it block by block while the block is in
+    cache (after a lowering, one more pass gathers).  Where at least k pass, the k
+    largest of those that pass are the top-k (the chain takes the k largest of its
+    candidates); else every value that passes, in index order.  When far more than
+    k pass (:func:`_most_gathered`), the top-k comes from :func:`_top_by_bits`.  The
+    sent values leave ``v`` and, with masking, ``u``.  Returns the payload and the
+    selection (indices, valid slots, values sent), or None (NaN/Inf in ``g``: nothing
+    touched, the chain runs)."""
     if not ef_sum_host(B, g, None)[1]:
         return None
     gh, uh, vh = B.host_view(g), B.host_view(st["u"]), B.host_view(st["v"])
@@ -478,23 +509,25 @@ def _dgc(k, B, comp, g, st, meta):
     ts = np.asarray([np.float32(B.to_numpy(t)) for t in tried + [last]], np.float32)
     if not np.isfinite(ts).all():  # an Inf/NaN momentum sampled: the chain (nothing touched)
         return None
-    chunks = _select_chunks(n)
-    per = dict(zip(ts[:2].tolist(), k.dgc_momentum(gh, uh, vh, m, nesterov, ts[0], ts[1], chunks).T))
+    chunks, itype = _select_chunks(n), index_dtype(n)
+    room = _room(n, kk, chunks)
+    cand, vals = np.empty(room * chunks, itype), np.empty(room * chunks, np.float32)
+    counts = k.dgc_momentum(gh, uh, vh, m, nesterov, ts[0], ts[1], chunks, cand, vals, room)
+    per = dict(zip(ts[:2].tolist(), counts[:, :2].T))
 
     def per_chunk(t):  # how many |v| >= t, per stretch: counted in the pass, or one more
-        t = float(np.float32(B.to_numpy(t)))
+        t = float(t if isinstance(t, np.float32) else np.float32(B.to_numpy(t)))
         if t not in per:
             per[t] = k.count_at_least(vh, np.float32(t), chunks)
         return per[t]
 
-    t = comp.lowered(thr, kk, lambda t: int(per_chunk(t).sum()))
-    counts = per_chunk(t)
-    passed, itype = int(counts.sum()), index_dtype(n)
-    if passed > _FAR_MORE * kk:  # the top-k from the bit-pattern counts (two more passes)
+    t = np.float32(B.to_numpy(comp.lowered(thr, kk, lambda t: int(per_chunk(t).sum()))))
+    passed = int(per_chunk(t).sum())
+    if passed > _most_gathered(n, kk):  # the top-k from the bit-pattern counts
         idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
-    else:
-        idx, vals = np.empty(passed, itype), np.empty(passed, np.float32)
-        k.at_least(vh, np.float32(B.to_numpy(t)), np.cumsum(counts) - counts, idx, vals, chunks)
+    else:  # gathered in the pass at ts[0], else one more pass
+        got = counts[:, 2] if t == ts[0] else None
+        idx, vals = _gathered(k, vh, t, per_chunk(t), got, cand, vals, room, itype)
         if passed >= kk:  # the k largest of them, ties to the lower index
             idx = idx[_k_largest(vals, kk)]
     got = idx.shape[0]
@@ -509,8 +542,6 @@ def _dgc(k, B, comp, g, st, meta):
     return (B.from_host(payload), B.from_host(indices.astype(np.int64)), B.from_host(valid),
             B.from_host(values), None)  # None: u and v updated in place
 
-
-_FAR_MORE = 8  # more than this many times k passing: DGC's top-k by bit-pattern counts
 
 
 def _inceptionn(k, B, comp, v, noise, ef):

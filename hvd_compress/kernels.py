@@ -555,13 +555,59 @@ if AVAILABLE:
     def stratified(n, k, key0, key1, indices, sizes):
         """:func:`hvd_compress.core.sampling.stratified_indices` in one pass: stratum
         ``j`` is ``[j*n//k, (j+1)*n//k)``, its index ``lo + (h_j * size) >> 32`` for the
-        keyed hash ``h_j``; int64 results into ``indices`` and ``sizes``."""
-        for j in prange(k):
-            lo = np.int64(j) * n // k
-            size = (np.int64(j) + 1) * n // k - lo
-            h = _lowbias32(_lowbias32(np.uint64(j) ^ key0) ^ key1)
-            indices[j] = lo + np.int64((h * np.uint64(size)) >> np.uint64(32))
-            sizes[j] = size
+        keyed hash ``h_j``; int64 results into ``indices`` and ``sizes``.  The bounds
+        step on without a division: with ``n = q*k + rem``, ``j*n//k = j*q + j*rem//k``,
+        whose remainder grows by ``rem`` a stratum (one division a block of strata)."""
+        q, rem = n // k, n % k
+        for b in prange((k + _BLOCK - 1) // _BLOCK):
+            j0 = np.int64(b) * _BLOCK
+            r = j0 * rem % k  # (j*rem) mod k, < k
+            hi = j0 * q + j0 * rem // k
+            for j in range(j0, min(k, j0 + _BLOCK)):
+                lo = hi
+                r += rem
+                hi = lo + q
+                if r >= k:
+                    r -= k
+                    hi += 1
+                size = hi - lo
+                h = _lowbias32(_lowbias32(np.uint64(j) ^ key0) ^ key1)
+                indices[j] = lo + np.int64((h * np.uint64(size)) >> np.uint64(32))
+                sizes[j] = size
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _gather(vs, base, t, out, vals, at):
+        """Write the positions (``base + i``, increasing) of ``|vs[i]| >= t`` into ``out``
+        from ``at`` on, and their values into ``vals`` (where it is not empty); returns the
+        next ``at``.  64 values at a time are counted first (a loop that vectorises), and
+        only the groups with one are looked at again."""
+        keep = vals.shape[0] > 0
+        for q in range(0, vs.shape[0], 64):
+            ws = vs[q:min(vs.shape[0], q + 64)]
+            hits = 0
+            for i in range(ws.shape[0]):
+                hits += np.int32(abs(ws[i]) >= t)
+            if hits:
+                for i in range(ws.shape[0]):
+                    x = ws[i]
+                    if abs(x) >= t:
+                        out[at] = base + q + i
+                        if keep:
+                            vals[at] = x
+                        at += 1
+        return at
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _gather_block(vs, base, hits, t, out, vals, at, end):
+        """After a block's pass (:data:`_BLOCK` values at most, still in cache) found
+        ``hits`` values at or above ``t``: gather them (:func:`_gather`) where they fit
+        before ``end``; returns the next ``at``, or ``end + 1`` once they did not fit
+        (the stretch's gather is then abandoned: the caller gathers again)."""
+        if hits == 0 or at > end:
+            return at
+        if at + hits > end:
+            return end + 1
+        return _gather(vs, base, t, out, vals, at)
 
     @_jit
     def add_count(r, g, t, add, chunks):
@@ -595,38 +641,50 @@ if AVAILABLE:
         return counts, bad
 
     @_jit
-    def dgc_momentum(g, u, v, m, nesterov, t0, t1, chunks):
+    def dgc_momentum(g, u, v, m, nesterov, t0, t1, chunks, out, vals, cap):
         """DGC's momentum correction in place, the chain's float32 arithmetic: ``u = u*m +
         g; v = v + u`` (Nesterov: ``u = (u + g)*m; v = (v + u) + g``); returns, per
         stretch (``chunks`` of them), how many of the new ``|v|`` are ``>= t0`` and
-        ``>= t1`` (int64, shape (chunks, 2)).  Each stretch is a slice indexed from 0:
-        the loop vectorises (indexed from the stretch's start it did not)."""
+        ``>= t1``, and how many of the former were gathered (int64, shape (chunks, 3)):
+        each block's values at or above ``t0`` are gathered while the block is in cache
+        (:func:`_gather_block`), stretch ``c``'s into ``out``/``vals`` from ``c * cap``
+        on, at most ``cap`` of them (more: -1 gathered, the caller gathers again).  Each
+        block is a slice indexed from 0: the loop vectorises (indexed from the stretch's
+        start it did not).  (Top-k's candidates, about 1% of the values, are gathered
+        faster by a pass of their own: :func:`at_least`.)"""
         n = v.shape[0]
         size = (n + chunks - 1) // chunks
-        counts = np.zeros((chunks, 2), np.int64)
+        counts = np.zeros((chunks, 3), np.int64)
         for c in prange(chunks):
             lo, hi = c * size, min(n, (c + 1) * size)
-            gs, us, vs = g[lo:hi], u[lo:hi], v[lo:hi]
+            at, end = c * cap, (c + 1) * cap
             c0 = 0
             c1 = 0
-            if nesterov:
-                for i in range(hi - lo):
-                    x = (us[i] + gs[i]) * m
-                    us[i] = x
-                    y = (vs[i] + x) + gs[i]
-                    vs[i] = y
-                    c0 += np.int64(abs(y) >= t0)
-                    c1 += np.int64(abs(y) >= t1)
-            else:
-                for i in range(hi - lo):
-                    x = us[i] * m + gs[i]
-                    us[i] = x
-                    y = vs[i] + x
-                    vs[i] = y
-                    c0 += np.int64(abs(y) >= t0)
-                    c1 += np.int64(abs(y) >= t1)
+            for b in range(lo, hi, _BLOCK):
+                e = min(hi, b + _BLOCK)
+                gs, us, vs = g[b:e], u[b:e], v[b:e]
+                h0 = 0
+                if nesterov:
+                    for i in range(e - b):
+                        x = (us[i] + gs[i]) * m
+                        us[i] = x
+                        y = (vs[i] + x) + gs[i]
+                        vs[i] = y
+                        h0 += np.int64(abs(y) >= t0)
+                        c1 += np.int64(abs(y) >= t1)
+                else:
+                    for i in range(e - b):
+                        x = us[i] * m + gs[i]
+                        us[i] = x
+                        y = vs[i] + x
+                        vs[i] = y
+                        h0 += np.int64(abs(y) >= t0)
+                        c1 += np.int64(abs(y) >= t1)
+                at = _gather_block(vs, b, h0, t0, out, vals, at, end)
+                c0 += h0
             counts[c, 0] = c0
             counts[c, 1] = c1
+            counts[c, 2] = at - c * cap if at <= end else -1
         return counts
 
     @_jit
@@ -660,27 +718,12 @@ if AVAILABLE:
     def at_least(v, t, starts, out, vals, chunks):
         """The indices (increasing) of the values with ``|v| >= t``, each stretch's written
         from ``starts[stretch]`` on into ``out``, and the values into ``vals`` (where it
-        is not empty): 64 values at a time counted (a loop that vectorises), and only
-        the groups with one looked at again."""
+        is not empty): :func:`_gather` over each stretch."""
         n = v.shape[0]
         size = (n + chunks - 1) // chunks
-        keep = vals.shape[0] > 0
         for c in prange(chunks):
-            at = starts[c]
-            end = min(n, (c + 1) * size)
-            for b in range(c * size, end, 64):
-                vs = v[b:min(end, b + 64)]
-                hits = 0
-                for i in range(vs.shape[0]):
-                    hits += np.int32(abs(vs[i]) >= t)
-                if hits:
-                    for i in range(vs.shape[0]):
-                        x = vs[i]
-                        if abs(x) >= t:
-                            out[at] = b + i
-                            if keep:
-                                vals[at] = x
-                            at += 1
+            lo = c * size
+            _gather(v[lo:min(n, lo + size)], lo, t, out, vals, starts[c])
 
     @_jit
     def inceptionn_widths(v, inv, codes, chunks):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hvd_compress.core import Exchange, Loopback, build, new_stats, warmup_density
+from hvd_compress.core import NUMPY, Exchange, Loopback, build, new_stats, warmup_density
 from hvd_compress.core.bitpack import packed_nbytes
 from hvd_compress.core.powersgd import matrix_shape
 
@@ -302,6 +302,24 @@ def test_randomk_indices_shared_by_ranks_and_change_with_step_and_name():
     np.random.seed(123)
     a.encode(x, "w")
     assert np.random.random() == before
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), step=st.integers(0, 2 ** 40), purpose=st.integers(0, 7),
+       name=st.text(max_size=12))
+def test_stream_keys_from_a_python_step_are_the_array_steps(seed, step, purpose, name):
+    """Keys from a Python int step (computed on Python ints) are those of the same step
+    as a 0-d int64 array (the backend's operations, as in a traced step), in numpy and
+    torch."""
+    import torch
+
+    from hvd_compress.core.sampling import stream_keys
+    from hvd_compress.torch import TorchBackend
+    for B, array in ((NUMPY, np.asarray(step, np.int64)), (TorchBackend(), torch.tensor(step))):
+        fast = stream_keys(B, seed, name, step, purpose)
+        chain = stream_keys(B, seed, name, array, purpose)
+        assert [int(B.to_numpy(k)) for k in fast] == [int(B.to_numpy(k)) for k in chain]
+        assert all(0 <= int(B.to_numpy(k)) < 2 ** 32 for k in fast)
 
 
 # -- bad input, non-finite values, state -------------------------------------------------------

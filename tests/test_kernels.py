@@ -145,6 +145,39 @@ def test_dgc_kernels_match_the_chain(spec, backend, monkeypatch):
         assert 0 < np.count_nonzero(indices) < k
 
 
+def test_dgc_gather_in_the_pass_and_its_fallbacks_match_the_chain(monkeypatch):
+    """The momentum pass gathers the values at or above the sampled threshold while each
+    block is in cache.  A first step on a 2**21-value matrix (16 stretches) of each
+    kind takes each way out of it: spread values (the gather); the threshold lowered
+    (2.0 at the three sampled positions that set it and nowhere else, 1,000 values of
+    1.7: one more pass gathers at the lowering); 5,000 ties, far more than k but
+    gathered and partitioned rather than counted by bit patterns.  Same bits as the
+    chain, and each way taken as said."""
+    n, spec = 1 << 21, "dgc:ratio=0.0001,warmup_epochs=0"
+    rng = np.random.default_rng(7)
+    spread = (rng.standard_normal(n) * 1e-2).astype(np.float32)
+    lowered = np.full(n, 1e-3, np.float32)
+    comp = build(spec)
+    pos, want = comp.sample_plan(comp.meta_for(lowered.reshape(2048, 1024), "w"), 0)
+    assert want == 3
+    lowered[rng.choice(n, 1000, replace=False)] = 1.7
+    lowered[pos[[5, 500, 5000]]] = 2.0
+    ties = np.full(n, 1e-3, np.float32)
+    ties[rng.choice(n, 5000, replace=False)] = 1.5
+    calls = []
+    for name in ("at_least", "top_counts"):
+        real = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a))
+    for x, used in ((spread, []), (lowered, ["at_least"]), (ties, [])):
+        xs, noises = [x.reshape(2048, 1024)], [np.zeros(1, np.float32)]
+        calls.clear()
+        fused, plain = (_run(spec, NUMPY, xs, noises, f, monkeypatch) for f in (True, False))
+        assert fused[0] == plain[0]
+        for key in plain[1]:
+            np.testing.assert_array_equal(fused[1][key], plain[1][key], err_msg=key)
+        assert calls == used
+
+
 def test_adaq_takes_the_chain_below_its_smallest_size(monkeypatch):
     """The counts' fixed cost does not pay on small tensors: the fast path declines
     them untouched (the chain runs) and takes large ones."""
@@ -383,7 +416,8 @@ def test_hashed_noise_non_finite_draws_no_key(spec, bad, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
-@pytest.mark.parametrize("n,k", [(1, 1), (7, 3), (1000, 1000), (70001, 701), (25_557_032, 2000)])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 3), (1000, 1000), (70001, 701), (25_557_032, 2000),
+                                 (1_000_003, 9_001), (20_480_000, 204_800)])
 def test_stratified_kernel_gives_the_chains_indices(n, k, backend, monkeypatch):
     """random-k's indices and DGC's sample positions from the kernel are the chain's."""
     from hvd_compress.core.sampling import stratified_indices, stream_keys

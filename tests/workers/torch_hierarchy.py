@@ -13,7 +13,7 @@ from tests.workers.torch_opt import exchange_step, make_model, record_noise
 SPECS = ["topk:ratio=0.1", "dgc:ratio=0.05", "onebit", "none", "randomk:ratio=0.1", "terngrad:sum=int"]
 
 
-def aggregate_matches_definition(specs=SPECS, steps=3, dynamic=False):
+def aggregate_matches_definition(specs=SPECS, steps=2, dynamic=False):
     """Per spec, hierarchical (auto) and flat (``hierarchical=False``): each step's
     averaged gradients against the numpy reference of each exchange, the account's
     bytes between nodes, and the refusals."""
