@@ -48,16 +48,17 @@ def test_keras_backward_passes_per_step(keras_bpps_doc):
 
 
 @pytest.mark.parametrize("flags, bytes_ratio", [
-    # averages after every 4th of 675 updates, and once more before evaluating
-    (["--local-sgd", "--backward-passes-per-step", "4"], (168 + 1) / 675),
+    # averages after every 4th of 270 updates, and once more before evaluating
+    (["--local-sgd", "--backward-passes-per-step", "4"], (270 // 4 + 1) / 270),
     (["--delay", "2"], 1.0),  # DGA sends every update
 ])
 def test_keras_fit_digits_with_local_sgd_and_dga(flags, bytes_ratio, tmp_path):
-    out = tmp_path / "s.json"
-    run_script("tf_examples/train_digits.py", [*flags, "--json", out, "--quiet"], timeout=600)
+    out = tmp_path / "s.json"  # six epochs (seen: 98.1% and 97.8%)
+    run_script("tf_examples/train_digits.py", [*flags, "--epochs", "6", "--json", out, "--quiet"],
+               timeout=600)
     doc = json.loads(out.read_text())
     assert doc["test_accuracy"] >= 0.90, doc
-    assert doc["steps"] == 15 * 45  # one update per batch in both
+    assert doc["steps"] == 6 * 45  # one update per batch in both
     assert doc["bytes_per_step"] == pytest.approx(153_128 * bytes_ratio, rel=0.01)
     assert doc["local_sgd"] == ("--local-sgd" in flags)
 

@@ -82,11 +82,12 @@ def test_train_digits_wide_model_has_ten_million_parameters(tmp_path):
     (["--delay", "2"], 1.0),  # DGA sends every step, applies it 2 steps later
 ])
 def test_train_digits_with_local_sgd_and_dga(flags, bytes_ratio, tmp_path):
-    out = tmp_path / "s.json"
-    run_script("torch_examples/train_digits.py", [*flags, "--json", out, "--quiet"], timeout=600)
+    out = tmp_path / "s.json"  # six epochs (seen: 95.0% both)
+    run_script("torch_examples/train_digits.py", [*flags, "--epochs", "6", "--json", out, "--quiet"],
+               timeout=600)
     doc = _summary(out)
     assert doc["test_accuracy"] >= 0.90, doc
-    assert doc["steps"] == 15 * (719 // 16)  # one backward pass per step in both
+    assert doc["steps"] == 6 * (719 // 16)  # one backward pass per step in both
     assert doc["bytes_per_step"] == pytest.approx(153_128 * bytes_ratio, rel=0.01)
     assert doc["local_sgd"] == ("--local-sgd" in flags) and doc["delay"] == (2 if "--delay" in flags else 0)
 
