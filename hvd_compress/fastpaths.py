@@ -403,7 +403,7 @@ def _topk(k, B, comp, g, residual, noise, noise_source):
         return None, residual, False
     passed = int(counts.sum())
     if kk <= passed <= _most_gathered(n, kk):
-        cand, vals = _gathered(k, vh, t, counts, None, None, None, 0, itype)
+        cand, vals = _gather_pass(k, vh, t, counts, itype)
         keep = _k_largest(vals, kk)
         idx, values = cand[keep], vals[keep]
     else:
@@ -432,16 +432,10 @@ def _room(n, kk, chunks):
     return min(-(-n // chunks), _most_gathered(n, kk))
 
 
-def _gathered(k, vh, t, counts, got, cand, vals, room, itype):
-    """The candidates ``|v| >= t`` (``counts`` per stretch) in index order, with their
-    values: those a fused pass gathered (``got`` per stretch, from ``cand``/``vals`` at
-    ``room`` slots a stretch), or, where it did not (``got`` None or a stretch's -1),
-    one more pass (:func:`~hvd_compress.kernels.at_least`)."""
-    if got is not None and (got >= 0).all():
-        parts = [slice(c * room, c * room + int(got[c])) for c in range(got.shape[0])]
-        return np.concatenate([cand[p] for p in parts]), np.concatenate([vals[p] for p in parts])
-    passed = int(counts.sum())
-    cand, vals = np.empty(passed, itype), np.empty(passed, np.float32)
+def _gather_pass(k, vh, t, counts, itype):
+    """The indices of the values ``|v| >= t`` (``counts`` per stretch), in index order,
+    and those values, by one pass (:func:`~hvd_compress.kernels.at_least`)."""
+    cand, vals = np.empty(int(counts.sum()), itype), np.empty(int(counts.sum()), np.float32)
     k.at_least(vh, np.float32(t), np.cumsum(counts) - counts, cand, vals, counts.shape[0])
     return cand, vals
 
@@ -525,9 +519,12 @@ def _dgc(k, B, comp, g, st, meta):
     passed = int(per_chunk(t).sum())
     if passed > _most_gathered(n, kk):  # the top-k from the bit-pattern counts
         idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
-    else:  # gathered in the pass at ts[0], else one more pass
-        got = counts[:, 2] if t == ts[0] else None
-        idx, vals = _gathered(k, vh, t, per_chunk(t), got, cand, vals, room, itype)
+    else:
+        if t == ts[0] and (counts[:, 2] >= 0).all():  # gathered in the pass: each stretch's slots
+            parts = [slice(c * room, c * room + int(counts[c, 2])) for c in range(chunks)]
+            idx, vals = np.concatenate([cand[p] for p in parts]), np.concatenate([vals[p] for p in parts])
+        else:  # the loop lowered the threshold: one more pass
+            idx, vals = _gather_pass(k, vh, t, per_chunk(t), itype)
         if passed >= kk:  # the k largest of them, ties to the lower index
             idx = idx[_k_largest(vals, kk)]
     got = idx.shape[0]

@@ -57,26 +57,22 @@ def stream_keys(B, seed: int, name: str, step, purpose: int, like=None):
     """Two 0-d int64 keys for the stream of (seed, tensor name, step, purpose).
 
     ``step`` may be a Python int or a 0-d int64 array (a framework variable),
-    so the keys can be derived inside a traced function without the host; from a
-    Python int they are computed on Python ints and then made arrays.
+    so the keys can be derived inside a traced function without the host.  What
+    does not depend on the step is computed on Python ints (:class:`_Ints`); so is
+    the rest when the step is a Python int, the keys then made arrays.
     """
-    if isinstance(step, int):
-        key0, key1 = _int_keys(seed, name, step, purpose)
-        return B.scalar(key0, "int64", like=like), B.scalar(key1, "int64", like=like)
-    base = hash32(B, B.scalar((seed * GOLDEN + purpose) & MASK32, "int64", like=like))
-    base = hash32(B, B.bit_xor(base, B.scalar(name_key(name), "int64", like=like)))
-    step = B.bit_and(B.cast(step, "int64"), MASK32)
-    key0 = hash32(B, B.bit_xor(base, step))
-    key1 = hash32(B, B.bit_xor(key0, B.scalar(GOLDEN, "int64", like=like)))
-    return key0, key1
-
-
-def _int_keys(seed: int, name: str, step: int, purpose: int):
-    """:func:`stream_keys` on Python ints (the same steps, through :class:`_Ints`)."""
     base = hash32(_Ints, (seed * GOLDEN + purpose) & MASK32)
     base = hash32(_Ints, base ^ name_key(name))
-    key0 = hash32(_Ints, base ^ (step & MASK32))
-    return key0, hash32(_Ints, key0 ^ GOLDEN)
+    if isinstance(step, int):
+        ops, golden, step = _Ints, GOLDEN, step & MASK32
+    else:
+        ops, golden = B, B.scalar(GOLDEN, "int64", like=like)
+        base, step = B.scalar(base, "int64", like=like), B.bit_and(B.cast(step, "int64"), MASK32)
+    key0 = hash32(ops, ops.bit_xor(base, step))
+    key1 = hash32(ops, ops.bit_xor(key0, golden))
+    if ops is _Ints:
+        return B.scalar(key0, "int64", like=like), B.scalar(key1, "int64", like=like)
+    return key0, key1
 
 
 def hash_stream(B, key0, key1, n: int, like=None):
