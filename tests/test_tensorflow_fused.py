@@ -356,6 +356,31 @@ def test_dgc_same_bits_as_numpy(spec, shape, monkeypatch):
         assert short >= 1  # sent fewer than k
 
 
+def test_dgc_op_lowers_a_sample_that_overstates_the_threshold(monkeypatch):
+    """Every sampled position holds a large value and nothing else comes near: the sampled
+    threshold is far above the k-th largest, so the op's candidates (collected at the
+    threshold) fall short and the correction loop lowers it (a pass counting every value);
+    the same bits as the reference, step after step."""
+    from hvd_compress.core.base import TensorMeta
+    spec, shape = "dgc:ratio=0.01,warmup_epochs=0", (200, 1000)
+    rng = np.random.default_rng(11)
+    ref = build(spec, NUMPY)
+    meta = TensorMeta("w", shape, "float32")
+    xs = []
+    for step in range(2):
+        x = (rng.standard_normal(shape) * 1e-3).astype(np.float32)
+        pos, want = ref.sample_plan(meta, step)
+        x.flat[np.asarray(pos)] = rng.uniform(0.9, 1.1, len(pos)).astype(np.float32)
+        xs.append(x)
+    # the sample's threshold is its 20th largest, about the 20th largest of the tensor: far
+    # fewer than 0.8 k reach it; lowered once, all 2,000 set values do, and they are sent
+    assert want == 20 and ref.k_for(meta) == len(pos) == 2000
+    first = _reference(build(spec, NUMPY), xs[0], "w", monkeypatch).ctx
+    np.testing.assert_array_equal(np.asarray(first.indices)[np.asarray(first.valid)],
+                                  np.sort(np.asarray(ref.sample_plan(meta, 0)[0])))
+    _assert_sparse_steps(spec, xs, monkeypatch, state=("u", "v"))
+
+
 @pytest.mark.parametrize("spec", ["randomk:ratio=0.01", "randomk:ratio=0.1,unbiased=true",
                                   "randomk:ratio=0.1,unbiased=true,ef=true", "randomk:ratio=1"])
 @pytest.mark.parametrize("size", [1, 7, 1000, 300_001])
@@ -417,6 +442,33 @@ def test_sparsifiers_take_the_fused_path_where_it_applies(monkeypatch):
     x = tf.constant(np.arange(10, dtype=np.float32))
     np.testing.assert_array_equal(build("topk:ratio=0.2", TFB).encode(x, "w").payload.numpy(),
                                   build("topk:ratio=0.2", NUMPY).encode(x.numpy(), "w").payload)
+
+
+def test_stratified_op_same_indices_as_the_reference(monkeypatch):
+    """core.sampling's stratified indices and sizes from the op: the numpy chain's, for k = n,
+    k = 1, remainders, strata across the op's blocks of 65,536 and a tensor of more than
+    2**32 elements (nothing allocated: k entries only), eagerly and traced with the step a
+    variable; the op is what the TF backend's hook gives."""
+    from hvd_compress.core.sampling import STRATIFIED, stratified_indices, stream_keys
+    calls = []
+    real = fused_ops._stratified
+    monkeypatch.setattr(fused_ops, "_stratified", lambda *a: calls.append(1) or real(*a))
+    cases = [(1, 1), (7, 7), (10, 3), (1000, 999), (2**20 + 3, 70_000), (3 * 2**31 + 7, 1000)]
+    for n, k in cases:
+        for step in (0, 9):
+            want = stratified_indices(NUMPY, n, k, *stream_keys(NUMPY, 3, "w", step, 2))
+            got = stratified_indices(TFB, n, k, *stream_keys(TFB, 3, "w", step, 2))
+            for w, g in zip(want, got):
+                np.testing.assert_array_equal(g.numpy(), w, err_msg=f"n={n} k={k} step={step}")
+    assert len(calls) == 2 * len(cases)
+    step = tf.Variable(0, dtype=tf.int64)
+    traced = tf.function(lambda: stratified_indices(TFB, 12345, 100, *stream_keys(TFB, 3, "w", step, 2)))
+    for s in (4, 5):
+        step.assign(s)
+        want = stratified_indices(NUMPY, 12345, 100, *stream_keys(NUMPY, 3, "w", s, 2))
+        np.testing.assert_array_equal(traced()[0].numpy(), want[0])
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")
+    assert TFB.fused_encoder(STRATIFIED, 1) is None  # the chain (a GPU visible, or turned off)
 
 
 @pytest.mark.parametrize("itype", [np.int32, np.int64])

@@ -178,6 +178,8 @@ def encoder(codec, cols: int):
         return None
     if codec.name in _SPARSIFIERS:
         return _SPARSIFIERS[codec.name](lib, codec)
+    if codec.name == "stratified":  # core.sampling's indices (random-k's, DGC's sample)
+        return lambda n, k, key0, key1: _stratified(lib, n, k, key0, key1)
     if codec.name not in _ENCODERS:
         return None
     import tensorflow as tf
@@ -280,6 +282,14 @@ def _dgc(lib, comp):
 
 
 _SPARSIFIERS = {"topk": _topk, "randomk": _randomk, "dgc": _dgc}
+
+
+def _stratified(lib, n: int, k: int, key0, key1):
+    """:func:`~hvd_compress.core.sampling.stratified_indices`'s ``(indices, sizes)`` in one
+    op (the chain is some fifteen TF ops over k elements)."""
+    import tensorflow as tf
+    idx, sizes = lib.hvdc_stratified(tf.cast(key0, tf.int64), tf.cast(key1, tf.int64), n=n, k=k)
+    return idx, sizes
 
 
 def scatter_add(acc, idx, values, n: int):

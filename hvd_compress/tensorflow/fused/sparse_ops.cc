@@ -260,18 +260,23 @@ class Selector {
 
   // Instead of counting every value in the first pass: the candidates it
   // collected, per stretch the indices (increasing) of the values whose top
-  // pattern is lo or above (lo: from a guess at the cut).  The counts then
-  // hold those values alone -- exact for the patterns from lo up -- until a
-  // question about a lower pattern makes Full() count every value.
-  void SetCandidates(int lo, const std::vector<std::vector<int64_t>>& per) {
+  // pattern is lo or above (lo: from a guess at the cut), and those values.
+  // The counts then hold those values alone -- exact for the patterns from
+  // lo up -- until a question about a lower pattern makes Full() count every
+  // value.  The values kept beside the indices spare every later look at the
+  // candidates a read of the tensor at scattered places.
+  void SetCandidates(int lo, const std::vector<std::vector<int64_t>>& per,
+                     const std::vector<std::vector<float>>& vals) {
     const int count = s_.count;
     cstart_.assign(count + 1, 0);
     for (int c = 0; c < count; ++c) cstart_[c + 1] = cstart_[c] + static_cast<int64_t>(per[c].size());
     cand_.resize(cstart_[count]);
+    cval_.resize(cstart_[count]);
     Parallel(ctx_, count, s_.size / 8 + 1, [&](int64_t c) {
       std::copy(per[c].begin(), per[c].end(), cand_.begin() + cstart_[c]);
+      std::copy(vals[c].begin(), vals[c].end(), cval_.begin() + cstart_[c]);
       int32_t* h = High(static_cast<int>(c));
-      for (int64_t i : per[c]) ++h[Mag(v_[i]) >> 16];
+      for (float x : vals[c]) ++h[Mag(x) >> 16];
     });
     cand_bin_ = lo;
     counted_from_ = lo;
@@ -337,8 +342,8 @@ class Selector {
     *take = need - at_least;
   }
 
-  // fn(slot, i) for every value with bits > cut (cut >= -1) and the first
-  // `take` equal to it, slots 0, 1, ... in index order; the stretches in
+  // fn(slot, i, v[i]) for every value with bits > cut (cut >= -1) and the
+  // first `take` equal to it, slots 0, 1, ... in index order; the stretches in
   // parallel.  Returns how many.
   template <typename F>
   int64_t Take(int64_t cut, int64_t take, const F& fn) {
@@ -357,11 +362,11 @@ class Selector {
     const int bin = cut < 0 ? 0 : static_cast<int>(cut >> 16);
     Parallel(ctx_, count, s_.size * 4, [&](int64_t c) {
       int64_t slot = start[c], left = ties[c];
-      ForValues(static_cast<int>(c), bin, [&](int64_t i, uint32_t a) {
-        const int64_t w = a;
+      ForValues(static_cast<int>(c), bin, [&](int64_t i, float x) {
+        const int64_t w = Mag(x);
         if (w > cut || (w == cut && left > 0)) {
           if (w == cut) --left;
-          fn(slot++, i);
+          fn(slot++, i, x);
         }
       });
     });
@@ -371,19 +376,16 @@ class Selector {
  private:
   int32_t* Low(int c) { return &low_[static_cast<size_t>(c) * kLow]; }
 
-  // fn(i, bits of |v[i]|) for the values of stretch c that may have a top
-  // pattern >= b: the candidates where they were collected at b or below,
-  // else every value of the stretch.
+  // fn(i, v[i]) for the values of stretch c that may have a top pattern >= b:
+  // the candidates (their kept values) where they were collected at b or
+  // below, else every value of the stretch.
   template <typename F>
   void ForValues(int c, int b, const F& fn) const {
     if (cand_bin_ >= 0 && cand_bin_ <= b) {
-      for (int64_t q = cstart_[c]; q < cstart_[c + 1]; ++q) {
-        const int64_t i = cand_[q];
-        fn(i, Mag(v_[i]));
-      }
+      for (int64_t q = cstart_[c]; q < cstart_[c + 1]; ++q) fn(cand_[q], cval_[q]);
       return;
     }
-    for (int64_t i = s_.Begin(c); i < s_.End(c); ++i) fn(i, Mag(v_[i]));
+    for (int64_t i = s_.Begin(c); i < s_.End(c); ++i) fn(i, v_[i]);
   }
 
   // The candidates at pattern b (every index with a top pattern >= b), if
@@ -401,13 +403,18 @@ class Selector {
       cstart_[c + 1] = cstart_[c] + m;
     }
     cand_.resize(total);
+    cval_.resize(total);
     const uint32_t lo = static_cast<uint32_t>(b) << 16;
     const float* v = v_;
     int64_t* cand = cand_.data();
+    float* cval = cval_.data();
     Parallel(ctx_, count, s_.size * 2, [&](int64_t c) {
       int64_t at = cstart_[c];
       for (int64_t i = s_.Begin(c), end = s_.End(c); i < end; ++i) {
-        if (Mag(v[i]) >= lo) cand[at++] = i;
+        if (Mag(v[i]) >= lo) {
+          cand[at] = i;
+          cval[at++] = v[i];
+        }
       }
     });
     cand_bin_ = b;
@@ -422,7 +429,8 @@ class Selector {
     Parallel(ctx_, s_.count, s_.size * 2, [&](int64_t c) {
       int32_t* l = Low(static_cast<int>(c));
       const uint32_t want = static_cast<uint32_t>(b);
-      ForValues(static_cast<int>(c), b, [&](int64_t, uint32_t a) {
+      ForValues(static_cast<int>(c), b, [&](int64_t, float x) {
+        const uint32_t a = Mag(x);
         if ((a >> 16) == want) ++l[a & 0xffff];
       });
     });
@@ -462,6 +470,7 @@ class Selector {
   const float* v_ = nullptr;
   std::vector<int32_t> high_, low_;
   std::vector<int64_t> above_, cand_, cstart_;
+  std::vector<float> cval_;  // the candidates' values, beside cand_
   int low_bin_ = -1, cand_bin_ = -1;
   int counted_from_ = 0;  // the counts are exact for the top patterns from this one up
 };
@@ -483,12 +492,14 @@ Status SetFinite(OpKernelContext* ctx, const char* name, bool finite) {
 // patterns counted into `high`; returns whether it was finite.
 // What the first pass keeps of a stretch's values for the selection: with lo
 // < 0 the counts of their top patterns (`high`); else the indices (`cand`,
-// from `first` on) of those whose top pattern is lo or above, at most `cap`
-// of them (more: `over`, and the counts are left to Selector::CountAll).
+// from `first` on) and values (`vals`) of those whose top pattern is lo or
+// above, at most `cap` of them (more: `over`, and the counts are left to
+// Selector::CountAll).
 struct Account {
   int lo = -1;
   int32_t* high = nullptr;
   std::vector<int64_t>* cand = nullptr;
+  std::vector<float>* vals = nullptr;
   size_t cap = 0;
   bool over = false;
 
@@ -499,13 +510,22 @@ struct Account {
     }
     if (over) return;
     const uint32_t bound = static_cast<uint32_t>(lo) << 16;
-    for (int j = 0; j < m; ++j) {
-      if (Mag(v[j]) >= bound) {
-        if (cand->size() >= cap) {
-          over = true;
-          return;
+    // 16 values at a time are tested first (a loop that vectorises); only the
+    // groups holding a candidate are looked at again.
+    for (int q = 0; q < m; q += 16) {
+      const int e = std::min(m, q + 16);
+      uint32_t hits = 0;
+      for (int j = q; j < e; ++j) hits |= static_cast<uint32_t>(Mag(v[j]) >= bound);
+      if (hits == 0) continue;
+      for (int j = q; j < e; ++j) {
+        if (Mag(v[j]) >= bound) {
+          if (cand->size() >= cap) {
+            over = true;
+            return;
+          }
+          cand->push_back(first + j);
+          vals->push_back(v[j]);
         }
-        cand->push_back(first + j);
       }
     }
   }
@@ -514,13 +534,16 @@ struct Account {
 // The accounts of every stretch for a first pass (lo: as Account's).
 struct Accounts {
   std::vector<std::vector<int64_t>> cand;
+  std::vector<std::vector<float>> vals;
   std::vector<Account> of;
-  Accounts(Selector* sel, int lo) : cand(sel->stretches().count), of(sel->stretches().count) {
+  Accounts(Selector* sel, int lo)
+      : cand(sel->stretches().count), vals(sel->stretches().count), of(sel->stretches().count) {
     const Stretches& s = sel->stretches();
     for (int c = 0; c < s.count; ++c) {
       of[c].lo = lo;
       of[c].high = sel->High(c);
       of[c].cand = &cand[c];
+      of[c].vals = &vals[c];
       of[c].cap = static_cast<size_t>(std::max<int64_t>(4096, (s.End(c) - s.Begin(c)) / 8));
     }
   }
@@ -532,7 +555,7 @@ struct Accounts {
     } else if (std::any_of(of.begin(), of.end(), [](const Account& a) { return a.over; })) {
       sel->CountAll();
     } else {
-      sel->SetCandidates(lo, cand);
+      sel->SetCandidates(lo, cand, vals);
     }
   }
 };
@@ -631,9 +654,9 @@ class TopkEncodeOp : public OpKernel {
     sel.TopCut(k, &cut, &take);
     T* idx = idx_t->flat<T>().data();
     float* val = val_t->flat<float>().data();
-    sel.Take(cut, take, [&](int64_t slot, int64_t i) {
+    sel.Take(cut, take, [&](int64_t slot, int64_t i, float x) {
       idx[slot] = static_cast<T>(i);
-      val[slot] = finite ? v[i] : kNaN;
+      val[slot] = finite ? x : kNaN;
       if (rout) rout[i] = 0.0f;  // x + -x
     });
     OP_REQUIRES_OK(ctx, SetFinite(ctx, "finite", finite));
@@ -691,22 +714,29 @@ class DgcEncodeOp : public OpKernel {
     Selector sel(ctx, n);
     const Stretches& s = sel.stretches();
     std::vector<char> fin(s.count, 1);
-    // The first pass collects the candidates from a guess at the threshold (the
-    // sample's before the pass, lowered once): one round of the correction loop
-    // and the selection above it need no more passes.
-    int lo;
+    // The sampled threshold, the want-th largest sampled |v|, from the sampled
+    // positions' new v computed before the pass with the pass's own float32
+    // arithmetic (the same bits the pass writes there).  The first pass then
+    // collects the candidates at or above its top pattern: where at least 0.8k
+    // reach it (the correction loop stops at once, almost always where the
+    // sample is large) the selection needs no more passes; a lowering counts
+    // every value (one more pass).  Collecting below it would gather every
+    // value between the two, many times k where |v| is flat near the cut.
+    float thr;
     {
-      std::vector<uint32_t> guess(ns);
-      for (int64_t j = 0; j < ns; ++j) {
-        const int64_t i = pos[j];
-        const float gi = Mag(g[i]) >= 0x7f800000u ? 0.0f : g[i];
-        guess[j] = Mag(nesterov ? (v[i] + (u[i] + gi) * m) + gi : v[i] + (u[i] * m + gi));
-      }
-      std::nth_element(guess.begin(), guess.begin() + (want_ - 1), guess.end(), std::greater<uint32_t>());
-      float t;
-      std::memcpy(&t, &guess[want_ - 1], 4);
-      lo = static_cast<int>(Mag(t * 0.8f) >> 16);
+      std::vector<uint32_t> sample(ns);
+      constexpr int64_t kPart = 1 << 14;
+      Parallel(ctx, (ns + kPart - 1) / kPart, kPart * 64, [&](int64_t b) {
+        for (int64_t j = b * kPart, e = std::min(ns, (b + 1) * kPart); j < e; ++j) {
+          const int64_t i = pos[j];
+          const float gi = Mag(g[i]) >= 0x7f800000u ? 0.0f : g[i];
+          sample[j] = Mag(nesterov ? (v[i] + (u[i] + gi) * m) + gi : v[i] + (u[i] * m + gi));
+        }
+      });
+      std::nth_element(sample.begin(), sample.begin() + (want_ - 1), sample.end(), std::greater<uint32_t>());
+      std::memcpy(&thr, &sample[want_ - 1], 4);
     }
+    const int lo = static_cast<int>(Mag(thr) >> 16);
     Accounts accounts(&sel, lo);
     Parallel(ctx, s.count, s.size * 12, [&](int64_t c) {
       alignas(64) float buf[kSub], ub[kSub], vb[kSub];
@@ -746,12 +776,6 @@ class DgcEncodeOp : public OpKernel {
     sel.SetValues(vo);
     accounts.Finish(&sel);
 
-    // the sampled threshold: the want-th largest sampled |v|
-    std::vector<uint32_t> sample(ns);
-    for (int64_t j = 0; j < ns; ++j) sample[j] = Mag(vo[pos[j]]);
-    std::nth_element(sample.begin(), sample.begin() + (want_ - 1), sample.end(), std::greater<uint32_t>());
-    float thr;
-    std::memcpy(&thr, &sample[want_ - 1], 4);
     // How many |v| reach thr: exact, or a lower bound of at least k (all that
     // the correction loop and the choice below need).
     auto count = [&](float t) -> int64_t {
@@ -769,9 +793,9 @@ class DgcEncodeOp : public OpKernel {
     float* val = val_t->flat<float>().data();
     bool* valid = valid_t->flat<bool>().data();
     const bool masking = masking_;
-    auto send = [&](int64_t slot, int64_t i) {
+    auto send = [&](int64_t slot, int64_t i, float x) {
       idx[slot] = i;
-      val[slot] = finite ? vo[i] : kNaN;
+      val[slot] = finite ? x : kNaN;
       valid[slot] = true;
       vo[i] = 0.0f;  // v keeps what was not sent: x + -x
       if (masking) uo[i] = 0.0f;
@@ -849,6 +873,67 @@ class RandomkEncodeOp : public OpKernel {
     if (!finite) std::fill(val, val + k, kNaN);
     OP_REQUIRES_OK(ctx, SetFinite(ctx, "finite", finite));
   }
+};
+
+// ---------------------------------------------------------------------------
+// core.sampling's stratified indices (random-k's, DGC's sample): k strata of
+// [0, n), stratum j = [j*n/k, (j+1)*n/k) (floor), its index lo + (h_j * size)
+// >> 32 for h_j = lowbias32(lowbias32(j ^ key0) ^ key1); int64 indices and
+// sizes.  The bounds step on by the remainder (one division a block).
+inline uint64_t Lowbias32(uint64_t x) {
+  x ^= x >> 16;
+  x = (x * 0x7FEB352Dull) & 0xFFFFFFFFull;
+  x ^= x >> 15;
+  x = (x * 0x846CA68Bull) & 0xFFFFFFFFull;
+  return x ^ (x >> 16);
+}
+
+class StratifiedOp : public OpKernel {
+ public:
+  explicit StratifiedOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES(c, k_ >= 1 && k_ <= n_, InvalidArgument("need 1 <= k <= n, got k=", k_, ", n=", n_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& k0_t = ctx->input(0);
+    const Tensor& k1_t = ctx->input(1);
+    OP_REQUIRES(ctx, k0_t.NumElements() == 1 && k1_t.NumElements() == 1, InvalidArgument("keys are scalars"));
+    const uint64_t key0 = static_cast<uint64_t>(k0_t.flat<int64_t>()(0)) & 0xFFFFFFFFull;
+    const uint64_t key1 = static_cast<uint64_t>(k1_t.flat<int64_t>()(0)) & 0xFFFFFFFFull;
+    const int64_t n = n_, k = k_;
+    Tensor *idx_t, *size_t_;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("indices", TensorShape({k}), &idx_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("sizes", TensorShape({k}), &size_t_));
+    int64_t* idx = idx_t->flat<int64_t>().data();
+    int64_t* sizes = size_t_->flat<int64_t>().data();
+    const int64_t q = n / k, rem = n % k;
+    constexpr int64_t kBlock = 1 << 16;
+    Parallel(ctx, (k + kBlock - 1) / kBlock, kBlock * 16, [&](int64_t b) {
+      const int64_t j0 = b * kBlock;
+      // j0*n/k = j0*q + j0*rem/k; j0*rem < k*k fits in int64 for k < 2**31
+      const __int128 jr = static_cast<__int128>(j0) * rem;
+      int64_t r = static_cast<int64_t>(jr % k);
+      int64_t hi = j0 * q + static_cast<int64_t>(jr / k);
+      for (int64_t j = j0, end = std::min(k, j0 + kBlock); j < end; ++j) {
+        const int64_t lo = hi;
+        r += rem;
+        hi = lo + q;
+        if (r >= k) {
+          r -= k;
+          hi += 1;
+        }
+        const uint64_t size = static_cast<uint64_t>(hi - lo);
+        const uint64_t h = Lowbias32(Lowbias32((static_cast<uint64_t>(j) ^ key0) & 0xFFFFFFFFull) ^ key1);
+        idx[j] = lo + static_cast<int64_t>((h * size) >> 32);
+        sizes[j] = static_cast<int64_t>(size);
+      }
+    });
+  }
+
+ private:
+  int64_t n_, k_;
 };
 
 // ---------------------------------------------------------------------------
@@ -968,6 +1053,21 @@ REGISTER_OP("HvdcRandomkEncode")
       return tensorflow::OkStatus();
     });
 
+REGISTER_OP("HvdcStratified")
+    .Input("key0: int64")
+    .Input("key1: int64")
+    .Attr("n: int")
+    .Attr("k: int")
+    .Output("indices: int64")
+    .Output("sizes: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t k;
+      TF_RETURN_IF_ERROR(c->GetAttr("k", &k));
+      c->set_output(0, c->Vector(k));
+      c->set_output(1, c->Vector(k));
+      return tensorflow::OkStatus();
+    });
+
 REGISTER_OP("HvdcScatterAdd")
     .Input("acc: float")
     .Input("indices: Tindex")
@@ -988,6 +1088,7 @@ REGISTER_KERNEL_BUILDER(Name("HvdcTopkEncode").Device(tensorflow::DEVICE_CPU).Ty
                         hvdc_sparse::TopkEncodeOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("HvdcDgcEncode").Device(tensorflow::DEVICE_CPU), hvdc_sparse::DgcEncodeOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcRandomkEncode").Device(tensorflow::DEVICE_CPU), hvdc_sparse::RandomkEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcStratified").Device(tensorflow::DEVICE_CPU), hvdc_sparse::StratifiedOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcScatterAdd").Device(tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindex"),
                         hvdc_sparse::ScatterAddOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("HvdcScatterAdd").Device(tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindex"),
