@@ -461,3 +461,49 @@ def test_top_k_cut_is_not_fooled_by_a_matrix_whose_rows_divide_the_stride():
     old = sample[sample.size - min(sample.size, int(e + 3 * np.sqrt(e)) + 1)]
     assert not kk <= passed(old) <= 8 * kk  # (why the fix: outside the fast path's range)
     assert kk <= passed(fastpaths._sample_cut(g, None, kk)) <= 2 * kk
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_decoded_results_reuse_a_buffer_only_once_nobody_holds_it(backend, monkeypatch):
+    """A big decode's result buffer is reused for a later decode only after every array,
+    view and tensor over it is gone: a result still held is never overwritten, the
+    values are the reference chain's, and a dropped result's buffer comes back."""
+    monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
+    monkeypatch.setattr(fastpaths, "_RESULTS", fastpaths._ResultBuffers())
+    B = NUMPY if backend == "numpy" else TorchBackend()
+    n = 300_000  # 1.2 MB: above the smallest buffer kept
+    rng = np.random.default_rng(8)
+    xs = [(rng.standard_normal((600, 500)) * 1e-3).astype(np.float32) for _ in range(4)]
+    half = np.full(n, 0.5, np.float32)
+    comp, ref = build("qsgd:levels=7", B), build("qsgd:levels=7", NUMPY)
+
+    def step(x):
+        enc = comp.encode(x if B is NUMPY else torch.from_numpy(x), "w",
+                          noise=half if B is NUMPY else torch.from_numpy(half))
+        got = comp.aggregate([enc.payload], enc)
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", "0")  # the reference chain (no buffers taken)
+        want = ref.aggregate([ref.encode(x, "w", noise=half).payload], enc)
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
+        np.testing.assert_array_equal(B.to_numpy(got), want)
+        return got
+
+    def where(r):
+        return B.host_view(r).__array_interface__["data"][0]
+
+    r0 = step(xs[0])
+    held = np.array(B.to_numpy(r0), copy=True).reshape(-1)
+    view = r0.reshape(-1)[10:]  # a view keeps the buffer too
+    del r0
+    r1 = step(xs[1])
+    np.testing.assert_array_equal(B.to_numpy(view), held[10:])  # not overwritten
+    assert where(r1) != where(view)
+    freed = where(r1)
+    del r1
+    r2 = step(xs[2])
+    assert where(r2) == freed  # the dropped result's buffer, reused
+    del view
+    r3 = step(xs[3])
+    assert where(r3) not in (where(r2),)
+    assert len(fastpaths._RESULTS._kept) == 2
+    small = fastpaths._RESULTS.take(1000)  # small results are always fresh, never kept
+    assert small.shape == (1000,) and len(fastpaths._RESULTS._kept) == 2
