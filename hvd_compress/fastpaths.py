@@ -29,6 +29,8 @@ chain runs.  ``HVD_COMPRESS_FUSED=0`` turns every fast path off.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 
 import numpy as np
 
@@ -665,14 +667,12 @@ class _ResultBuffers:
     HELD = 1 << 30
 
     def __init__(self):
-        import threading
         self._kept = []  # oldest first
         self._lock = threading.Lock()
 
     def take(self, n: int) -> np.ndarray:
         if 4 * n < self.SMALLEST:
             return np.empty(n, np.float32)
-        import sys
         with self._lock:
             for a in self._kept:
                 # held by the list, this loop and the call only: nobody else sees it

@@ -288,8 +288,7 @@ def _stratified(lib, n: int, k: int, key0, key1):
     """:func:`~hvd_compress.core.sampling.stratified_indices`'s ``(indices, sizes)`` in one
     op (the chain is some fifteen TF ops over k elements)."""
     import tensorflow as tf
-    idx, sizes = lib.hvdc_stratified(tf.cast(key0, tf.int64), tf.cast(key1, tf.int64), n=n, k=k)
-    return idx, sizes
+    return tuple(lib.hvdc_stratified(tf.cast(key0, tf.int64), tf.cast(key1, tf.int64), n=n, k=k))
 
 
 def scatter_add(acc, idx, values, n: int):

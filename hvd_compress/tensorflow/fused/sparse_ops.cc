@@ -912,7 +912,7 @@ class StratifiedOp : public OpKernel {
     constexpr int64_t kBlock = 1 << 16;
     Parallel(ctx, (k + kBlock - 1) / kBlock, kBlock * 16, [&](int64_t b) {
       const int64_t j0 = b * kBlock;
-      // j0*n/k = j0*q + j0*rem/k; j0*rem < k*k fits in int64 for k < 2**31
+      // j0*n/k = j0*q + j0*rem/k, with j0*rem (below k*k) in 128 bits
       const __int128 jr = static_cast<__int128>(j0) * rem;
       int64_t r = static_cast<int64_t>(jr % k);
       int64_t hi = j0 * q + static_cast<int64_t>(jr / k);
