@@ -124,6 +124,27 @@ def test_kth_largest_fast_path_is_exact():
         assert _kth_largest_sampled(x, k, *plan) == torch.kthvalue(x, n - k + 1).values
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_selection_primitives_match_numpy(device):
+    """The device path's k-th largest (topk, not CUDA's one-block kthvalue) and compaction
+    (a search of the running count) against numpy: ties, k = n, k past n/2, masks with
+    fewer than k entries or none."""
+    from hvd_compress.core import NUMPY
+    B = BACKENDS["device-path"]
+    rng = np.random.default_rng(3)
+    for n, k in [(1, 1), (7, 3), (10, 10), (1000, 5), (1000, 999), (100_001, 37), (100_001, 60_000)]:
+        x = rng.standard_normal(n).astype(np.float32)
+        x[::3] = x[0]  # ties
+        t = torch.from_numpy(x).to(device)
+        for kk in sorted({1, k, n, max(1, n // 2), n // 2 + 1} - {0}):
+            assert float(B.kth_largest(t, kk)) == float(np.sort(x)[n - kk]), (n, kk)
+        for density in (0.0, 0.01, 0.5, 1.0):
+            mask = rng.random(n) < density
+            got = B.compact(torch.from_numpy(mask).to(device), k)
+            assert got.dtype == torch.int64 and got.device == t.device
+            assert np.array_equal(got.cpu().numpy(), NUMPY.compact(mask, k)), (n, k, density)
+
+
 def test_noise_generator_state_round_trips():
     a = build("qsgd", T)
     x = torch.randn(1000)

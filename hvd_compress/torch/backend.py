@@ -204,6 +204,12 @@ class TorchBackend:
 
     def kth_largest(self, x, k):
         n = x.shape[0]
+        if not self.is_host(x):
+            # topk, not kthvalue, on devices: CUDA's kthvalue selects within one thread
+            # block per row (186 ms for 25.6M values on an H200, where topk takes 0.7 ms).
+            if 2 * k <= n + 1:
+                return torch.topk(x, k, sorted=False).values.min()
+            return torch.topk(x, n - k + 1, largest=False, sorted=False).values.max()
         plan = selection_sample(n, k) if x.device.type == "cpu" else None
         if plan is not None:
             return _kth_largest_sampled(x, k, *plan)
@@ -303,12 +309,11 @@ class TorchBackend:
             if idx.shape[0] < k:
                 idx = torch.cat([idx, idx.new_full((k - idx.shape[0],), n)])
             return idx
-        # Static shapes, no host round-trip: scatter each kept position to its rank.
-        pos = torch.cumsum(mask, 0) - 1
-        keep = mask & (pos < k)
-        out = torch.full((k + 1,), n, dtype=torch.int64, device=mask.device)
-        out.scatter_(0, torch.where(keep, pos, k), torch.arange(n, device=mask.device))
-        return out[:k]
+        # Static shapes, no host round-trip: the j-th True entry is where the running
+        # count first reaches j (a search per slot; n where the count never does).  A
+        # scatter of every position to its rank sent the n - k others to one spare slot.
+        counts = torch.cumsum(mask, 0)
+        return torch.searchsorted(counts, torch.arange(1, k + 1, device=mask.device))
 
     # -- integers and bits ----------------------------------------------------------
     def shift_left(self, x, s):
