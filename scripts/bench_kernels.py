@@ -3,6 +3,7 @@
 
     python scripts/bench_kernels.py --framework numpy
     python scripts/bench_kernels.py --compression topk:ratio=0.01 --compression onebit --json
+    python scripts/bench_kernels.py --framework torch --device cuda
 
 The input is standard-normal x 1e-3 from a fixed seed, ``--numel`` elements
 (default 25,557,032: ResNet-50's parameter count), as a flat float32 vector
@@ -70,7 +71,12 @@ def _timed(fn, B, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
+def on_device(t, device: str):
+    """``t`` on ``device`` (torch only: ``cuda`` or ``cuda:N``; every backend has ``cpu``)."""
+    return t if device == "cpu" else t.to(device)
+
+
+def bench_one(spec: str, B, host: np.ndarray, repeats: int, device: str = "cpu") -> dict:
     comp = build(spec, backend=B)
     if comp.spec.parts[0].name == "dgc":
         comp.set_epoch(int(comp.spec.parts[0].params["warmup_epochs"]))
@@ -80,7 +86,8 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int) -> dict:
     if comp.spec.name == "powersgd":
         m = math.isqrt(host.size)
         shape = (m, host.size // m)
-    x = B.from_numpy(host[: shape[0] * (shape[1] if len(shape) > 1 else 1)].reshape(shape))
+    x = on_device(B.from_numpy(host[: shape[0] * (shape[1] if len(shape) > 1 else 1)]
+                                  .reshape(shape)), device)
 
     def encode():
         enc = comp.encode(x, "bench")
@@ -156,14 +163,22 @@ def main(argv=None) -> int:
                     help="compressor spec, repeatable (default: every compressor at its default)")
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats, median taken (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the tensor lives: cpu (default), or cuda / cuda:N with --framework torch")
     ap.add_argument("--json", action="store_true",
-                    help="print JSON: framework, numel, copy_ms, results: [{compression, encode_ms, "
+                    help="print JSON: framework, device, numel, copy_ms, results: [{compression, encode_ms, "
                          "decode_ms, payload_bytes, ratio, floor_copies}] (stable names)")
     args = ap.parse_args(argv)
     if args.numel < 1:
         ap.error("--numel must be >= 1")
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
+    if args.device != "cpu":
+        if args.framework != "torch" or not (args.device == "cuda" or args.device.startswith("cuda:")):
+            ap.error(f"--device {args.device}: only cpu, or cuda / cuda:N with --framework torch")
+        import torch
+        if not torch.cuda.is_available():
+            ap.error(f"--device {args.device}: PyTorch sees no CUDA device here")
     specs = args.compression or DEFAULT_SPECS
     for s in specs:
         try:
@@ -173,18 +188,19 @@ def main(argv=None) -> int:
     B = get_backend(args.framework)
     host = (np.random.default_rng(args.seed).standard_normal(args.numel, dtype=np.float32)
             * np.float32(1e-3))
-    x = B.from_numpy(host)
+    x = on_device(B.from_numpy(host), args.device)
     copy_ms, _ = _timed(lambda: _real_copy(B, x), B, max(args.repeats, 5))
     results = []
     for i, s in enumerate(specs, 1):
         print(f"[{i}/{len(specs)}] {s} ...", file=sys.stderr, flush=True)
-        results.append(bench_one(s, B, host, args.repeats))
-    doc = {"framework": args.framework, "numel": args.numel, "copy_ms": round(copy_ms, 3),
+        results.append(bench_one(s, B, host, args.repeats, args.device))
+    doc = {"framework": args.framework, "device": args.device, "numel": args.numel,
+           "copy_ms": round(copy_ms, 3),
            "repeats": args.repeats, "results": results}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"framework {args.framework}, {args.numel:,} float32 elements, "
+        print(f"framework {args.framework} on {args.device}, {args.numel:,} float32 elements, "
               f"copy {copy_ms:.2f} ms (median of {args.repeats})")
         print(f"{'compression':34s} {'encode ms':>10s} {'decode ms':>10s} {'(enc+dec)/copy':>15s} "
               f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}")

@@ -1,10 +1,12 @@
-"""scripts/bench_kernels.py prints its figures under stable JSON keys: framework, numel,
+"""scripts/bench_kernels.py prints its figures under stable JSON keys: framework, device, numel,
 copy_ms, and per compressor compression, encode_ms, decode_ms, payload_bytes, ratio."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_kernels.py"
 
@@ -21,6 +23,7 @@ def test_json_keys_and_ratios():
     doc = json.loads(run("--framework", "numpy", "--numel", "200003", "--repeats", "1",
                          "--json").stdout)
     assert doc["framework"] == "numpy" and doc["numel"] == 200003 and doc["copy_ms"] >= 0
+    assert doc["device"] == "cpu"
     by_name = {r["compression"]: r for r in doc["results"]}
     assert set(by_name) == {"none", "fp16", "bf16", "topk", "randomk", "dgc", "qsgd", "terngrad",
                             "onebit", "threshold", "powersgd", "signsgd", "signum", "efsignsgd",
@@ -82,4 +85,23 @@ def test_bad_arguments_are_reported():
     assert proc.returncode == 2 and "topk: ratio must be in (0, 1], got 3" in proc.stderr
     proc = run("--framework", "jax", check=False)
     assert proc.returncode != 0 and "not available" in proc.stderr
+    for args, says in ((("--framework", "numpy", "--device", "cuda"), "with --framework torch"),
+                       (("--framework", "torch", "--device", "gpu"), "only cpu, or cuda")):
+        proc = run(*args, check=False)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert run("--help").stdout.startswith("usage:")
+
+
+def test_torch_on_cuda_reports_the_payloads_of_the_cpu():
+    """--device cuda: refused where PyTorch sees no GPU; where it does, the same payloads
+    as on the CPU (the same bits)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        proc = run("--framework", "torch", "--device", "cuda", check=False)
+        assert proc.returncode == 2 and "sees no CUDA device" in proc.stderr
+        pytest.skip("no CUDA device on this machine")
+    docs = {dev: json.loads(run("--framework", "torch", "--device", dev, "--numel", "30011",
+                                "--repeats", "1", "--json").stdout) for dev in ("cpu", "cuda")}
+    assert docs["cuda"]["device"] == "cuda"
+    assert ([r["payload_bytes"] for r in docs["cuda"]["results"]]
+            == [r["payload_bytes"] for r in docs["cpu"]["results"]])
