@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from hvd_compress.core import build
 from tests.harness import run_horovod
@@ -9,11 +10,19 @@ from tests.workers.torch_opt import SPECS
 
 pytestmark = pytest.mark.multiprocess
 
+# Model, gradients, payloads and compressor state on the GPU (ranks share one where there is
+# only one; a Horovod built without NCCL stages CUDA tensors through host memory).
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine"))
+DEVICES = ["cpu", CUDA]
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_every_compressor_matches_the_numpy_reference(controller):
+
+@pytest.mark.parametrize("controller,device", [("gloo", "cpu"), ("mpi", "cpu"),
+                                               pytest.param("gloo", *CUDA.values,
+                                                            marks=CUDA.marks)])
+def test_every_compressor_matches_the_numpy_reference(controller, device):
     results = run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
-                          controller=controller, timeout=600)
+                          controller=controller, timeout=600, kwargs={"device": device})
     for res in results:
         assert set(res["report"]) == set(SPECS)
         for spec, r in res["report"].items():
@@ -37,15 +46,18 @@ def test_every_compressor_matches_the_numpy_reference(controller):
         assert rep[spec]["collectives"] == 2 * rep["none"]["collectives"], spec
 
 
-def test_backward_passes_per_step_matches_accumulating_by_hand():
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_passes_per_step_matches_accumulating_by_hand(device):
     specs = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "qsgd:levels=7"]
     results = run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
-                          kwargs={"specs": specs, "bpps": 2, "steps": 2}, timeout=600)
+                          kwargs={"specs": specs, "bpps": 2, "steps": 2, "device": device},
+                          timeout=600)
     for res in results:
         assert set(res["report"]) == set(specs)
 
 
-def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path, device):
     """Every kind of compressor state (residual, DGC's u and v, the noise generator,
     PowerSGD's Q, shared random-k indices) through torch.save and a fresh launch; one
     launch for every compressor's first half, one for the resumes."""
@@ -53,17 +65,19 @@ def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path):
              "randomk:ratio=0.1+fp16"]
     path = str(tmp_path / "ckpt")
     full = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
-                       kwargs={"specs": specs, "path": path, "phase": "run"})
+                       kwargs={"specs": specs, "path": path, "phase": "run", "device": device})
     resumed = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
-                          kwargs={"specs": specs, "path": path, "phase": "resume"})
+                          kwargs={"specs": specs, "path": path, "phase": "resume", "device": device})
     for spec in specs:
         for a, b in zip(full, resumed):
             assert a[spec]["params"] == b[spec]["params"], spec
         assert full[0][spec]["params"] == full[1][spec]["params"], spec  # ranks agree
 
 
-def test_summable_compressors_in_horovods_own_optimizer():
-    results = run_horovod("tests.workers.torch_opt:horovod_own_optimizer", np=2, timeout=600)
+@pytest.mark.parametrize("device", DEVICES)
+def test_summable_compressors_in_horovods_own_optimizer(device):
+    results = run_horovod("tests.workers.torch_opt:horovod_own_optimizer", np=2, timeout=600,
+                          kwargs={"device": device})
     for res in results:
         assert set(res["report"]) == {"fp16", "bf16", "randomk:ratio=0.1", "powersgd:rank=2", "none"}
         assert "cannot run inside horovod.torch.DistributedOptimizer" in res["topk_error"]

@@ -39,14 +39,31 @@ class Net(torch.nn.Module):
         return out
 
 
-def make_model():
+def make_model(device="cpu"):
     torch.manual_seed(0)
-    return Net()
+    return Net().to(device)
 
 
-def batch(rank, step, micro=0):
+def use_device(device):
+    """``device`` for this rank after ``hvd.init()``: ``"cuda"`` takes the GPU of the
+    rank's local index (modulo the GPUs there: ranks may share one)."""
+    if device != "cuda":
+        return torch.device(device)
+    import horovod.torch as hvd
+    index = hvd.local_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def batch(rank, step, micro=0, device="cpu"):
     g = torch.Generator().manual_seed(1000 * rank + 10 * step + micro)
-    return torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 5, (8,), generator=g)
+    x, y = torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 5, (8,), generator=g)
+    return x.to(device), y.to(device)
+
+
+def host(t):
+    """A tensor's values as a numpy array (copied off the GPU where it lives there)."""
+    return t.detach().cpu().numpy()
 
 
 def loss_fn(model, x, y, use_extra=False):
@@ -67,14 +84,14 @@ def record_noise(opt):
         # (a copy: the host generator hands out one buffer for every draw, and the
         # integer sums keep theirs until round 1)
         noise = core.noise.draw(n, like=x.reshape(-1)).clone()
-        log.append((name, noise.numpy().copy()))
+        log.append((name, host(noise).copy()))
         return original(x, name, noise=noise)
 
     core.encode = encode
     return log
 
 
-def exchange_step(opt, model, rank, step, bpps=1, log=None):
+def exchange_step(opt, model, rank, step, bpps=1, log=None, device="cpu"):
     """One optimizer step of ``bpps`` backward passes on this rank's batches: ``(local,
     got, noise)`` -- the summed local gradients (computed apart, before the hooks), the
     gradients the optimizer left (its exchange's result) and the noise it drew
@@ -84,7 +101,7 @@ def exchange_step(opt, model, rank, step, bpps=1, log=None):
     log.clear()
     local = None
     for micro in range(bpps):
-        x, y = batch(rank, step, micro)
+        x, y = batch(rank, step, micro, device)
         g = _local_grads(model, x, y)
         local = g if local is None else {k: local[k] + g[k] for k in g}
         loss_fn(model, x, y).backward()
@@ -105,15 +122,16 @@ def _local_grads(model, x, y, use_extra=False):
             for (n, p), g in zip(params, grads)}
 
 
-def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
+def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1, device="cpu"):
     import horovod.torch as hvd
 
     import hvd_compress.torch as hc
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    device = use_device(device)
     report = {}
     for spec in specs:
-        model = make_model()
+        model = make_model(device)
         opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(),
                                       compression=spec, backward_passes_per_step=bpps, min_numel=0)
@@ -121,11 +139,12 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
         ref = Reference(str(opt.compression.spec), size)
         worst = 0.0
         for step in range(steps):
-            local, got, noise = exchange_step(opt, model, rank, step, bpps, log)
-            everyone = hvd.allgather_object(({k: v.numpy() for k, v in local.items()}, noise))
+            local, got, noise = exchange_step(opt, model, rank, step, bpps, log, device)
+            everyone = hvd.allgather_object(({k: host(v) for k, v in local.items()}, noise))
             expect = ref.step([e[0] for e in everyone], [e[1] for e in everyone])
             for name, value in expect.items():
-                diff = float(np.max(np.abs(got[name].numpy().astype(np.float64) - value)))
+                assert got[name].device == device, (spec, name, got[name].device)
+                diff = float(np.max(np.abs(host(got[name]).astype(np.float64) - value)))
                 scale = max(1e-6, float(np.max(np.abs(value))))
                 worst = max(worst, diff / scale)
         stats = opt.last_stats
@@ -140,24 +159,25 @@ def aggregate_matches_reference(specs=SPECS, steps=2, bpps=1):
     # every rank ends with the same parameters
     out = {"rank": rank, "report": report}
     if any(build(s).variable_size for s in specs):
-        out["different_orders"] = variable_sizes_in_different_orders()
+        out["different_orders"] = variable_sizes_in_different_orders(device=device)
     if any(build(s).integer_sum for s in specs):
-        out["int32_wrap"] = int32_sums_wrap()
+        out["int32_wrap"] = int32_sums_wrap(device)
     return out
 
 
-def int32_sums_wrap():
+def int32_sums_wrap(device="cpu"):
     """Horovod's int32 sum into the sign bit and past it comes back modulo 2**32 (what
     the integer sums' lanes rely on): each rank adds 0x7F000000 and 0xC0000000."""
     import horovod.torch as hvd
-    words = torch.tensor([0x7F000000, 0xC0000000 - (1 << 32), 5], dtype=torch.int32)
+    words = torch.tensor([0x7F000000, 0xC0000000 - (1 << 32), 5], dtype=torch.int32,
+                         device=device)
     got = hvd.allreduce(words, op=hvd.Sum, name="int32_wrap")
     size = hvd.size()
     want = [(size * v + (1 << 31)) % (1 << 32) - (1 << 31) for v in (0x7F000000, 0xC0000000, 5)]
     return {"got": got.tolist(), "want": want}
 
 
-def variable_sizes_in_different_orders(seconds=30.0):
+def variable_sizes_in_different_orders(seconds=30.0, device="cpu"):
     """Two groups of variable-size payloads sent through the engine in opposite orders
     on even and odd ranks (Horovod negotiates collectives by name, in any order), then
     received: each result against the numpy reference.  A wait that outlasts ``seconds``
@@ -189,7 +209,7 @@ def variable_sizes_in_different_orders(seconds=30.0):
     engines = {g: Exchange(build(groups[g][0], backend=TorchBackend(), rank=rank, world_size=size),
                            Deadline(hvd.global_process_set)) for g in order}
     stats = new_stats()
-    batches = {g: engines[g].send([torch.from_numpy(local[n]) for n in groups[g][1]],
+    batches = {g: engines[g].send([torch.from_numpy(local[n]).to(device) for n in groups[g][1]],
                                   list(groups[g][1]), stats) for g in order}
     got = {}
     for g in order:
@@ -200,22 +220,23 @@ def variable_sizes_in_different_orders(seconds=30.0):
         expect = Reference(spec, size).step([{n: e[n] for n in shapes} for e in everyone],
                                             [{} for _ in everyone])
         for n, value in expect.items():
-            diff = float(np.max(np.abs(got[n].numpy().astype(np.float64) - value)))
+            diff = float(np.max(np.abs(host(got[n]).astype(np.float64) - value)))
             worst = max(worst, diff / max(1e-6, float(np.max(np.abs(value)))))
     assert worst < 1e-5, worst
     return {"rel_err": worst, "bytes_sent": stats["bytes_sent"],
             "collectives": stats["collectives"]}
 
 
-def checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
+def checkpoint_phase(spec, path, phase, total_steps=6, save_at=3, device="cpu"):
     """phase 'run': train total_steps, saving at save_at; phase 'resume': load and finish."""
     import horovod.torch as hvd
 
     import hvd_compress.torch as hc
     hvd.init()
     rank = hvd.rank()
+    device = use_device(device)
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model(device)
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.0),
                                   named_parameters=model.named_parameters(), compression=spec, min_numel=0)
     start = 0
@@ -227,29 +248,31 @@ def checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
     for step in range(start, total_steps):
         if phase == "run" and step == save_at:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f"{path}.rank{rank}")
-        x, y = batch(rank, step)
+        x, y = batch(rank, step, device=device)
         opt.zero_grad(set_to_none=True)
         loss_fn(model, x, y).backward()
         opt.step()
-    return {"params": {n: p.detach().numpy().tobytes().hex() for n, p in model.named_parameters()}}
+    return {"params": {n: host(p).tobytes().hex() for n, p in model.named_parameters()}}
 
 
-def checkpoint_phases(specs, path, phase):
+def checkpoint_phases(specs, path, phase, device="cpu"):
     """:func:`checkpoint_phase` for several compressors in one launch (one folder each)."""
-    return {spec: checkpoint_phase(spec, f"{path}.{i}", phase) for i, spec in enumerate(specs)}
+    return {spec: checkpoint_phase(spec, f"{path}.{i}", phase, device=device)
+            for i, spec in enumerate(specs)}
 
 
 def horovod_own_optimizer(specs=("fp16", "bf16", "randomk:ratio=0.1", "powersgd:rank=2", "none"),
-                          steps=2):
+                          steps=2, device="cpu"):
     """Summable compressors through horovod.torch.DistributedOptimizer; top-k must refuse."""
     import horovod.torch as hvd
 
     import hvd_compress.torch as hc
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    device = use_device(device)
     report = {}
     for spec in specs:
-        model = make_model()
+        model = make_model(device)
         comp = hc.compressor(spec)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(),
@@ -257,23 +280,24 @@ def horovod_own_optimizer(specs=("fp16", "bf16", "randomk:ratio=0.1", "powersgd:
         ref = Reference(str(comp.spec), size)
         worst = 0.0
         for step in range(steps):
-            local, got, _ = exchange_step(opt, model, rank, step)
-            everyone = hvd.allgather_object({k: v.numpy() for k, v in local.items()})
+            local, got, _ = exchange_step(opt, model, rank, step, device=device)
+            everyone = hvd.allgather_object({k: host(v) for k, v in local.items()})
             expect = ref.step(everyone, [{} for _ in everyone])
             for name, value in expect.items():
                 if name.startswith("unused"):
                     continue
-                diff = float(np.max(np.abs(got[name].numpy().astype(np.float64) - value)))
+                assert got[name].device == device, (spec, name, got[name].device)
+                diff = float(np.max(np.abs(host(got[name]).astype(np.float64) - value)))
                 tol = {"fp16": 2e-3, "bf16": 2 ** -7}.get(spec, 1e-4)
                 worst = max(worst, diff / max(1e-6, float(np.max(np.abs(value)))))
                 assert diff <= tol * max(1e-6, float(np.max(np.abs(value)))), (spec, name, diff)
         report[spec] = worst
     # a compressor whose payload cannot be summed refuses with a clear error
-    model = make_model()
+    model = make_model(device)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),
                                    compression=hc.TopK(ratio=0.1))
-    x, y = batch(rank, 0)
+    x, y = batch(rank, 0, device=device)
     message = ""
     try:
         loss_fn(model, x, y).backward()
