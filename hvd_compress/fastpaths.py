@@ -22,8 +22,8 @@ gives the chain's bits.  Without error feedback their statistics pass also tells
 finiteness.  The scales come from the codec's own helpers (the reference
 arithmetic); the kernels do the per-element passes -- sums, codes, bit packing and, for 1-bit
 and threshold, the residual update -- with the same bits
-(``tests/test_kernels.py``).  1-bit by columns (``cols`` > 1) is declined: the
-chain runs.  ``HVD_COMPRESS_FUSED=0`` turns every fast path off.
+(``tests/test_kernels.py``); 1-bit by columns (``cols`` > 1) sums each column down
+the rows as numpy does.  ``HVD_COMPRESS_FUSED=0`` turns every fast path off.
 """
 
 from __future__ import annotations
@@ -61,11 +61,11 @@ def _kernels():
 
 def host_encoder(B, codec, cols: int):
     """A host backend's fused encoder for ``codec`` (see the module), or None: turned
-    off, numba missing, a codec without kernels, or 1-bit by columns."""
+    off, numba missing, or a codec without kernels."""
     body = _BODIES.get(codec.name)
     own = ("signum", "dgc", "stratified", "intsum", *_STEPS)  # encoders of their own signature
-    if (body is None and codec.name not in own) or (codec.name == "onebit" and cols != 1) \
-            or (codec.name == "inceptionn" and codec.ef) or not requested():
+    if (body is None and codec.name not in own) or (codec.name == "inceptionn" and codec.ef) \
+            or not requested():
         return None
     k = _kernels()
     if not k:
@@ -93,7 +93,8 @@ def host_encoder(B, codec, cols: int):
         n = B.shape(v)[0]
         if getattr(codec, "needs_noise", False) and noise is None:
             noise = noise_source.draw(n, like=g)
-        fields = body(k, B, codec, v, noise, residual is not None)
+        fields = body(k, B, codec, v, noise, residual is not None, cols) if cols != 1 \
+            else body(k, B, codec, v, noise, residual is not None)
         return fields, (v if residual is not None else None), True
     return encode
 
@@ -124,14 +125,24 @@ def _threshold(k, B, codec, v, noise, ef):
     return {"scale": B.asarray([tau], "float32", like=v), "codes": B.from_host(out)}
 
 
-def _onebit(k, B, codec, v, noise, ef):
+def _onebit(k, B, codec, v, noise, ef, cols=1):
     n = B.shape(v)[0]
-    npos, spos, sneg = (np.asarray(t) for t in k.sign_sums(B.host_view(v)))  # one pass
-    npos, spos, sneg = (B.from_host(t) for t in (npos.astype(np.int64), spos, sneg))
-    pos, neg = codec.means(B, npos, spos, sneg, n, 1)
+    vh = B.host_view(v)
+    if cols == 1:
+        npos, spos, sneg = (np.asarray(t) for t in k.sign_sums(vh))  # one pass
+        npos = npos.astype(np.int64)
+    else:  # by columns: one pass down the rows, the reference's sums and order
+        npos, total, spos = np.empty(cols, np.int64), np.empty(cols), np.empty(cols)
+        k.column_sign_sums(vh.reshape(-1, cols), npos, total, spos)
+        sneg = total - spos  # as the reference derives it
+    npos, spos, sneg = (B.from_host(t) for t in (npos, spos, sneg))
+    pos, neg = codec.means(B, npos, spos, sneg, n // cols, cols)
     out = _codes(n, 1)
-    k.onebit_pack(B.host_view(v), np.float32(B.to_numpy(pos)[0]), np.float32(B.to_numpy(neg)[0]),
-                  out, ef)  # with ef: v -= pos or neg
+    if cols == 1:
+        k.onebit_pack(vh, np.float32(B.to_numpy(pos)[0]), np.float32(B.to_numpy(neg)[0]), out,
+                      ef)  # with ef: v -= pos or neg
+    else:
+        k.onebit_pack_columns(vh, B.host_view(neg), B.host_view(pos), out, ef)
     return {"pos": pos, "neg": neg, "signs": B.from_host(out)}
 
 
@@ -640,9 +651,10 @@ def host_decoder(B, codec, cols: int):
     """A host backend's fused decoder for ``codec`` -- ``(fields, n) -> float32[n]``, the
     chain's bits -- or None: turned off, numba missing, or a codec without one."""
     body = _DECODERS.get(codec.name)
-    if body is None or not requested() or (codec.name in ("uniform", "qsgd") and 8 % codec.bits) \
-            or (codec.name == "onebit" and cols != 1):
+    if body is None or not requested() or (codec.name in ("uniform", "qsgd") and 8 % codec.bits):
         return None
+    if codec.name == "onebit" and cols != 1:
+        body = _onebit_columns_decode
     k = _kernels()
     if not k:
         return None
@@ -733,6 +745,10 @@ def _sign_decode(k, B, codec, f, out):
 
 def _onebit_decode(k, B, codec, f, out):
     k.bit_decode(f["signs"], np.concatenate([f["neg"], f["pos"]]), out)
+
+
+def _onebit_columns_decode(k, B, codec, f, out):
+    k.bit_decode_columns(f["signs"], f["neg"], f["pos"], out)
 
 
 def _uniform_decode(k, B, codec, f, out):

@@ -11,6 +11,7 @@ the reference chain).  The statistics (1-bit's sign sums, TernGrad's moments)
 accumulate in float64 as the reference does, in another order: the float32
 values derived from them agree unless a float64 result lies within about
 1e-16 of a float32 rounding boundary, as between numpy, torch and TensorFlow.
+1-bit by columns sums each column down the rows, numpy's order: the same sums.
 
 They reach the core only through the backends' ``fused_encoder`` hook:
 :mod:`hvd_compress.fastpaths` wraps them as the numpy backend's and the torch
@@ -33,7 +34,8 @@ try:  # numba is an optional speed-up; everything works without it
 except ImportError:  # pragma: no cover - numba is installed by scripts/setup.sh
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums", "moments",
+__all__ = ["AVAILABLE", "requested", "enabled", "threshold_pack", "onebit_pack", "sign_sums",
+           "column_sign_sums", "onebit_pack_columns", "bit_decode_columns", "moments",
            "terngrad_pack", "qsgd_codes", "bucket_sumsq", "bucket_decode", "abs_sum", "natural_codes",
            "natural_decode", "lookup_2bit",
            "bit_decode", "signum_step",
@@ -106,6 +108,73 @@ if AVAILABLE:
             spos += max(x, 0.0)
             sneg += min(x, 0.0)
         return npos, spos, sneg
+
+    _COLUMN_BLOCK = 64  # columns a thread sums down the rows at a time
+
+    @_jit
+    def column_sign_sums(m, npos, total, spos):
+        """Per column of the row-major matrix ``m``: the count of values >= 0 (``npos``)
+        and the float64 sums of all values (``total``) and of the non-negative ones
+        (``spos``), each accumulated from 0 down the rows in order -- the order of
+        numpy's sum over axis 0, so the reference's bits.  Threads take blocks of
+        columns, summed in local accumulators (2.5-5x faster than in the outputs)."""
+        rows, cols = m.shape
+        for blk in prange((cols + _COLUMN_BLOCK - 1) // _COLUMN_BLOCK):
+            lo = blk * _COLUMN_BLOCK
+            w = min(cols, lo + _COLUMN_BLOCK) - lo
+            cnt = np.zeros(_COLUMN_BLOCK, np.int64)
+            tot = np.zeros(_COLUMN_BLOCK)
+            pos = np.zeros(_COLUMN_BLOCK)
+            for r in range(rows):
+                row = m[r, lo:lo + w]
+                for j in range(w):
+                    x = np.float64(row[j])
+                    cnt[j] += x >= 0
+                    tot[j] += x
+                    pos[j] += max(x, 0.0)  # -0.0 or +0.0 added to a sum that starts at +0.0
+            npos[lo:lo + w] = cnt[:w]
+            total[lo:lo + w] = tot[:w]
+            spos[lo:lo + w] = pos[:w]
+
+    @_jit
+    def onebit_pack_columns(v, neg, pos, out, subtract):
+        """Sign bits (1: v >= 0) of flat ``v`` packed 8 a byte; with ``subtract``, ``v -=
+        pos[c]`` or ``neg[c]`` for the element's column ``c`` (``len(pos)`` columns).
+        Written as a choice between the two (a look-up indexed by the sign bit took
+        four times as long)."""
+        n = v.shape[0]
+        cols = pos.shape[0]
+        for q in prange(out.shape[0]):
+            b = 0
+            c = (q * 8) % cols
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    x = v[i]
+                    b |= np.int32(x >= 0) << j
+                    if subtract:
+                        v[i] = x - (pos[c] if x >= 0 else neg[c])
+                    c += 1
+                    if c == cols:
+                        c = 0
+            out[q] = b
+
+    @_jit
+    def bit_decode_columns(signs, neg, pos, out):
+        """``out[i] = pos[c]`` where bit ``i`` of ``signs`` is 1, else ``neg[c]``, for
+        the element's column ``c`` (1-bit SGD by columns)."""
+        n = out.shape[0]
+        cols = pos.shape[0]
+        for q in prange(signs.shape[0]):
+            b = np.int32(signs[q])
+            c = (q * 8) % cols
+            for j in range(8):
+                i = q * 8 + j
+                if i < n:
+                    out[i] = pos[c] if (b >> j) & 1 else neg[c]
+                    c += 1
+                    if c == cols:
+                        c = 0
 
     @_jit
     def moments(v):
