@@ -432,3 +432,37 @@ def test_a_sparse_aggregate_is_scaled_where_its_payloads_name(spec, backend):
     assert np.all(got[unnamed] == (7.0 if sparse else np.float32(7.0) * np.float32(factor)))
     plain = B.to_numpy(comp.scaled(B.copy(total), received, own, factor))
     assert np.array_equal(plain.view(np.uint32), want.view(np.uint32))
+
+
+# -- aggregating gathered payloads ------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("spec", [s for s in ALL_SPECS if not build(s).summable
+                                  and s not in ("signsgd", "signum")])  # (those vote)
+def test_aggregate_is_the_sum_of_the_decodes_and_leaves_the_payloads(spec, backend):
+    """Three ranks' gathered payloads of a tensor big enough for the decoders' kept result
+    buffers: the aggregate is, bit for bit, the decodes added in rank order (the first
+    decode takes the others in place), the payloads are left as received, and a second
+    call (two ranks' payloads) writes nowhere the first call's held result lives."""
+    shape, p = (512, 520), 3
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        from hvd_compress.torch.backend import TorchBackend
+        B, to = TorchBackend(), torch.from_numpy
+    else:
+        B, to = NUMPY, np.asarray
+    rng = np.random.default_rng(1)
+    comps = [build(spec, backend=B, rank=r, world_size=p) for r in range(p)]
+    encs = [c.encode(to((rng.standard_normal(shape) * 1e-2).astype(np.float32)), "w")
+            for c in comps]
+    received = [e.payload for e in encs]
+    before = [np.asarray(B.to_numpy(r)).tobytes() for r in received]
+    decoded = [np.asarray(B.to_numpy(comps[0].decode(e.payload, e.meta, e.ctx)), np.float32)
+               .reshape(-1) for e in encs]
+    want3 = decoded[0] + decoded[1] + decoded[2]
+    want2 = decoded[0] + decoded[1]
+    first = comps[0].aggregate(received, encs[0])
+    second = comps[0].aggregate(received[:2], encs[0])
+    assert np.asarray(B.to_numpy(second)).reshape(-1).tobytes() == want2.tobytes()
+    assert np.asarray(B.to_numpy(first)).reshape(-1).tobytes() == want3.tobytes()
+    assert [np.asarray(B.to_numpy(r)).tobytes() for r in received] == before

@@ -291,7 +291,9 @@ class Compressor:
         total = None
         for p in received:
             d = self._decode(p, meta, enc.ctx)
-            total = d if total is None else total + d
+            # the first decode is this call's own array: the others add into it in place
+            # (a fresh sum per rank cost a page-faulting allocation of the whole tensor)
+            total = d if total is None else self.B.iadd(total, d)
         return self._finish(total, meta, out)
 
     def wire(self, payload):
