@@ -28,6 +28,7 @@ the rows as numpy does.  ``HVD_COMPRESS_FUSED=0`` turns every fast path off.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -79,6 +80,8 @@ def host_encoder(B, codec, cols: int):
     if codec.name == "intsum":  # integer sums' passes (see IntSumHost)
         return IntSumHost(k, B)
 
+    if codec.name == "onebit" and cols != 1:
+        body = functools.partial(_onebit, cols=cols)
     smallest = _SMALLEST.get(codec.name, 0)
     step = _STEPS.get(codec.name)
 
@@ -93,8 +96,7 @@ def host_encoder(B, codec, cols: int):
         n = B.shape(v)[0]
         if getattr(codec, "needs_noise", False) and noise is None:
             noise = noise_source.draw(n, like=g)
-        fields = body(k, B, codec, v, noise, residual is not None, cols) if cols != 1 \
-            else body(k, B, codec, v, noise, residual is not None)
+        fields = body(k, B, codec, v, noise, residual is not None)
         return fields, (v if residual is not None else None), True
     return encode
 

@@ -210,7 +210,7 @@ class TorchBackend:
             if 2 * k <= n + 1:
                 return torch.topk(x, k, sorted=False).values.min()
             return torch.topk(x, n - k + 1, largest=False, sorted=False).values.max()
-        plan = selection_sample(n, k) if x.device.type == "cpu" else None
+        plan = selection_sample(n, k)
         if plan is not None:
             return _kth_largest_sampled(x, k, *plan)
         return torch.kthvalue(x, n - k + 1).values
