@@ -145,6 +145,25 @@ def test_device_selection_primitives_match_numpy(device):
             assert np.array_equal(got.cpu().numpy(), NUMPY.compact(mask, k)), (n, k, density)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_with_transposes_and_the_residual_product(device):
+    """The backend's products (PowerSGD's M Q, M^T P, P Q^T and M - P Q^T, every
+    transpose combination) against float64 products, to float32 rounding; contiguous
+    results (they are sent as they are)."""
+    rng = np.random.default_rng(5)
+    m, p, q = (rng.standard_normal(s).astype(np.float32) for s in ((300, 70), (300, 2), (70, 2)))
+    t = {k: torch.from_numpy(v).to(device) for k, v in (("m", m), ("p", p), ("q", q))}
+    m64, p64, q64 = m.astype(np.float64), p.astype(np.float64), q.astype(np.float64)
+    cases = [(T.matmul(t["m"], t["q"]), m64 @ q64),
+             (T.matmul(t["m"], t["p"], transpose_a=True), m64.T @ p64),
+             (T.matmul(t["p"], t["q"], transpose_b=True), p64 @ q64.T),
+             (T.matmul(t["q"], t["m"], transpose_a=True, transpose_b=True), q64.T @ m64.T),
+             (T.subtract_product(t["m"], t["p"], t["q"]), m64 - p64 @ q64.T)]
+    for got, want in cases:
+        assert got.is_contiguous() and got.dtype == torch.float32
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_noise_generator_state_round_trips():
     a = build("qsgd", T)
     x = torch.randn(1000)
