@@ -466,3 +466,33 @@ def test_aggregate_is_the_sum_of_the_decodes_and_leaves_the_payloads(spec, backe
     assert np.asarray(B.to_numpy(second)).reshape(-1).tobytes() == want2.tobytes()
     assert np.asarray(B.to_numpy(first)).reshape(-1).tobytes() == want3.tobytes()
     assert [np.asarray(B.to_numpy(r)).tobytes() for r in received] == before
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "tensorflow"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_a_float16_sum_decodes_into_out_as_without_it(backend, dtype):
+    """fp16's allreduced sum (and a bf16 sum that travelled as float16) widened straight
+    into the caller's buffer: the values, dtype and non-finite entries of the decode
+    without one."""
+    x = np.array([[1.5, -2.0, 65504.0], [np.inf, np.nan, 1e-7]], np.float32)
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        from hvd_compress.torch.backend import TorchBackend
+        B, to, empty = TorchBackend(), torch.from_numpy, \
+            lambda: torch.empty(2, 3, dtype=getattr(torch, dtype))
+    elif backend == "tensorflow":
+        tf = pytest.importorskip("tensorflow")
+        from hvd_compress.tensorflow.backend import TensorFlowBackend
+        B, to, empty = TensorFlowBackend(), tf.constant, lambda: tf.zeros([2, 3], dtype)
+    else:
+        B, to, empty = NUMPY, np.asarray, lambda: np.empty((2, 3), dtype)
+    for spec in ("fp16", "bf16"):
+        comp = build(spec, backend=B)
+        with np.errstate(over="ignore", invalid="ignore"):  # 65504 and Inf in bf16/fp16
+            enc = comp.encode(to(x.astype(dtype)), "w")
+            payload = B.cast(B.from_bfloat16_bits(enc.payload), "float16") if spec == "bf16" \
+                else enc.payload  # (bf16's sum as the allreduce carries it)
+        plain = np.asarray(B.to_numpy(comp.decode(payload, enc.meta)))
+        into = np.asarray(B.to_numpy(comp.decode(payload, enc.meta, out=empty())))
+        assert into.dtype == plain.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(into, plain)

@@ -282,7 +282,8 @@ class TensorFlowBackend:
         return tf.zeros_like(x)
 
     def icopy(self, x, y):
-        return tf.identity(_like(y, x))
+        y = _like(y, x)
+        return tf.identity(y if y.dtype == x.dtype else tf.cast(y, x.dtype))  # as x[...] = y
 
     def iadd(self, x, y):
         return x + _like(y, x)
