@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     if args.device != "cpu":
-        if args.framework != "torch" or not (args.device == "cuda" or args.device.startswith("cuda:")):
+        if args.framework != "torch" or not re.fullmatch(r"cuda(:\d+)?", args.device):
             ap.error(f"--device {args.device}: only cpu, or cuda / cuda:N with --framework torch")
         import torch
         if not torch.cuda.is_available():

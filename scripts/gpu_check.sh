@@ -23,10 +23,11 @@ case "${1:-}" in
     -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
 esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }  # before the cd
+OUT=$(absolute "${OUT:-$ROOT/gpu-check-out}")
+SITE=$(absolute "${HVD_GPU_SITE:-/tmp/hvd-gpu-site}")
+SDIST=$(absolute "${1:-$ROOT/.devcarry/horovod-0.28.1.tar.gz}")
 cd "$ROOT"
-OUT=${OUT:-$ROOT/gpu-check-out}
-SITE=${HVD_GPU_SITE:-/tmp/hvd-gpu-site}
-SDIST=${1:-$ROOT/.devcarry/horovod-0.28.1.tar.gz}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -80,6 +81,8 @@ if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
     say "Horovod built"
 fi
 "$PY" -c "import horovod.torch as hvd; print('horovod', hvd.__file__, 'gloo', hvd.gloo_built(), 'nccl', hvd.nccl_built(), 'cuda', hvd.cuda_built())" || exit 1
+"$PY" -c "import horovod.torch as hvd, sys; sys.exit(0 if hvd.cuda_built() else 1)" \
+    || echo "note: this Horovod was built without CUDA; CUDA tensors go through host memory" >&2
 
 say "CUDA tests"
 "$PY" -m pytest -p no:cacheprovider -q -rs -k cuda tests/test_torch_same_bits.py \

@@ -86,15 +86,16 @@ def test_bad_arguments_are_reported():
     proc = run("--framework", "jax", check=False)
     assert proc.returncode != 0 and "not available" in proc.stderr
     for args, says in ((("--framework", "numpy", "--device", "cuda"), "with --framework torch"),
-                       (("--framework", "torch", "--device", "gpu"), "only cpu, or cuda")):
+                       (("--framework", "torch", "--device", "gpu"), "only cpu, or cuda"),
+                       (("--framework", "torch", "--device", "cuda:x"), "only cpu, or cuda")):
         proc = run(*args, check=False)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert run("--help").stdout.startswith("usage:")
 
 
 def test_torch_on_cuda_reports_the_payloads_of_the_cpu():
-    """--device cuda: refused where PyTorch sees no GPU; where it does, the same payloads
-    as on the CPU (the same bits)."""
+    """--device cuda: refused where PyTorch sees no GPU; where it does, the payload sizes
+    of the CPU (the bits themselves: tests/test_torch_same_bits.py)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         proc = run("--framework", "torch", "--device", "cuda", check=False)

@@ -142,3 +142,29 @@ def test_a_registered_toy_trains_through_each_framework(worker, toy):
         assert res["bytes"] == 4 * (5 + 1)  # exactly the toy's payload, once per step
     assert sum(r["losses"][-1] for r in results) < sum(r["losses"][0] for r in results)
     assert results[0]["w"] == results[1]["w"]  # ranks agree
+
+
+class Verbatim(Compressor):
+    """The values themselves, decoded as a view of the payload (what a new compressor may
+    well write): the base ``aggregate`` must not add into a received payload."""
+
+    name = "toyverbatim"
+
+    def payload_nbytes(self, meta):
+        return 4 * meta.numel
+
+    def _encode(self, v, meta, st, noise, flag):
+        return Encoded(self.B.copy(v), meta, self.payload_nbytes(meta))
+
+    def _decode(self, payload, meta, ctx):
+        return payload
+
+
+def test_aggregate_leaves_a_payload_its_decode_returns_as_is():
+    comp = Verbatim({"ef": False})
+    encs = [comp.encode(np.full(4, float(r + 1), np.float32), "w") for r in range(3)]
+    received = [e.payload for e in encs]
+    total = comp.aggregate(received, encs[0])
+    np.testing.assert_array_equal(total, np.full(4, 6.0, np.float32))
+    for r, p in enumerate(received):
+        np.testing.assert_array_equal(p, np.full(4, float(r + 1), np.float32))

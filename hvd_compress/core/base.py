@@ -153,6 +153,10 @@ class Compressor:
     #: whether the aggregate does not scale with the inputs (the majority vote), so that
     #: Horovod's ``gradient_predivide_factor`` does not apply to it
     scale_free = False
+    #: whether :meth:`_decode` always returns an array of its own (no view of the payload,
+    #: no state or cached array): :meth:`aggregate` then adds the other ranks' decodes
+    #: into the first one in place.  Off by default, so a new compressor is safe as written
+    fresh_decode = False
     #: the most elements a tensor may have (None: any number)
     max_numel = None
     #: the most ranks whose payloads may be summed (None: any number; integer sums)
@@ -291,9 +295,12 @@ class Compressor:
         total = None
         for p in received:
             d = self._decode(p, meta, enc.ctx)
-            # the first decode is this call's own array: the others add into it in place
-            # (a fresh sum per rank cost a page-faulting allocation of the whole tensor)
-            total = d if total is None else self.B.iadd(total, d)
+            if total is None:
+                total = d
+            elif self.fresh_decode:  # the first decode is this call's own array: added
+                total = self.B.iadd(total, d)  # into in place (a fresh sum per rank cost a
+            else:                              # page-faulting whole-tensor allocation)
+                total = total + d
         return self._finish(total, meta, out)
 
     def wire(self, payload):

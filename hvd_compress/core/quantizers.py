@@ -328,6 +328,8 @@ def _mix(seed: int, rank: int) -> int:
 class QuantizerCompressor(Compressor):
     """A whole tensor through one codec; payload bytes travel by allgather."""
 
+    fresh_decode = True  # every codec's decode (chain or kernel) makes its own array
+
     def __init__(self, codec_name: str, params=None, backend=None, rank=0, world_size=1, **kw):
         from .backend import NUMPY
         super().__init__(params, backend or NUMPY, rank, world_size)
@@ -438,9 +440,11 @@ class Cast16(Compressor):
         return self.codec.decode_values(self.B, {"values": payload}, 0)
 
     def decode(self, payload, meta, ctx=None, out=None):
-        if out is not None and self.B.dtype_name(payload) == "float16":
+        if out is not None and self.B.dtype_name(payload) == "float16" \
+                and self.B.dtype_name(out) == "float32":
             # the widening in the copy into ``out``: one pass, and no float32 tensor of
-            # the whole gradient made first (float16 widens exactly)
+            # the whole gradient made first; the same conversion, so the same bits (other
+            # buffers go through float32 as before: NaN's bits differ by route)
             return self.B.icopy(out, self.B.reshape(payload, meta.shape))
         return super().decode(payload, meta, ctx, out)
 

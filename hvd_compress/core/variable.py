@@ -209,6 +209,7 @@ class Inceptionn(PayloadFastPath, Compressor):
     """
 
     name = "inceptionn"
+    fresh_decode = True  # the kernel's and the chain's decodes make their own arrays
     variable_size = True
     max_numel = 2 ** 31 - 1  # the counts of each width travel as int32
 

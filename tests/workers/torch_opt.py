@@ -52,6 +52,8 @@ def use_device(device):
     import horovod.torch as hvd
     index = hvd.local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
+    # bit-identical resumes need the same convolution algorithms every launch
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     return torch.device("cuda", index)
 
 
