@@ -297,9 +297,11 @@ class Compressor:
             d = self._decode(p, meta, enc.ctx)
             if total is None:
                 total = d
-            elif self.fresh_decode:  # the first decode is this call's own array: added
-                total = self.B.iadd(total, d)  # into in place (a fresh sum per rank cost a
-            else:                              # page-faulting whole-tensor allocation)
+            elif self.fresh_decode:
+                # the first decode is this call's own array: added into in place (a fresh
+                # sum per rank cost a page-faulting allocation of the whole tensor)
+                total = self.B.iadd(total, d)
+            else:
                 total = total + d
         return self._finish(total, meta, out)
 

@@ -359,8 +359,7 @@ class TorchBackend:
         if transpose_a:
             # a^T rhs as (rhs^T a)^T: a is then read by rows.  Transposing a first took
             # 102 ms on a 5055x5055 matrix here, a^T as an operand 58, this 10.
-            lhs = b if transpose_b else b.t()
-            return (lhs @ a).t().contiguous()
+            return (rhs.t() @ a).t().contiguous()
         return a @ rhs
 
     def subtract_product(self, c, a, b):
