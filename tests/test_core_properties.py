@@ -154,6 +154,28 @@ def test_dgc_sends_vectors_whole_with_momentum():
     assert np.count_nonzero(out) == 3 and enc.nbytes == 3 * 8
 
 
+def test_dgc_at_density_one_is_momentum_sgd():
+    """At density 1 (``ratio=1``, or a dense warm-up epoch) the authors compress nothing:
+    u = m*u + g is sent whole, momentum kept (no masking), v untouched; values only.
+    Masking every sent coordinate used to make it SGD without momentum."""
+    rng = np.random.default_rng(5)
+    for spec, dense_steps in (("dgc:ratio=1", 6),
+                              ("dgc:ratio=0.01,warmup_coeff=1,warmup_epochs=1,steps_per_epoch=3", 3)):
+        comp = build(spec)
+        u = np.zeros(400)
+        for t in range(6):
+            g = rng.standard_normal((20, 20)).astype(np.float32)
+            u = 0.9 * u + g.ravel()
+            out, enc = single_rank(comp, g, "w")
+            if t < dense_steps:
+                np.testing.assert_allclose(out.ravel(), u, rtol=1e-5, atol=1e-5)
+                assert enc.nbytes == 4 * 400  # values only: every rank knows the indices
+                assert not np.any(comp.states["w"]["v"])
+            else:  # past the dense warm-up: 4 of 400 sent, as (index, value) pairs
+                assert np.count_nonzero(out) == 4 and enc.nbytes == 4 * 8
+                assert np.any(comp.states["w"]["v"])
+
+
 # -- unbiasedness and variance ---------------------------------------------------------------
 
 def _draws(spec, x, n_draws, seed=0):

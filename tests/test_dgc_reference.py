@@ -51,17 +51,19 @@ class ReferenceDGC:
     """The authors' DGC, one rank, step by step (see the module docstring)."""
 
     def __init__(self, ratio, momentum=0.9, nesterov=False, sample_ratio=0.01,
-                 warmup_epochs=4, steps_per_epoch=1, masking=True, compress_1d=False, seed=0):
+                 warmup_epochs=4, steps_per_epoch=1, masking=True, compress_1d=False, seed=0,
+                 warmup_coeff=None):
         self.ratio, self.m, self.nesterov = ratio, np.float32(momentum), nesterov
+        self.coeff = warmup_coeff or ratio ** (1 / (warmup_epochs + 1))
         self.sample_ratio, self.W, self.spe = sample_ratio, warmup_epochs, steps_per_epoch
         self.masking, self.compress_1d, self.seed = masking, compress_1d, seed
         self.u, self.v, self.steps = {}, {}, {}
         self.seen = {"exact": 0, "sampled": 0, "lowered": 0, "fewer than k": 0,
-                     "more than 1.3k": 0, "k to 1.3k": 0, "whole": 0}
+                     "more than 1.3k": 0, "k to 1.3k": 0, "whole": 0, "density 1": 0}
 
     def density(self, epoch):
-        if epoch < self.W:  # warmup_coeff = ratio ** (1 / (W + 1)), compress_ratio = coeff**(e+1)
-            return max(self.ratio ** ((epoch + 1) / (self.W + 1)), self.ratio)
+        if epoch < self.W:  # compress_ratio = max(warmup_coeff ** (e + 1), ratio)
+            return max(self.coeff ** (epoch + 1), self.ratio)
         return self.ratio
 
     def sample(self, name, step, n, s):
@@ -81,13 +83,15 @@ class ReferenceDGC:
             u[:] = (u + g) * m
         else:
             u[:] = u * m + g
-        if np.ndim(grad) < 2 and not self.compress_1d:  # not in cpr_parameters: sent whole
-            self.seen["whole"] += 1
+        d = self.density(step // self.spe)
+        # compress() compresses only a tensor in cpr_parameters while compress_ratio < 1;
+        # else decompress() returns compensate(accumulate=False): momentum alone
+        if np.ndim(grad) < 2 and not self.compress_1d or d >= 1:
+            self.seen["whole" if d < 1 else "density 1"] += 1
             return (u + g) if self.nesterov else u.copy()
         v += u
         if self.nesterov:
             v += g
-        d = self.density(step // self.spe)
         k = max(1, math.ceil(d * n - 1e-9))
         mag = np.abs(v)
         by_size = np.lexsort((np.arange(n), -mag))  # largest first, ties: lower index
@@ -145,6 +149,7 @@ CASES = {
     "nesterov": {"nesterov": True},
     "no masking": {"masking": False},
     "vectors compressed": {"compress_1d": True},
+    "dense warm-up": {"warmup_coeff": 1},  # the authors' wm5o: momentum SGD, then DGC
 }
 
 
@@ -177,7 +182,9 @@ def test_dgc_matches_the_reference_model_step_by_step(case, backend):
     seen = ref.seen
     assert seen["exact"] and seen["sampled"] and seen["lowered"], seen
     assert seen["fewer than k"] and seen["more than 1.3k"], seen
-    assert seen["whole"] == (0 if params.get("compress_1d") else 8), seen
+    dense = 4 if params.get("warmup_coeff") == 1 else 0  # steps, tensor by tensor
+    assert seen["whole"] == (0 if params.get("compress_1d") else 8 - dense), seen
+    assert seen["density 1"] == dense * 5, seen  # every tensor, the bias included
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

@@ -37,7 +37,15 @@ applying it before the average, as here, equals applying it after.
 with the authors' coefficient ``ratio ** (1 / (warmup_epochs + 1))``: at 0.1%
 and 4 epochs that is 25.1%, 6.3%, 1.6%, 0.4% -- the paper's 75%, 93.75%,
 98.4375%, 99.6% sparsity -- then ``ratio``; ``warmup_coeff=0.25`` is the
-paper's quartering at any ratio.
+paper's quartering at any ratio, and ``warmup_coeff=1`` the authors' other
+warm-up (their ``wm5o`` config): dense until the warm-up ends.
+
+*Density 1* (``ratio=1``, or a warm-up epoch at density 1): every tensor is
+sent whole with momentum applied (``u`` as is; ``v`` untouched, no masking),
+values only -- momentum SGD, as the authors' code, which compresses only while
+``compress_ratio < 1`` and otherwise returns ``compensate(accumulate=False)``.
+(Sent as k = n pairs with masking, as before 0.2.7, every coordinate lost its
+momentum at every step: plain SGD.)
 The epoch is ``step // steps_per_epoch`` when ``steps_per_epoch`` is given, else
 what :meth:`DGC.set_epoch` last set (0 at first).
 
@@ -143,8 +151,16 @@ class DGC(Sparsifier):
         return bool(self.params.get("dense", False)) or (
             len(meta.shape) < 2 and not self.params["compress_1d"])
 
-    def sends_indices(self, meta) -> bool:
-        return not self.whole(meta)
+    def momentum_only(self, meta, step) -> bool:
+        """Whether this step applies momentum alone (``u`` sent as is; no ``v``, no
+        masking): a tensor sent whole, or any tensor at density 1 -- the authors
+        compress only while ``compress_ratio < 1``, so at 1 DGC is momentum SGD."""
+        return self.whole(meta) or self.density(step) >= 1.0
+
+    def sends_indices(self, meta, ctx=None) -> bool:
+        """Not for a tensor sent whole, nor when every element is sent (density 1: the
+        indices would be 0..n-1, which every rank's own selection already is)."""
+        return not self.whole(meta) and self.k_for(meta, ctx) < meta.numel
 
     def k_for(self, meta, ctx=None) -> int:
         if ctx is not None:
@@ -206,7 +222,7 @@ class DGC(Sparsifier):
     def _select(self, vacc, meta, st):
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        if self.whole(meta):
+        if self.momentum_only(meta, st["step"]):
             return B.arange(n, like=vacc), None
         mag = B.abs(vacc)
         thr, exact = self.threshold(mag, meta, st["step"])
@@ -237,7 +253,8 @@ class DGC(Sparsifier):
         finite)``: new tensors and a 0-d ``finite`` (TensorFlow's op, which sends a
         non-finite step's values as NaN), kept as :func:`~.base.kept_state` says."""
         B = self.B
-        if self.whole(meta) or self._codec is not None or float(self.params["clip_norm"]) > 0:
+        if self.momentum_only(meta, st["step"]) or self._codec is not None \
+                or float(self.params["clip_norm"]) > 0:
             return None
         if sample_size(meta.numel, self.density(st["step"]), float(self.params["sample_ratio"])) \
                 == meta.numel:  # selected exactly: the chain
@@ -263,7 +280,7 @@ class DGC(Sparsifier):
             limit = clip / math.sqrt(self.world_size)
             g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
         nesterov = bool(self.params["nesterov"])
-        whole = self.whole(meta)
+        whole = self.momentum_only(meta, st["step"])
         if flag is None and B.is_host(g):
             return self._encode_in_place(g, meta, st, noise, m, nesterov, whole)
         if nesterov:

@@ -50,6 +50,10 @@ def _in_closed_open(lo, hi):  # [lo, hi)
     return (lambda v: lo <= v < hi), f"in [{lo:g}, {hi:g})"
 
 
+def _in_closed(lo, hi):  # [lo, hi]
+    return (lambda v: lo <= v <= hi), f"in [{lo:g}, {hi:g}]"
+
+
 def _at_least(lo):
     return (lambda v: v >= lo), f">= {lo:g}"
 
@@ -201,8 +205,9 @@ for _alg in (
         "sample_ratio": Param(float, 0.01, _in_open_closed(0, 1),
                               "fraction sampled to estimate the threshold"),
         "warmup_epochs": Param(int, 4, _at_least(0), "epochs of exponential warm-up sparsity"),
-        "warmup_coeff": Param(float, 0.0, _in_closed_open(0, 1),
-                              "density factor per warm-up epoch (0: ratio^(1/(warmup_epochs+1)))"),
+        "warmup_coeff": Param(float, 0.0, _in_closed(0, 1),
+                              "density factor per warm-up epoch (0: ratio^(1/(warmup_epochs+1)); "
+                              "1: dense momentum SGD through the warm-up, the authors' wm5o)"),
         "masking": Param(bool, True, None, "momentum factor masking (zero u where sent)"),
         "compress_1d": Param(bool, False, None,
                              "sparsify tensors of fewer than 2 dimensions too (default: sent "
