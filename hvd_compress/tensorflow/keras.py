@@ -27,6 +27,7 @@ import horovod.tensorflow as hvd
 from ..core.policy import DEFAULT_MIN_NUMEL
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
+from ..processset import check_process_set
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import TFPolicy, as_compression, prepare_exchange
@@ -129,6 +130,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                        local_sgd, local_sgd_warmup_steps, delay, comp.specs(),
                        op_sums=op in (hvd.Average, hvd.Sum),
                        start_step=getattr(getattr(comp, "policy", None), "start_step", 0))
+    check_process_set(hvd, process_set)
     config = optimizer.get_config()
     if backward_passes_per_step > 1 and not local_sgd:
         config["gradient_accumulation_steps"] = backward_passes_per_step

@@ -24,6 +24,7 @@ import tensorflow as tf
 from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..frontend import choice_of, new_stats
 from ..localsteps import check_wrapper_args
+from ..processset import check_process_set
 from .compressors import TFCompressor, TFPolicy, as_compression, owned_by, prepare_exchange
 from .exchange import engine, exchange_tensors, hierarchy_of, is_hierarchical, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
@@ -243,6 +244,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                        op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
                        local_sgd, local_sgd_warmup_steps, delay, specs,
                        op_sums=op in (hvd.Average, hvd.Sum), start_step=start_step)
+    check_process_set(hvd, process_set)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,

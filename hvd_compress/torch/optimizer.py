@@ -32,6 +32,7 @@ from ..core.hierarchy import Hierarchical
 from ..core.policy import DEFAULT_MIN_NUMEL
 from ..localsteps import check_wrapper_args
 from ..pertensor import format_plan
+from ..processset import check_process_set
 from .agreement import ready_engine
 from .backend import TorchBackend
 from .collectives import HorovodTorch
@@ -52,6 +53,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  sparse_as_dense=False, process_set=hvd.global_process_set, local_sgd=False,
                  local_sgd_warmup_steps=0, named_buffers=None, delay=0, hierarchical=None):
         super(self.__class__, self).__init__(params)
+        check_process_set(hvd, process_set)
         sets = None if hierarchical is False else nodes.node_sets(hvd, process_set)
         if hierarchical and sets is None:
             raise ValueError(nodes.MISSING)

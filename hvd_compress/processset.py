@@ -1,0 +1,26 @@
+"""Checks on the process set a wrapper exchanges over (either framework).
+
+Horovod's Python process sets live in ``horovod.common``, shared by
+``horovod.torch`` and ``horovod.tensorflow``; whichever of the two was imported
+last answers for both.  ``init()`` of the *other* one then leaves the global
+process set without ranks, so ``included()`` is False on every worker and a
+wrapper would skip every exchange: each worker would train alone, silently.
+"""
+
+from __future__ import annotations
+
+__all__ = ["check_process_set"]
+
+
+def check_process_set(hvd, process_set) -> None:
+    """Raise where ``process_set`` is Horovod's global set left empty by ``hvd.init()``
+    (the module docstring); ``hvd`` is ``horovod.torch`` or ``horovod.tensorflow``."""
+    if getattr(process_set, "process_set_id", None) != 0 or process_set.ranks != []:
+        return
+    if not hvd.is_initialized():
+        return
+    raise RuntimeError(
+        f"Horovod's global process set holds no ranks after {hvd.__name__}.init(): "
+        "horovod.torch and horovod.tensorflow were both imported and the other one was "
+        f"imported last, so every exchange would be skipped. Import {hvd.__name__} after "
+        "the other (or only one of them) in this process")
