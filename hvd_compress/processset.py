@@ -4,7 +4,8 @@ Horovod's Python process sets live in ``horovod.common``, shared by
 ``horovod.torch`` and ``horovod.tensorflow``; whichever of the two was imported
 last answers for both.  ``init()`` of the *other* one then leaves the global
 process set without ranks, so ``included()`` is False on every worker and a
-wrapper would skip every exchange: each worker would train alone, silently.
+wrapper would skip every exchange: each worker would train alone, silently
+(Horovod's own optimizer does: two workers, gradients 2 and 4, each kept its own).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ __all__ = ["check_process_set"]
 
 def check_process_set(hvd, process_set) -> None:
     """Raise where ``process_set`` is Horovod's global set left empty by ``hvd.init()``
-    (the module docstring); ``hvd`` is ``horovod.torch`` or ``horovod.tensorflow``."""
+    (the module docstring) among two or more workers; ``hvd`` is ``horovod.torch`` or
+    ``horovod.tensorflow``."""
     if getattr(process_set, "process_set_id", None) != 0 or process_set.ranks != []:
         return
-    if not hvd.is_initialized():
+    if not hvd.is_initialized() or hvd.size() < 2:  # (one worker: nothing to exchange)
         return
     raise RuntimeError(
         f"Horovod's global process set holds no ranks after {hvd.__name__}.init(): "
