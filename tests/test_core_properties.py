@@ -156,24 +156,49 @@ def test_dgc_sends_vectors_whole_with_momentum():
 
 def test_dgc_at_density_one_is_momentum_sgd():
     """At density 1 (``ratio=1``, or a dense warm-up epoch) the authors compress nothing:
-    u = m*u + g is sent whole, momentum kept (no masking), v untouched; values only.
-    Masking every sent coordinate used to make it SGD without momentum."""
+    u = m*u + g is sent whole, momentum kept (no masking), v untouched.  Masking every
+    sent coordinate used to make it SGD without momentum.  Two ranks, each decoding
+    both payloads, get the sum of both momenta."""
     rng = np.random.default_rng(5)
     for spec, dense_steps in (("dgc:ratio=1", 6),
                               ("dgc:ratio=0.01,warmup_coeff=1,warmup_epochs=1,steps_per_epoch=3", 3)):
-        comp = build(spec)
-        u = np.zeros(400)
+        comps = [build(spec, rank=r, world_size=2) for r in range(2)]
+        u = np.zeros((2, 400))
         for t in range(6):
-            g = rng.standard_normal((20, 20)).astype(np.float32)
-            u = 0.9 * u + g.ravel()
-            out, enc = single_rank(comp, g, "w")
+            g = rng.standard_normal((2, 20, 20)).astype(np.float32)
+            u = 0.9 * u + g.reshape(2, -1)
+            encs = [c.encode(x, "w") for c, x in zip(comps, g)]
+            outs = [np.asarray(c.aggregate([e.payload for e in encs], enc)).ravel()
+                    for c, enc in zip(comps, encs)]
+            np.testing.assert_array_equal(outs[0], outs[1])
             if t < dense_steps:
-                np.testing.assert_allclose(out.ravel(), u, rtol=1e-5, atol=1e-5)
-                assert enc.nbytes == 4 * 400  # values only: every rank knows the indices
-                assert not np.any(comp.states["w"]["v"])
-            else:  # past the dense warm-up: 4 of 400 sent, as (index, value) pairs
-                assert np.count_nonzero(out) == 4 and enc.nbytes == 4 * 8
-                assert np.any(comp.states["w"]["v"])
+                np.testing.assert_allclose(outs[0], u.sum(axis=0), rtol=1e-5, atol=1e-5)
+                assert encs[0].nbytes == 8 * 400  # n (index, value) pairs
+                assert not any(np.any(c.states["w"]["v"]) for c in comps)
+            else:  # past the dense warm-up: 4 of 400 sent per rank
+                assert np.count_nonzero(outs[0]) <= 8 and encs[0].nbytes == 4 * 8
+                assert all(np.any(c.states["w"]["v"]) for c in comps)
+    # with a quantizer, density 1 keeps the sparse path: v keeps the quantizer's error
+    comp = build("dgc:ratio=1,momentum=0+terngrad")
+    comp.encode(rng.standard_normal((20, 20)).astype(np.float32), "w")
+    assert np.any(comp.states["w"]["v"])
+
+
+def test_dgc_payloads_decode_alike_on_every_rank_when_k_is_n():
+    """k = n below density 1 (d > 2/3 on a tiny tensor that is still sampled): the
+    correction loop can leave slots empty, so the indices must travel; every rank
+    decodes both payloads to the same aggregate, the sum of what each sent."""
+    rng = np.random.default_rng(6)
+    comps = [build("dgc:ratio=0.9,warmup_epochs=0,momentum=0", rank=r, world_size=2)
+             for r in range(2)]
+    for _ in range(4):
+        g = rng.standard_normal((2, 3, 3)).astype(np.float32)
+        encs = [c.encode(x, "w") for c, x in zip(comps, g)]
+        outs = [np.asarray(c.aggregate([e.payload for e in encs], enc)).ravel()
+                for c, enc in zip(comps, encs)]
+        sent = sum(np.asarray(c.aggregate([e.payload], e)).ravel() for c, e in zip(comps, encs))
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_array_equal(outs[0], sent)
 
 
 # -- unbiasedness and variance ---------------------------------------------------------------

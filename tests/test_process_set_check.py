@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess
+
 TORCH = """
 import horovod.{first}, horovod.{second}
 import horovod.torch as hvd, torch
@@ -53,6 +55,7 @@ def _launch(code):
 
 @pytest.mark.parametrize("framework,other", [("torch", "tensorflow"), ("tensorflow", "torch")])
 def test_an_empty_global_process_set_is_refused_among_workers(framework, other):
+    pytest.importorskip("tensorflow")  # both frameworks are the point
     code = TORCH if framework == "torch" else TF
     bad = _launch(code.format(first=framework, second=other))  # the other imported last
     assert len(bad) == 2 and all("REFUSED" in line and "holds no ranks" in line and

@@ -41,11 +41,14 @@ paper's quartering at any ratio, and ``warmup_coeff=1`` the authors' other
 warm-up (their ``wm5o`` config): dense until the warm-up ends.
 
 *Density 1* (``ratio=1``, or a warm-up epoch at density 1): every tensor is
-sent whole with momentum applied (``u`` as is; ``v`` untouched, no masking),
-values only -- momentum SGD, as the authors' code, which compresses only while
+sent with momentum applied (``u`` as is; ``v`` untouched, no masking) --
+momentum SGD, as the authors' code, which compresses only while
 ``compress_ratio < 1`` and otherwise returns ``compensate(accumulate=False)``.
-(Sent as k = n pairs with masking, as before 0.2.7, every coordinate lost its
-momentum at every step: plain SGD.)
+(Masked, as before 0.2.7, every coordinate lost its momentum at every step:
+plain SGD.)  It still travels as n (index, value) pairs: a layout without
+indices would have to tell density 1 from k = n below it, where a sampled
+selection can leave slots empty.  With a quantizer (``dgc+terngrad``) density 1
+keeps the sparse path, so that ``v`` keeps the quantizer's error.
 The epoch is ``step // steps_per_epoch`` when ``steps_per_epoch`` is given, else
 what :meth:`DGC.set_epoch` last set (0 at first).
 
@@ -153,14 +156,13 @@ class DGC(Sparsifier):
 
     def momentum_only(self, meta, step) -> bool:
         """Whether this step applies momentum alone (``u`` sent as is; no ``v``, no
-        masking): a tensor sent whole, or any tensor at density 1 -- the authors
-        compress only while ``compress_ratio < 1``, so at 1 DGC is momentum SGD."""
-        return self.whole(meta) or self.density(step) >= 1.0
+        masking): a tensor sent whole, or any tensor at density 1 without a quantizer
+        -- the authors compress only while ``compress_ratio < 1``, so at 1 DGC is
+        momentum SGD (with a quantizer ``v`` keeps its error, as below 1)."""
+        return self.whole(meta) or (self._codec is None and self.density(step) >= 1.0)
 
-    def sends_indices(self, meta, ctx=None) -> bool:
-        """Not for a tensor sent whole, nor when every element is sent (density 1: the
-        indices would be 0..n-1, which every rank's own selection already is)."""
-        return not self.whole(meta) and self.k_for(meta, ctx) < meta.numel
+    def sends_indices(self, meta) -> bool:
+        return not self.whole(meta)
 
     def k_for(self, meta, ctx=None) -> int:
         if ctx is not None:

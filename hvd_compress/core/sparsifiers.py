@@ -96,13 +96,13 @@ class Sparsifier(Compressor):
     def k_for(self, meta, ctx=None) -> int:
         return count_for(float(self.params["ratio"]), meta.numel)
 
-    def sends_indices(self, meta, ctx=None) -> bool:
+    def sends_indices(self, meta) -> bool:
         """Whether the payload carries the indices (not when every rank knows them)."""
         return not self.shared_indices
 
     def layout(self, meta, ctx=None) -> list:
         n, k = meta.numel, self.k_for(meta, ctx)
-        segs = [Segment("indices", index_dtype(n), k)] if self.sends_indices(meta, ctx) else []
+        segs = [Segment("indices", index_dtype(n), k)] if self.sends_indices(meta) else []
         if self._codec is None:
             segs.append(Segment("values", "float32", k))
         else:
@@ -135,7 +135,7 @@ class Sparsifier(Compressor):
                 noise = self.noise.draw(k, like=v)
             fields = self._codec.encode_values(B, values, flag, noise)
             ctx.sent = self._codec.decode_values(B, fields, k)
-        if self.sends_indices(meta, ctx):
+        if self.sends_indices(meta):
             fields["indices"] = B.cast(safe, index_dtype(n))
         if self.summable:
             payload = fields["values"]
