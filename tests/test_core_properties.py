@@ -154,6 +154,14 @@ def test_dgc_sends_vectors_whole_with_momentum():
     assert np.count_nonzero(out) == 3 and enc.nbytes == 3 * 8
 
 
+def _each_rank_decodes_all(comps, grads):
+    """One step of ranks ``comps`` (one gradient each): their encodings, and what each
+    rank aggregates from every rank's payload (flat)."""
+    encs = [c.encode(x, "w") for c, x in zip(comps, grads)]
+    return encs, [np.asarray(c.aggregate([e.payload for e in encs], enc)).ravel()
+                  for c, enc in zip(comps, encs)]
+
+
 def test_dgc_at_density_one_is_momentum_sgd():
     """At density 1 (``ratio=1``, or a dense warm-up epoch) the authors compress nothing:
     u = m*u + g is sent whole, momentum kept (no masking), v untouched.  Masking every
@@ -167,9 +175,7 @@ def test_dgc_at_density_one_is_momentum_sgd():
         for t in range(6):
             g = rng.standard_normal((2, 20, 20)).astype(np.float32)
             u = 0.9 * u + g.reshape(2, -1)
-            encs = [c.encode(x, "w") for c, x in zip(comps, g)]
-            outs = [np.asarray(c.aggregate([e.payload for e in encs], enc)).ravel()
-                    for c, enc in zip(comps, encs)]
+            encs, outs = _each_rank_decodes_all(comps, g)
             np.testing.assert_array_equal(outs[0], outs[1])
             if t < dense_steps:
                 np.testing.assert_allclose(outs[0], u.sum(axis=0), rtol=1e-5, atol=1e-5)
@@ -193,9 +199,7 @@ def test_dgc_payloads_decode_alike_on_every_rank_when_k_is_n():
              for r in range(2)]
     for _ in range(4):
         g = rng.standard_normal((2, 3, 3)).astype(np.float32)
-        encs = [c.encode(x, "w") for c, x in zip(comps, g)]
-        outs = [np.asarray(c.aggregate([e.payload for e in encs], enc)).ravel()
-                for c, enc in zip(comps, encs)]
+        encs, outs = _each_rank_decodes_all(comps, g)
         sent = sum(np.asarray(c.aggregate([e.payload], e)).ravel() for c, e in zip(comps, encs))
         np.testing.assert_array_equal(outs[0], outs[1])
         np.testing.assert_array_equal(outs[0], sent)

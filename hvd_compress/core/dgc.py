@@ -282,19 +282,19 @@ class DGC(Sparsifier):
             limit = clip / math.sqrt(self.world_size)
             g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
         nesterov = bool(self.params["nesterov"])
-        whole = self.momentum_only(meta, st["step"])
+        plain = self.momentum_only(meta, st["step"])
         if flag is None and B.is_host(g):
-            return self._encode_in_place(g, meta, st, noise, m, nesterov, whole)
+            return self._encode_in_place(g, meta, st, noise, m, nesterov, plain)
         if nesterov:
             u = (st["u"] + g) * m
-            vacc = u + g if whole else st["v"] + u + g
+            vacc = u + g if plain else st["v"] + u + g
         else:
             u = st["u"] * m + g
-            vacc = u if whole else st["v"] + u
+            vacc = u if plain else st["v"] + u
         enc = super()._encode(vacc, meta, st, noise, flag)
         finite = B.isfinite(flag) if flag is not None else True
         old_v, old_u = st["v"], st["u"]
-        if whole:  # momentum only: nothing is kept back
+        if plain:  # momentum only: nothing is kept back
             st["u"] = B.cond(finite, lambda: u, lambda: old_u)
             return enc
         sent = self._decode_own(enc)
@@ -305,20 +305,20 @@ class DGC(Sparsifier):
         st["u"] = B.cond(finite, lambda: u, lambda: old_u)
         return enc
 
-    def _encode_in_place(self, g, meta, st, noise, m, nesterov, whole) -> Encoded:
+    def _encode_in_place(self, g, meta, st, noise, m, nesterov, plain) -> Encoded:
         """Host memory, finite input: the same arithmetic on the state buffers in place."""
         B = self.B
         u, vacc = st["u"], st["v"]
         if nesterov:
             B.iadd(u, g)
             B.imul(u, m)
-            vacc = u + g if whole else B.iadd(B.iadd(vacc, u), g)
+            vacc = u + g if plain else B.iadd(B.iadd(vacc, u), g)
         else:
             B.imul(u, m)
             B.iadd(u, g)
-            vacc = u if whole else B.iadd(vacc, u)
+            vacc = u if plain else B.iadd(vacc, u)
         enc = super()._encode(vacc, meta, st, noise, None)
-        if whole:
+        if plain:
             return enc
         idx = enc.ctx.indices
         B.index_add(vacc, idx, -enc.ctx.sent)  # v keeps what was not sent
