@@ -6,6 +6,8 @@ last answers for both.  ``init()`` of the *other* one then leaves the global
 process set without ranks, so ``included()`` is False on every worker and a
 wrapper would skip every exchange: each worker would train alone, silently
 (Horovod's own optimizer does: two workers, gradients 2 and 4, each kept its own).
+The wrappers check when they are made and again at each exchange (an elastic job
+may start with one worker, where nothing is refused, and grow).
 """
 
 from __future__ import annotations

@@ -63,3 +63,62 @@ def test_an_empty_global_process_set_is_refused_among_workers(framework, other):
                                  for line in bad), bad
     good = _launch(code.format(first=other, second=framework))
     assert len(good) == 2 and all(line.endswith("BUILT True 3.0") for line in good), good
+
+
+# One worker, then (as an elastic job that grew) two: the wrapper made while the job had
+# one worker is let through, and refuses at its first exchange once there are two.
+# ``hvd.size`` answering 2 stands in for the growth; the emptied process set is Horovod's.
+GROWN = """
+import horovod.{first}, horovod.{second}
+import horovod.{framework} as hvd
+hvd.init()
+{build}
+hvd.size = lambda: 2
+try:
+    {step}
+    print("STEPPED", hvd.global_process_set.ranks)
+except RuntimeError as e:
+    print("REFUSED", e)
+"""
+
+GROWN_PARTS = {
+    "torch": ("""import torch, hvd_compress.torch as hc
+m = torch.nn.Linear(4, 1, bias=False)
+opt = hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                              named_parameters=m.named_parameters(), compression="none")
+m(torch.ones(2, 4)).sum().backward()
+print("BUILT")""", "opt.step()"),
+    "tape": ("""import tensorflow as tf, hvd_compress.tensorflow as hct
+v = tf.Variable(tf.ones((4, 1)))
+with tf.GradientTape() as t:
+    loss = tf.reduce_sum(tf.ones((2, 4)) @ v)
+tape = hct.DistributedGradientTape(t, compression="none")
+print("BUILT")""", "tape.gradient(loss, [v])"),
+    "keras": ("""import tensorflow as tf, keras, hvd_compress.tensorflow.keras as hck
+v = tf.Variable(tf.ones((4, 1)))
+opt = hck.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="none")
+print("BUILT")""", "opt.apply_gradients([(tf.ones((4, 1)), v)])"),
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(GROWN_PARTS))
+def test_an_empty_global_process_set_is_refused_once_the_job_grows(wrapper):
+    pytest.importorskip("tensorflow")
+    framework = "torch" if wrapper == "torch" else "tensorflow"
+    other = "tensorflow" if wrapper == "torch" else "torch"
+    build, step = GROWN_PARTS[wrapper]
+
+    def run(first, second):
+        code = GROWN.format(first=first, second=second, framework=framework,
+                            build=build, step=step)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return [line for line in out.stdout.splitlines()
+                if line.startswith(("BUILT", "STEPPED", "REFUSED"))]
+
+    bad = run(framework, other)  # the other imported last: the global set is empty
+    assert bad[0] == "BUILT" and len(bad) == 2 and bad[1].startswith("REFUSED") and \
+        "holds no ranks" in bad[1], bad
+    good = run(other, framework)
+    assert good == ["BUILT", "STEPPED [0]"], good

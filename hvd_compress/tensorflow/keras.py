@@ -49,6 +49,7 @@ def __getattr__(name):
 
 class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        check_process_set(hvd, self._hvdc_process_set)  # (also after an elastic job grew)
         if not self._hvdc_process_set.included():  # outside the set: its own gradients
             return super(self.__class__, self)._backend_update_step(grads, trainable_variables,
                                                                     learning_rate)

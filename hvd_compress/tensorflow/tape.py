@@ -97,6 +97,7 @@ class _DistributedGradientTape(tf.GradientTape):
     @tf.autograph.experimental.do_not_convert
     def exchange(self, grads, sources):
         """Compress, exchange and aggregate ``grads`` (one per variable in ``sources``)."""
+        check_process_set(hvd, self._process_set)  # (also after an elastic job grew)
         if not self._process_set.included():
             return grads
         stats = new_stats()

@@ -169,8 +169,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _local_phase(self):
         return self._local is not None and self._local.local(self._optimizer_steps)
 
+    def _included(self):
+        """Whether this rank exchanges; refuses an emptied global set among two or more
+        workers (:mod:`hvd_compress.processset`) here too, not only when the optimizer was
+        made: an elastic job that started with one worker may have grown since."""
+        check_process_set(hvd, self.process_set)
+        return self.process_set.included()
+
     def _communicates(self):
-        return self.process_set.included() and self.process_set.size() > 1
+        return self._included() and self.process_set.size() > 1
 
     def _make_hook(self, p):
         def hook(param):
@@ -236,7 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._dense
 
     def synchronize(self):
-        if not self.process_set.included():
+        if not self._included():
             self._synchronized = True
             return
         self._launch_missing()
