@@ -12,7 +12,7 @@ may start with one worker, where nothing is refused, and grow).
 
 from __future__ import annotations
 
-__all__ = ["check_process_set"]
+__all__ = ["check_process_set", "exchanges"]
 
 
 def check_process_set(hvd, process_set) -> None:
@@ -28,3 +28,11 @@ def check_process_set(hvd, process_set) -> None:
         "horovod.torch and horovod.tensorflow were both imported and the other one was "
         f"imported last, so every exchange would be skipped. Import {hvd.__name__} after "
         "the other (or only one of them) in this process")
+
+
+def exchanges(hvd, process_set) -> bool:
+    """Whether this rank takes part in ``process_set``'s exchanges, after
+    :func:`check_process_set` (run at each exchange: an elastic job that started with
+    one worker, where nothing is refused, may have grown)."""
+    check_process_set(hvd, process_set)
+    return process_set.included()

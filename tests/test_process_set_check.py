@@ -44,13 +44,18 @@ except RuntimeError as e:
 """
 
 
-def _launch(code):
+def _launch(code, workers=2):
+    """Run ``code`` under ``horovodrun -np workers`` (or plain Python for ``workers=None``)
+    and return its marker lines (BUILT, STEPPED, REFUSED)."""
     bindir = os.path.dirname(sys.executable)
-    out = subprocess.run([os.path.join(bindir, "horovodrun"), "-np", "2", "--gloo", sys.executable,
-                          "-c", code], capture_output=True, text=True, timeout=300,
+    cmd = [sys.executable, "-c", code] if workers is None else \
+        [os.path.join(bindir, "horovodrun"), "-np", str(workers), "--gloo", sys.executable,
+         "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return [line for line in out.stdout.splitlines() if "BUILT" in line or "REFUSED" in line]
+    return [line for line in out.stdout.splitlines()
+            if any(mark in line for mark in ("BUILT", "STEPPED", "REFUSED"))]
 
 
 @pytest.mark.parametrize("framework,other", [("torch", "tensorflow"), ("tensorflow", "torch")])
@@ -108,14 +113,9 @@ def test_an_empty_global_process_set_is_refused_once_the_job_grows(wrapper):
     other = "tensorflow" if wrapper == "torch" else "torch"
     build, step = GROWN_PARTS[wrapper]
 
-    def run(first, second):
-        code = GROWN.format(first=first, second=second, framework=framework,
-                            build=build, step=step)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=300, stdin=subprocess.DEVNULL)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        return [line for line in out.stdout.splitlines()
-                if line.startswith(("BUILT", "STEPPED", "REFUSED"))]
+    def run(first, second):  # one plain process: one worker
+        return _launch(GROWN.format(first=first, second=second, framework=framework,
+                                    build=build, step=step), workers=None)
 
     bad = run(framework, other)  # the other imported last: the global set is empty
     assert bad[0] == "BUILT" and len(bad) == 2 and bad[1].startswith("REFUSED") and \

@@ -27,7 +27,7 @@ import horovod.tensorflow as hvd
 from ..core.policy import DEFAULT_MIN_NUMEL
 from ..frontend import new_stats
 from ..localsteps import check_wrapper_args
-from ..processset import check_process_set
+from ..processset import check_process_set, exchanges
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import TFPolicy, as_compression, prepare_exchange
@@ -49,8 +49,7 @@ def __getattr__(name):
 
 class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        check_process_set(hvd, self._hvdc_process_set)  # (also after an elastic job grew)
-        if not self._hvdc_process_set.included():  # outside the set: its own gradients
+        if not exchanges(hvd, self._hvdc_process_set):  # outside the set: its own gradients
             return super(self.__class__, self)._backend_update_step(grads, trainable_variables,
                                                                     learning_rate)
         stats = new_stats()

@@ -24,7 +24,7 @@ import tensorflow as tf
 from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..frontend import choice_of, new_stats
 from ..localsteps import check_wrapper_args
-from ..processset import check_process_set
+from ..processset import check_process_set, exchanges
 from .compressors import TFCompressor, TFPolicy, as_compression, owned_by, prepare_exchange
 from .exchange import engine, exchange_tensors, hierarchy_of, is_hierarchical, plan, plan_rows, variable_name
 from .localsteps import LocalSGD, strategy
@@ -97,8 +97,7 @@ class _DistributedGradientTape(tf.GradientTape):
     @tf.autograph.experimental.do_not_convert
     def exchange(self, grads, sources):
         """Compress, exchange and aggregate ``grads`` (one per variable in ``sources``)."""
-        check_process_set(hvd, self._process_set)  # (also after an elastic job grew)
-        if not self._process_set.included():
+        if not exchanges(hvd, self._process_set):
             return grads
         stats = new_stats()
         pairs = []  # (position, dense gradient, variable name)

@@ -32,7 +32,7 @@ from ..core.hierarchy import Hierarchical
 from ..core.policy import DEFAULT_MIN_NUMEL
 from ..localsteps import check_wrapper_args
 from ..pertensor import format_plan
-from ..processset import check_process_set
+from ..processset import check_process_set, exchanges
 from .agreement import ready_engine
 from .backend import TorchBackend
 from .collectives import HorovodTorch
@@ -169,15 +169,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _local_phase(self):
         return self._local is not None and self._local.local(self._optimizer_steps)
 
-    def _included(self):
-        """Whether this rank exchanges; refuses an emptied global set among two or more
-        workers (:mod:`hvd_compress.processset`) here too, not only when the optimizer was
-        made: an elastic job that started with one worker may have grown since."""
-        check_process_set(hvd, self.process_set)
-        return self.process_set.included()
-
     def _communicates(self):
-        return self._included() and self.process_set.size() > 1
+        return exchanges(hvd, self.process_set) and self.process_set.size() > 1
 
     def _make_hook(self, p):
         def hook(param):
@@ -243,7 +236,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._dense
 
     def synchronize(self):
-        if not self._included():
+        if not exchanges(hvd, self.process_set):
             self._synchronized = True
             return
         self._launch_missing()
