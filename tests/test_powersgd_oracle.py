@@ -2,7 +2,7 @@
 the same gradients and the same Q give the same P, Q and decompressed gradients, with
 and without error feedback and warm start, in a Gloo process group of two ranks.
 
-Intentional differences (README, "PowerSGD and PyTorch's hook"): ours compresses from
+Intentional differences (docs/compressors.md, "PowerSGD and PyTorch's hook"): ours compresses from
 the first step (the hook's ``start_powerSGD_iter`` runs uncompressed steps first), and a
 matrix is compressed whenever that saves bytes (the hook's ``min_compression_rate=1``);
 each rank's residual is its own approximation error (the hook keeps the error of the

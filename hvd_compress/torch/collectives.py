@@ -24,7 +24,7 @@ class HorovodTorch(ProcessSetCollectives):
         """NCCL's reduce-scatter on GPUs; on CPU (Gloo) an allreduce of which this rank keeps
         its part: Horovod 0.28.1's Gloo reduce-scatter was measured slower than its
         allreduce of the same tensor (87 MB in a node of 2: 713 against 419 ms, medians
-        of 10; README, "Across nodes")."""
+        of 10; docs/compressors.md, "Across nodes")."""
         if flat.is_cuda:
             return hvd.reducescatter_async(flat, name=name, op=hvd.Sum,
                                            process_set=self.process_set)

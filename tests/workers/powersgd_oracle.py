@@ -80,7 +80,7 @@ def run(port, rank_=1, ef=True, warm_start=True, steps=6):
                                start_powerSGD_iter=2, min_compression_rate=1,
                                use_error_feedback=ef, warm_start=warm_start,
                                orthogonalization_epsilon=0, random_seed=0)
-    state.iter = 2  # past the hook's uncompressed phase (ours has none; see README)
+    state.iter = 2  # past the hook's uncompressed phase (ours has none; see docs/compressors.md)
     comp = build(f"powersgd:rank={rank_},ef={str(ef).lower()},warm_start=true",
                  backend=TorchBackend(), rank=rank, world_size=world)
     engine = Exchange(comp, TorchDist(), average=True)
