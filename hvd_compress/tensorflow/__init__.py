@@ -15,10 +15,14 @@ as numpy), in eager mode and inside ``tf.function``, with per-variable state in
 ``powersgd``) also work in Horovod's own ``hvd.DistributedGradientTape``.
 """
 
-from ..frontend import class_names
+from ..requirements import require
+
+require("tensorflow")  # TensorFlow and horovod.tensorflow, or an ImportError naming what is missing
+
+from ..frontend import class_names  # noqa: E402
 from . import compressors, keras  # noqa: E402  (hvd_compress.tensorflow.keras.DistributedOptimizer)
-from .backend import TensorFlowBackend
-from .compressors import (
+from .backend import TensorFlowBackend  # noqa: E402
+from .compressors import (  # noqa: E402
     TFCompressor,
     TFPolicy,
     as_compression,
@@ -26,7 +30,7 @@ from .compressors import (
     broadcast_compression_state,
     compressor,
 )
-from .tape import DistributedGradientTape
+from .tape import DistributedGradientTape  # noqa: E402
 
 __all__ = ["TensorFlowBackend", "TFCompressor", "TFPolicy", "compressor", "as_compressor",
            "as_compression", "broadcast_compression_state",

@@ -13,11 +13,15 @@ and keep Horovod's ``compress``/``decompress`` contract; the summable ones
 ``hvd.DistributedOptimizer``.
 """
 
-from ..frontend import class_names
-from . import compressors
-from .backend import TorchBackend
-from .compressors import TorchCompressor, as_compressor, compressor
-from .optimizer import DistributedOptimizer
+from ..requirements import require
+
+require("torch")  # PyTorch and horovod.torch, or an ImportError naming what is missing
+
+from ..frontend import class_names  # noqa: E402
+from . import compressors  # noqa: E402
+from .backend import TorchBackend  # noqa: E402
+from .compressors import TorchCompressor, as_compressor, compressor  # noqa: E402
+from .optimizer import DistributedOptimizer  # noqa: E402
 
 __all__ = ["TorchBackend", "TorchCompressor", "compressor", "as_compressor",
            "DistributedOptimizer", *class_names()]
