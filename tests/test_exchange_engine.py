@@ -18,6 +18,7 @@ class Table(Collectives):
         self.size = size
         self.posted = {}
         self.ops = []
+        self.scales = []  # (name, op, prescale, postscale) of every allreduce, as given
         self.cond = threading.Condition()
         self.sums_bfloat16 = True
         self.timeout = 30  # seconds a wait gives the other ranks
@@ -37,6 +38,8 @@ class Table(Collectives):
                 return kind, name, post
 
             def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
+                with table.cond:
+                    table.scales.append((name, op, prescale, postscale))
                 if op == MAX:
                     return self._post("max", name, flat, op, 1.0)
                 post = postscale / (table.size if op == "average" else 1)
@@ -180,10 +183,63 @@ def test_none_is_horovods_own_average():
     with prescale 1/f and postscale f, and nothing is decoded or scaled afterwards."""
     runs, _, table = _run("none", steps=1, predivide=2.0, op="average")
     assert {op for kind, _, op in table.ops} == {"average"}
+    # horovod/torch/optimizer.py (0.28.1): op=Average splits the average into
+    # prescale_factor = 1/f and postscale_factor = f (the C++ side adds 1/size)
+    assert table.scales and {s[1:] for s in table.scales} == {("average", 0.5, 2.0)}
     results = runs[0][0]
     for i in range(len(SHAPES)):
         mean = sum(_grads(r)[i] for r in range(3)) / 3
         np.testing.assert_allclose(results[0][i], mean, rtol=1e-6)
+
+
+def test_none_with_sum_leaves_the_scales_at_one():
+    """op=Sum (``average=False``): Horovod applies no predivide factor (its wrappers refuse
+    f != 1 there); the engine hands the collective 1 and 1 whatever it was given."""
+    runs, _, table = _run("none", steps=1, predivide=2.0, average=False, op="sum")
+    assert table.scales and {s[1:] for s in table.scales} == {("sum", 1.0, 1.0)}
+    for i in range(len(SHAPES)):
+        total = sum(_grads(r)[i] for r in range(3))
+        np.testing.assert_allclose(runs[0][0][0][i], total, rtol=1e-6)
+
+
+def _predivided_reference(spec, f, size=3, steps=2, average=True):
+    """Per step, the aggregate by the engine's definition with predivide ``f``: every
+    rank's compressor encodes ``x / f`` (op=Average), the decoded payloads are summed,
+    and the sum is multiplied by ``f / p`` (op=Average) -- numpy, ranks replayed."""
+    comps = [build(spec, rank=r, world_size=size) for r in range(size)]
+    out = []
+    for step in range(steps):
+        got = []
+        for i, name in enumerate(SHAPES):
+            total = 0
+            for r, comp in enumerate(comps):
+                x = _grads(r, step)[i]
+                x = x * np.float32(1.0 / f) if average else x
+                enc = comp.encode(x, name)
+                total = total + comp.decode(enc.payload, enc.meta, enc.ctx)
+            got.append(total * np.float32(f / size) if average else total)
+        out.append(got)
+    return out
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_predivide_reaches_a_compressor_whose_output_depends_on_the_scale(average):
+    """Threshold quantization sends +tau, -tau or 0 (its residual keeps the rest): it does
+    not scale with its input, so dividing by f before encoding changes which values go
+    and the aggregate differs from f = 1's.  With op=Average the engine's result is
+    sum_r decode(encode(x_r / f)) * f / p; with op=Sum the factor is not applied."""
+    spec, f = "threshold:tau=0.5", 4.0
+    plain, _, _ = _run(spec, steps=2, average=average)
+    scaled, _, _ = _run(spec, steps=2, predivide=f, average=average)
+    want = _predivided_reference(spec, f, average=average)
+    same = _predivided_reference(spec, 1.0, average=average)
+    for step in range(2):
+        for i in range(len(SHAPES)):
+            np.testing.assert_allclose(scaled[step][0][0][i], want[step][i], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(plain[step][0][0][i], same[step][i], rtol=1e-6, atol=1e-6)
+    differs = any(np.abs(scaled[s][0][0][i] - plain[s][0][0][i]).max() > 0.1
+                  for s in range(2) for i in range(len(SHAPES)))
+    assert differs == average  # f changes the result with op=Average only
 
 
 def test_outs_receive_the_result_in_place_and_prepare_stops_before_the_last_round():
