@@ -30,6 +30,12 @@ def _install_horovod(flag: str) -> str:
             f"    {flag}=1 pip install --no-cache-dir horovod=={HOROVOD_VERSION}")
 
 
+def _like(error: ImportError) -> type:
+    """ModuleNotFoundError where a module is missing (what ``pytest.importorskip`` skips on),
+    else ImportError (a module that is there but fails to load)."""
+    return ModuleNotFoundError if isinstance(error, ModuleNotFoundError) else ImportError
+
+
 def require(wrapper: str) -> None:
     """Import the framework and Horovod's module for ``wrapper`` (``"torch"`` or
     ``"tensorflow"``); raise an ImportError saying what is missing and how to get it."""
@@ -38,15 +44,15 @@ def require(wrapper: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{who} needs {framework} ({module}), which does not import here "
+        raise _like(e)(f"{who} needs {framework} ({module}), which does not import here "
                           f"({e}).  Install it, e.g. pip install \"hvd-compress[{extra}]\".",
                           name=module) from e
     if importlib.util.find_spec("horovod") is None:
-        raise ImportError(f"{who} needs Horovod (horovod) built with {framework} support, and "
+        raise ModuleNotFoundError(f"{who} needs Horovod (horovod) built with {framework} support, and "
                           f"Horovod is not installed.  {_install_horovod(flag)}", name="horovod")
     try:
         importlib.import_module(horovod_module)
     except ImportError as e:
-        raise ImportError(f"{who} needs Horovod built with {framework} support, and "
+        raise _like(e)(f"{who} needs Horovod built with {framework} support, and "
                           f"{horovod_module} does not import ({e}).  {_install_horovod(flag)}",
                           name=horovod_module) from e

@@ -174,10 +174,11 @@ def test_wrapper_without_its_framework_says_so_at_import(fresh_env, wrapper, fra
             import hvd_compress.{wrapper}
             print(json.dumps({{"error": None}}))
         except ImportError as e:
-            print(json.dumps({{"error": str(e), "name": e.name}}))
+            print(json.dumps({{"error": str(e), "name": e.name, "type": type(e).__name__}}))
     """)
     assert got["error"] is not None
     assert got["name"] == wrapper
+    assert got["type"] == "ModuleNotFoundError"  # what pytest.importorskip skips on
     assert f"hvd_compress.{wrapper} needs {framework} ({wrapper})" in got["error"]
     assert f'pip install "hvd-compress[{wrapper}]"' in got["error"]
 
@@ -201,7 +202,7 @@ def test_wrapper_without_horovod_names_it_the_version_and_how_to_install(wrapper
                 import hvd_compress.{wrapper}
                 got.append({{"error": None}})
             except ImportError as e:
-                got.append({{"error": str(e), "name": e.name}})
+                got.append({{"error": str(e), "name": e.name, "type": type(e).__name__}})
             del sys.modules[module]
         print(json.dumps(got))
     """)
@@ -215,6 +216,7 @@ def test_wrapper_without_horovod_names_it_the_version_and_how_to_install(wrapper
         message = got["error"]
         assert message is not None, f"hvd_compress.{wrapper} imported with {module} missing"
         assert got["name"] == module
+        assert got["type"] == "ModuleNotFoundError"
         assert f"hvd_compress.{wrapper} needs Horovod" in message and f"{framework} support" in message
         if module == "horovod":
             assert "Horovod is not installed" in message
