@@ -1,4 +1,4 @@
-"""The reference multi-rank step (hvd_compress.core.mpi_check) under real mpirun launches."""
+"""The reference multi-rank step (hvd_compress.tools.mpi_check) under real mpirun launches."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from hvd_compress import spec as specmod
-from hvd_compress.core.mpi_check import DEFAULT_SPECS
+from hvd_compress.tools.mpi_check import DEFAULT_SPECS
 from tests.harness import run_mpi
 
 pytestmark = pytest.mark.multiprocess
@@ -20,7 +20,7 @@ def test_default_list_covers_every_compressor_and_compositions():
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_every_compressor_aggregates_correctly_across_ranks(np_):
-    reports = run_mpi("hvd_compress.core.mpi_check:check", np=np_, kwargs={"steps": 3})
+    reports = run_mpi("hvd_compress.tools.mpi_check:check", np=np_, kwargs={"steps": 3})
     assert len(reports) == np_
     for spec in DEFAULT_SPECS:
         per_rank = [r[spec] for r in reports]
@@ -40,7 +40,7 @@ def test_every_compressor_aggregates_correctly_across_ranks(np_):
 
 
 def test_cli_rejects_a_bad_spec():
-    proc = subprocess.run([sys.executable, "-m", "hvd_compress.core.mpi_check",
+    proc = subprocess.run([sys.executable, "-m", "hvd_compress.tools.mpi_check",
                            "--compression", "topk:ratio=2"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2

@@ -2,7 +2,7 @@
 
 Every path that sends tensors -- the PyTorch optimizer, the Horovod-contract
 ``compress()``/``decompress()`` of both frameworks, the TensorFlow tape and
-Keras optimizer, local SGD and DGA, and :mod:`.mpi_check` -- runs this code.
+Keras optimizer, local SGD and DGA, and :mod:`hvd_compress.tools.mpi_check` -- runs this code.
 A framework supplies only its array backend (``comp.B``) and its collectives
 (a :class:`Collectives`: Horovod's ``allreduce``/``allgather`` on its tensors
 for one process set, or mpi4py's).

@@ -40,7 +40,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 
-from .. import spec as specmod
+from . import spec as specmod
 
 __all__ = ["DEFAULT_MIN_NUMEL", "Policy", "parse_text", "is_mapping_text", "dense_spec", "rewrite"]
 

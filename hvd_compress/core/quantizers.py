@@ -33,6 +33,7 @@ import math
 
 from .base import Compressor, Encoded, host_nonfinite, kept_state, nan_flag
 from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
+from .table import defaults
 
 
 def _flagged(x, flag):
@@ -286,7 +287,6 @@ CODECS = {c.name: c for c in (FP16Codec, BF16Codec, QSGDCodec, TernGradCodec, On
 
 def make_codec(name: str, params: dict) -> Codec:
     """The codec ``name`` with ``params`` completed by the registry's defaults."""
-    from .registry import defaults
     return CODECS[name]({**defaults(name), **params})
 
 

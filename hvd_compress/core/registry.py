@@ -1,10 +1,11 @@
 """One entry per algorithm: its spec name, parameter schema, core class and class name.
 
-Everything else is derived from here: :mod:`hvd_compress.spec` validates specs
-against the schemas, :func:`build` makes the core compressor, the PyTorch and
-TensorFlow named classes (``hc.TopK(ratio=0.01)``, ``hct.TopK(...)``) and
-:func:`hvd_compress.spec.describe` come from the entries.  A new algorithm
-needs a core class and one :func:`register` call -- no framework code::
+Everything else is derived from here: :mod:`.spec` validates specs against the
+schemas (in the table of :mod:`.table`, which this module fills), :func:`build`
+makes the core compressor, the PyTorch and TensorFlow named classes
+(``hc.TopK(ratio=0.01)``, ``hct.TopK(...)``) and :func:`.spec.describe` come from
+the entries.  A new algorithm needs a core class and one :func:`register` call --
+no framework code::
 
     register(Algorithm("mine", "Mine", MyCompressor, {"ratio": Param(float, 0.1)}))
 
@@ -14,7 +15,7 @@ Defaults follow each paper (see the core classes' docstrings).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from .backend import NUMPY
 from .base import Compressor
@@ -25,21 +26,14 @@ from .powersgd import PowerSGD
 from .quantizers import CODECS, Cast16, Identity, QuantizerCompressor
 from .signs import EFSignCodec, SignCodec, SignCompressor, SignumCodec
 from .sparsifiers import RandomK, TopK
+from .spec import parse
+from .table import Param, algorithms, defaults, get, register, unregister
 from .variable import AdaptiveQuantization, Inceptionn, ThresholdV
 
 CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, SignumCodec, NaturalCodec, UniformCodec,
                                    EightBitCodec, SketchMLCodec)})
 
-__all__ = ["Param", "Algorithm", "register", "get", "algorithms", "defaults", "build"]
-
-
-def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected a boolean (true/false/1/0), got {text!r}")
+__all__ = ["Param", "Algorithm", "register", "unregister", "get", "algorithms", "defaults", "build"]
 
 
 def _in_open_closed(lo, hi):  # (lo, hi]
@@ -60,21 +54,6 @@ def _at_least(lo):
 
 def _positive():
     return (lambda v: v > 0), "> 0"
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter: how its text is read (``int``, ``float``, ``bool``), its default
-    (None: derived from the others by the entry's ``derive``), a check
-    ``(predicate, description)`` and a line of documentation."""
-
-    kind: Callable[[str], Any]
-    default: Any
-    check: tuple | None = None
-    doc: str = ""
-
-    def read(self, text: str):
-        return _bool(text) if self.kind is bool else self.kind(text)
 
 
 @dataclass(frozen=True)
@@ -110,55 +89,13 @@ class Algorithm:
                          **self.args, **extra)
 
 
-_REGISTRY: dict[str, Algorithm] = {}
-
-
-def register(algorithm: Algorithm, replace: bool = False) -> Algorithm:
-    """Add ``algorithm`` (its spec name must be new unless ``replace``)."""
-    name = algorithm.name
-    if not name or not name.replace("_", "").isalnum() or name != name.lower():
-        raise ValueError(f"a compressor name is lower-case letters, digits and '_', got {name!r}")
-    if name in _REGISTRY and not replace:
-        raise ValueError(f"compressor {name!r} is registered already")
-    if not issubclass(algorithm.core, Compressor):
-        raise TypeError(f"{name}: core must be a hvd_compress.core.Compressor subclass")
-    _REGISTRY[name] = algorithm
-    return algorithm
-
-
-def unregister(name: str) -> None:
-    _REGISTRY.pop(name, None)
-
-
-def get(name: str) -> Algorithm:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown compressor {name!r}; known: {', '.join(_REGISTRY)}") from None
-
-
-def algorithms() -> tuple:
-    """Every registered :class:`Algorithm`, in registration order."""
-    return tuple(_REGISTRY.values())
-
-
-def defaults(name: str) -> dict:
-    """Every parameter of ``name`` at its default (the complete params a core class takes)."""
-    alg = get(name)
-    params = {k: p.default for k, p in alg.params.items()}
-    if alg.derive is not None:
-        alg.derive(params)
-    return params
-
-
 def build(spec, backend=NUMPY, rank: int = 0, world_size: int = 1) -> Compressor:
     """A fresh compressor (with empty state) for ``spec`` on ``backend``.
 
     ``rank`` seeds this rank's own stochastic-rounding noise; ``world_size``
     scales DGC's local clipping and PowerSGD's warm start.
     """
-    from .. import spec as specmod
-    parsed = specmod.parse(spec)
+    parsed = parse(spec)
     first = parsed.parts[0]
     extra = {}
     if parsed.composed:

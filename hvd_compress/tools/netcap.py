@@ -30,7 +30,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
+
+from . import mwms
+from .workers import stop, wait_all
 
 PREFIX = "hvdc"
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -296,36 +298,7 @@ def launch_mwms(net: CappedNetwork, command: list[str], env: dict | None = None,
     (:mod:`.mwms`: ``TF_CONFIG`` naming every worker's address on the bridge), worker i
     in namespace i.  Output to ``log_path``; the first non-zero exit code, 124 on a
     time-out."""
-    from . import mwms
     workers = [f"{net.address(i)}:{MWMS_PORT}" for i in range(net.n)]
     with open(log_path or os.devnull, "a") as log:
         return mwms.run(command, net.n, timeout=timeout_s, env=env, workers=workers,
                         prefix=net.exec_prefix, out=log)
-
-
-def wait_all(procs: list, timeout_s: float) -> int:
-    """Wait for every process; the first non-zero exit code, 124 on time-out, else 0.
-    After one fails the others get 10 s to report before the caller stops them."""
-    deadline = time.monotonic() + timeout_s
-    first_bad = 0
-    while True:
-        codes = [p.poll() for p in procs]
-        bad = [c for c in codes if c not in (None, 0)]
-        if bad and not first_bad:
-            first_bad = bad[0]
-            deadline = min(deadline, time.monotonic() + 10.0)  # let the others report, then stop
-        if all(c is not None for c in codes):
-            return first_bad
-        if time.monotonic() > deadline:
-            return first_bad or 124
-        time.sleep(0.05)
-
-
-def stop(p) -> None:
-    """Kill a process started with ``start_new_session=True``, with its whole group."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()

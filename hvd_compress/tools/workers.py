@@ -2,17 +2,20 @@
 environment (and command prefix), their output lines prefixed with their index as
 ``horovodrun`` prefixes them, the others stopped when one fails, all of them on a
 time-out.  The launchers of TensorFlow's MultiWorkerMirroredStrategy (:mod:`.mwms`) and
-of simulated nodes (:mod:`.nodesrun`) start their workers here."""
+of simulated nodes (:mod:`.nodesrun`) start their workers here; the capped links'
+launchers (:mod:`.netcap`) wait for and stop theirs with :func:`wait_all` and :func:`stop`."""
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 
-__all__ = ["run_workers"]
+__all__ = ["run_workers", "wait_all", "stop"]
 
 
 def _relay(stream, index: int, out) -> None:
@@ -27,7 +30,6 @@ def run_workers(command: list[str], envs: list[dict], name: str, timeout: float 
     environment); the first non-zero exit status (the others are stopped), 124 on a
     time-out, else 0.  ``prefix(i)``: what worker ``i``'s command line starts with;
     ``out``: where their output goes (stdout); ``name``: the launcher, in its messages."""
-    from .netcap import stop, wait_all
     out = sys.stdout if out is None else out
     procs, relays = [], []
     try:
@@ -54,3 +56,31 @@ def run_workers(command: list[str], envs: list[dict], name: str, timeout: float 
             stop(p)
         for t in relays:
             t.join(timeout=5)
+
+
+def wait_all(procs: list, timeout_s: float) -> int:
+    """Wait for every process; the first non-zero exit code, 124 on time-out, else 0.
+    After one fails the others get 10 s to report before the caller stops them."""
+    deadline = time.monotonic() + timeout_s
+    first_bad = 0
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [c for c in codes if c not in (None, 0)]
+        if bad and not first_bad:
+            first_bad = bad[0]
+            deadline = min(deadline, time.monotonic() + 10.0)  # let the others report, then stop
+        if all(c is not None for c in codes):
+            return first_bad
+        if time.monotonic() > deadline:
+            return first_bad or 124
+        time.sleep(0.05)
+
+
+def stop(p) -> None:
+    """Kill a process started with ``start_new_session=True``, with its whole group."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()

@@ -1,7 +1,7 @@
 """Reference multi-rank step over mpi4py, no Horovod involved.
 
-    mpirun -np 3 python -m hvd_compress.core.mpi_check --compression topk:ratio=0.01
-    mpirun -np 2 python -m hvd_compress.core.mpi_check --compression all
+    mpirun -np 3 python -m hvd_compress.tools.mpi_check --compression topk:ratio=0.01
+    mpirun -np 2 python -m hvd_compress.tools.mpi_check --compression all
 
 Each rank makes a different gradient for a few tensors, compresses it with
 the numpy reference core, exchanges the payloads with the collective the
@@ -27,9 +27,9 @@ import sys
 
 import numpy as np
 
-from .. import spec as specmod
-from .exchange import MAX, Collectives, Exchange, new_stats
-from .registry import build
+from ..core import spec as specmod
+from ..core.exchange import MAX, Collectives, Exchange, new_stats
+from ..core.registry import build
 
 DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01",
                  "randomk:ratio=0.05,unbiased=true", "dgc:ratio=0.001", "qsgd:levels=7",
@@ -184,7 +184,7 @@ def _reference(comp, payloads, enc) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m hvd_compress.core.mpi_check",
+        prog="python -m hvd_compress.tools.mpi_check",
         description="Run every rank's compress -> exchange -> aggregate with the numpy "
                     "reference over mpi4py and check the result (launch with mpirun).")
     ap.add_argument("--compression", action="append", metavar="SPEC",
