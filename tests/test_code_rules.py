@@ -262,8 +262,7 @@ def test_the_size_rule_sees_every_module():
 
 
 @pytest.mark.xfail(strict=True, reason="issue 37: ACCEL (hvd_compress/kernels.py 993 lines, "
-                                       "hvd_compress/fastpaths.py 774); LAYOUT (tools/compare.py "
-                                       "1249, tests/test_compare.py 886: split next)")
+                                       "hvd_compress/fastpaths.py 774)")
 def test_no_source_file_above_600_lines():
     long = {str(p.relative_to(ROOT)): n for p in _sources() if (n := _lines(p)) > MAX_LINES}
     assert long == {}

@@ -1,10 +1,9 @@
-"""The comparison over worker counts: cost model, capped links, the end-to-end matrix."""
+"""The comparison over worker counts: capped links, the end-to-end matrix, its plan and
+launches (the cost model: test_predict.py; the results: test_report.py)."""
 
 import contextlib
 import csv
-import dataclasses
 import json
-import math
 import os
 import signal
 import subprocess
@@ -12,184 +11,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from hvd_compress.tools import costmodel, netcap
-from hvd_compress.tools.costmodel import ALLGATHER, ALLREDUCE, Link, Sample
+from hvd_compress.tools import netcap
 from tests.harness import REPO
+from tests.test_report import made_up_row
 
 CAPPED_OK, CAPPED_WHY = netcap.available()
 needs_capped = pytest.mark.skipif(not CAPPED_OK, reason=CAPPED_WHY or "capped links available")
-
-
-# -- cost model ------------------------------------------------------------------------------
-def test_wire_bytes_and_hops_of_ring_collectives():
-    assert costmodel.wire_bytes(ALLREDUCE, 2, 100.0) == 100.0  # 2(p-1)/p * S
-    assert costmodel.wire_bytes(ALLREDUCE, 4, 100.0) == 150.0
-    assert costmodel.wire_bytes(ALLGATHER, 4, 100.0) == 300.0  # (p-1) * S
-    assert costmodel.wire_bytes(ALLREDUCE, 1, 100.0) == 0.0
-    assert (costmodel.hops(ALLREDUCE, 8), costmodel.hops(ALLGATHER, 8)) == (14, 7)
-
-
-OFFSETS = {"big": 0.120, "small": 0.004, "hidden": -0.030}   # seconds
-NBYTES = {"big": 1e8, "small": 1e6, "hidden": 2e6}
-
-
-def _synthetic_samples(links, rng, noise=0.0, ps=(2, 4, 8)):
-    """Waits from the model itself: max(0, offset + alpha-beta transfer), uncapped runs
-    included (infinite rate), 1 s of other work per step."""
-    samples = []
-    for coll in (ALLREDUCE, ALLGATHER):
-        for group, offset in OFFSETS.items():
-            for p in ps:
-                for bw in (1e8, 1e9, 1e10, math.inf):
-                    t = max(0.0, offset + links[coll].comm_s(coll, p, NBYTES[group], bw, 1.0))
-                    t *= 1 + noise * rng.standard_normal()
-                    samples.append(Sample(coll, p, NBYTES[group], bw, 1.0, t, f"{coll}-{group}", 1.0 + t))
-    return samples
-
-
-def test_fit_model_recovers_known_alpha_beta_and_offsets():
-    truth = {ALLREDUCE: Link(alpha_s=37e-6, efficiency=0.83), ALLGATHER: Link(2e-3, 1.3)}
-    links, offsets = costmodel.fit_model(_synthetic_samples(truth, np.random.default_rng(0)))
-    for coll in truth:
-        assert links[coll].alpha_s == pytest.approx(truth[coll].alpha_s, rel=0.02), coll
-        assert links[coll].efficiency == pytest.approx(truth[coll].efficiency, rel=0.005), coll
-        for group, off in OFFSETS.items():
-            if off > 0:  # a hidden transfer's offset is known only where it shows
-                assert offsets[f"{coll}-{group}"] == pytest.approx(off, abs=5e-4), (coll, group)
-            else:
-                assert offsets[f"{coll}-{group}"] < 0
-    # with 2% multiplicative noise: still close
-    noisy, _ = costmodel.fit_model(_synthetic_samples(truth, np.random.default_rng(1), noise=0.02))
-    assert noisy[ALLGATHER].alpha_s == pytest.approx(2e-3, rel=0.15)
-    assert noisy[ALLREDUCE].efficiency == pytest.approx(0.83, rel=0.03)
-    # one worker count: alpha is given, the link rate still comes out
-    fixed, _ = costmodel.fit_model(_synthetic_samples(truth, np.random.default_rng(0), ps=(2,)),
-                                   alpha_s=37e-6)
-    assert fixed[ALLREDUCE].alpha_s == 37e-6
-    assert fixed[ALLREDUCE].efficiency == pytest.approx(0.83, rel=0.005)
-
-
-def test_fit_model_needs_multi_worker_samples():
-    with pytest.raises(ValueError, match="more than one worker"):
-        costmodel.fit_model([Sample(ALLREDUCE, 1, 1e6, 1e9, 1, 0.0)])
-
-
-def test_crossover_matches_the_closed_form():
-    link = Link(alpha_s=0.0, efficiency=1.0)
-    prof = dict(compute_ms=100.0, images_per_step=32, measured_p=2)
-    model = costmodel.StepModel(link, {
-        "none": costmodel.Profile("none", ALLREDUCE, encode_ms=0, decode_ms=0, nbytes=1e8, **prof),
-        "c": costmodel.Profile("c", ALLGATHER, encode_ms=30, decode_ms=10, nbytes=1e6, **prof)})
-    p = 4
-    # none: 2(p-1)/p*1e8*8/B s; c: 40 ms + decode grows to 20 ms at p=4, + (p-1)*1e6*8/B s
-    extra_s = (30 + 10 * p / 2) / 1e3
-    b_star = (2 * (p - 1) / p * 1e8 * 8 - (p - 1) * 1e6 * 8) / extra_s
-    kind, bps = costmodel.crossover(model, "c", p)
-    assert kind == "below" and bps == pytest.approx(b_star, rel=1e-6)
-    assert model.step_ms("c", p, b_star / 2) < model.step_ms("none", p, b_star / 2)
-    step_s = 0.1 + 2 * (p - 1) / p * 1e8 * 8 / 1e12
-    assert model.images_per_sec("none", p, 1e12) == pytest.approx(p * 32 / step_s, rel=1e-9)
-
-
-def test_hierarchical_wire_bytes_hops_and_profile_scaling():
-    """Nodes of L: the node's link carries its L workers' cross collectives among the
-    p/L nodes; a profile measured hierarchically at 2 x 2 scales its shard to 1/L."""
-    assert costmodel.wire_bytes(ALLGATHER, 1024, 100.0, 8, True) == 8 * 127 * 100.0
-    assert costmodel.wire_bytes(ALLREDUCE, 1024, 100.0, 8, True) == pytest.approx(8 * 2 * 127 / 128 * 100)
-    assert costmodel.wire_bytes(ALLGATHER, 1024, 100.0, 8) == 1023 * 100.0  # flat: the ring
-    assert costmodel.hops(ALLGATHER, 1024, 8, True) == 127
-    assert costmodel.hops(ALLREDUCE, 1024, 8, True) == 254
-    f = costmodel.Profile("c", ALLGATHER, compute_ms=50, encode_ms=10, decode_ms=8, nbytes=1000,
-                          measured_p=4, per_node=2, hierarchical=True, local_bytes=4000)
-    assert f.active(1024, 8) and not f.active(8, 8) and not f.active(1024, 1)
-    assert f.encode_at(1024, 8) == pytest.approx(2.5)           # a shard of 1/8, not 1/2
-    assert f.nbytes_at(1024, 8) == pytest.approx(250)
-    assert f.decode_at(1024, 8) == pytest.approx(8 * 128 / 2 / 4)  # 128 payloads of 1/4 the size
-    assert f.local_bytes_at(1024, 8) == pytest.approx(2 * 7 / 8 * 4000)  # the dense gradient: 4000
-    assert f.encode_at(8, 8) == pytest.approx(20) and f.local_bytes_at(8, 8) == 0  # one node: flat
-    assert f.decode_at(8, 8) == pytest.approx(8 * 8 / 2 * 2)
-    # the step: the cross allgather among nodes, the local bytes at the local rate
-    link = Link(alpha_s=1e-4, efficiency=0.5, local_s_per_bit=1e-9)
-    model = costmodel.StepModel(link, {"c": f})
-    cross = 127 * 1e-4 + 8 * 8 * 127 * 250 / (0.5 * 1e10)
-    local = 8 * 7000 / (0.5 * 2e11)
-    assert model.step_ms("c", 1024, 1e10, 8, 2e11) == pytest.approx(
-        50 + 2.5 + 128 + 1e3 * (cross + local))
-    assert model.step_ms("c", 4, 1e10, 2) == pytest.approx(  # as measured: the fitted local cost
-        50 + 10 + 8 + 1e3 * (1e-4 + 8 * 2 * 1000 / 5e9 + 8 * 4000 * 1e-9))
-
-
-def test_fit_model_recovers_the_cost_inside_a_node():
-    """Hierarchical and flat runs of one compressor share its offset; the hierarchical ones
-    also pay their dense bytes inside the node, whose cost per bit the fit recovers."""
-    truth = Link(alpha_s=50e-6, efficiency=0.8, local_s_per_bit=2e-10)
-    samples = []
-    for group, offset, nbytes in (("a", 0.05, 2e6), ("b", 0.01, 4e5)):
-        for hier in (False, True):
-            for bw in (2e8, 1e9, math.inf):
-                s = Sample(ALLGATHER, 4, nbytes / (2 if hier else 1), bw, 1.0, 0.0, group, 0.0, 2, hier,
-                           8e7 if hier else 0.0)
-                t = max(0.0, offset + truth.comm_s(ALLGATHER, 4, s.nbytes, bw, 1.0, 2, hier, s.local_bytes))
-                samples.append(dataclasses.replace(s, comm_s=t, step_s=1.0 + t))
-    links, offsets = costmodel.fit_model(samples, alpha_s=50e-6)
-    assert links[ALLGATHER].efficiency == pytest.approx(0.8, rel=1e-3)
-    assert links[ALLGATHER].local_s_per_bit == pytest.approx(2e-10, rel=1e-3)
-    assert offsets == pytest.approx({"a": 0.05, "b": 0.01}, abs=1e-5)
-
-
-def test_predict_fits_and_validates_runs_in_nodes_and_tables_clusters():
-    """Rows of 2 nodes x 2 workers made by the model (flat, hierarchical, integer sums):
-    leave-one-out predicts them exactly, and prediction.md has the table for nodes of 8
-    with the best exchange per column and where each stops beating none."""
-    from hvd_compress.tools import compare
-    link = Link(50e-6, 0.9, local_s_per_bit=1e-9)
-    dense = 8e7
-    # spec: (hierarchical?, bytes per worker, offset s, encode+decode ms)
-    runs = {("none", False): (dense, 0.1, 0.0), ("topk:ratio=0.01", False): (1.6e6, 0.02, 300.0),
-            ("topk:ratio=0.01", True): (0.8e6, 0.02, 150.0),
-            ("terngrad:sum=int", False): (1.0e7, 0.03, 100.0),
-            ("terngrad:sum=int", True): (0.5e7, 0.03, 50.0)}
-    rows = []
-    for (spec, hier), (nbytes, offset, codec_ms) in runs.items():
-        coll = compare._collective(spec)
-        local = dense if hier else 0.0  # 2 (L-1)/L of the gradient, L = 2
-        msgs = compare._messages(spec)
-        for bw in ("uncapped", "1gbit", "200mbit"):
-            rate = math.inf if bw == "uncapped" else netcap.parse_rate(bw)
-            wait = max(0.0, offset + link.comm_s(coll, 4, nbytes, rate, msgs, 2, hier, local)) * 1e3
-            step = 120.0 + codec_ms + wait
-            rows.append({"framework": "torch", "example": "synthetic", "compression": spec, "np": "4",
-                         "nodes": "2", "mode": "sync" if hier or spec == "none" else "flat",
-                         # (the wrapper says hierarchical for none too: its tensors go flat)
-                         "hierarchical": str(hier or spec == "none"), "local_bytes_per_step": str(local),
-                         "bandwidth": bw, "latency": "", "status": "ok", "bytes_per_step": str(nbytes),
-                         "parameters": str(dense / 4), "compute_ms": "120",
-                         "encode_ms": str(codec_ms / 2), "decode_ms": str(codec_ms / 2),
-                         "comm_ms": str(wait), "step_ms": str(step),
-                         "images_per_sec_per_worker": str(8 / (step / 1e3))})
-    md, say = compare.predict(rows)
-    assert "10/10 within 25%" in say[0] and "worst 0.0%" in say[0], say
-    assert "## Nodes of 8" in md and "| **best** |" in md
-    table = md[md.index("## Nodes of 8"):]
-    head = next(line for line in table.splitlines() if line.startswith("| exchange | p=8 10gbit"))
-    assert head.count("|") == 1 + 1 + 12
-    row = next(line for line in table.splitlines() if line.startswith("| `topk:ratio=0.01 (hierarchical)`"))
-    cells = row.split(" | ")
-    model = costmodel.StepModel(link, {})
-    prof = compare._profile(next(r for r in rows if r["compression"] == "topk:ratio=0.01"
-                                 and r["hierarchical"] == "True" and r["bandwidth"] == "uncapped"), dense)
-    model.profiles["x"] = dataclasses.replace(prof, comm_offset_ms=20.0)
-    want = model.images_per_sec("x", 1024, 1e10, 8, 2e11)  # p=1024 at 10 Gbit/s: column 10
-    assert float(cells[10].split(" ")[0]) == pytest.approx(want, rel=0.01)
-    assert any(line.startswith("### Worker counts at which each beats none") for line in table.splitlines())
-    assert any("best at 1024 workers and 10gbit" in line for line in say)
-    # other nodes (--per-node, --local-bandwidth)
-    model.profiles["none"] = compare._profile(rows[0], dense)
-    md4, _ = compare.node_lines(model, 4, 1e12)
-    assert "## Nodes of 4" in md4[0] and "at 1000gbit" in md4[2]
 
 
 def test_bandwidth_and_latency_parsing():
@@ -427,8 +256,8 @@ def test_examples_are_found_in_the_checkout_then_in_the_installed_package(tmp_pa
 
 
 def test_compare_says_so_when_no_examples_can_be_found(monkeypatch, tmp_path, capsys):
-    from hvd_compress.tools import compare
-    monkeypatch.setattr(compare, "TOOLS_DIR", tmp_path / "site" / "hvd_compress" / "tools")
+    from hvd_compress.tools import compare, run
+    monkeypatch.setattr(run, "TOOLS_DIR", tmp_path / "site" / "hvd_compress" / "tools")
     with pytest.raises(SystemExit) as stop:
         compare.main(["--out", str(tmp_path / "out"), "--compression", "none", "--np", "1", "--quiet"])
     assert stop.value.code == 2
@@ -466,55 +295,9 @@ def test_uncapped_fallback_message_without_root(monkeypatch, tmp_path):
     assert [r["bandwidth"] for r in _rows(tmp_path)] == ["uncapped"]
 
 
-def test_predict_on_runs_the_model_made_validates_exactly():
-    """Rows whose waits come from the model itself: the fit, leave-one-out and the
-    across-bandwidth validation must all predict them (nearly) exactly.  (Offsets
-    are positive here: a transfer hidden in the uncapped run leaves its offset
-    unpinned.)"""
-    from hvd_compress.tools import compare
-    links = {ALLREDUCE: Link(50e-6, 0.9), ALLGATHER: Link(50e-6, 0.8)}
-    specs = {"none": (8e7, 0.150, 0.0), "fp16": (4e7, 0.250, 30.0), "topk:ratio=0.01": (1.6e6, 0.004, 300.0)}
-    rows = []
-    for spec, (nbytes, offset, codec_ms) in specs.items():
-        coll = compare._collective(spec)
-        for bw in ("uncapped", "1gbit", "200mbit"):
-            rate = math.inf if bw == "uncapped" else netcap.parse_rate(bw)
-            wait = max(0.0, offset + links[coll].comm_s(coll, 2, nbytes, rate)) * 1e3
-            step = 120.0 + codec_ms + wait
-            rows.append({"framework": "torch", "example": "synthetic", "compression": spec, "np": "2",
-                         "bandwidth": bw, "latency": "", "status": "ok", "bytes_per_step": str(nbytes),
-                         "compute_ms": "120", "encode_ms": str(codec_ms / 2), "decode_ms": str(codec_ms / 2),
-                         "comm_ms": str(wait), "step_ms": str(step),
-                         "images_per_sec_per_worker": str(8 / (step / 1e3))})
-    md, say = compare.predict(rows)
-    assert "6/6 within 25%" in say[0] and "worst 0.0%" in say[0], say
-    # rows of other modes are left out of the cost model (it models one exchange per step)
-    odd = dict(rows[-1], mode="local SGD H=4", comm_ms="1", step_ms="500", bytes_per_step="1")
-    assert compare.predict(rows + [odd]) == (md, say)
-    assert any("200mbit runs predicted without any 200mbit run" in line and "3/3" in line for line in say)
-    assert "eta = 0.900" in md and "eta = 0.800" in md
-    assert "`fp16` +250.0" in md
-    # time to accuracy (issue 19): epochs to the target measured, step time predicted
-    curves = {"none": [0.8, 0.92, 0.96], "fp16": [0.8, 0.93, 0.95], "topk:ratio=0.01": [0.7, 0.9, 0.93]}
-    for r in rows:
-        step_s = float(r["step_ms"]) / 1e3
-        r["images_per_sec"] = str(2 * 8 / step_s)
-        r["curve"] = json.dumps([{"epoch": e + 1, "seconds": (e + 1) * 100 * step_s,
-                                  "test_accuracy": a} for e, a in enumerate(curves[r["compression"]])])
-    md, _ = compare.predict(rows, target=0.95)
-    table = md[md.index("## Predicted time to 0.95"):]
-    assert "one epoch = 1,600 images" in table and "Assumed: the epochs" in table
-    none_row = next(line for line in table.splitlines() if line.startswith("| `none`"))
-    cells = none_row.split(" | ")
-    assert cells[1] == "3"  # none reached 0.95 at its third epoch
-    model_step_ms = 120.0 + 0.150 * 1e3 + links[ALLREDUCE].comm_s(ALLREDUCE, 2, 8e7, 1e8) * 1e3
-    assert float(cells[2]) == pytest.approx(3 * 100 * model_step_ms / 1e3, rel=1e-3)  # p=2, 100 Mbit/s
-    assert "| `fp16` | 3 |" in table and "topk" not in table  # top-k never got there
-    assert "No sync run reached" in compare.predict(rows, target=0.99)[0]
-
-
 def test_per_tensor_flags_reach_every_run_and_mappings_are_accepted():
     from hvd_compress.tools import compare as cmp
+    from hvd_compress.tools import predict as predictions
     args = cmp.parser().parse_args(["--out", "x", "--compression", "none", "*fc*=topk;*=fp16",
                                     "--min-numel", "0", "--start-step", "5"])
     run = {"framework": "torch", "example": "digits", "compression": args.compression[1]}
@@ -523,132 +306,9 @@ def test_per_tensor_flags_reach_every_run_and_mappings_are_accepted():
     assert cmd[cmd.index("--compression") + 1] == "*fc*=topk;*=fp16"
     assert "--min-numel" not in cmp.example_command(cmp.parser().parse_args(["--out", "x"]),
                                                     run, Path("r.json"))
-    assert cmp._collective("*fc*=topk;*=fp16") == "allgather"
-    assert cmp._collective("*fc*=randomk;*=fp16") == "allreduce"
-    assert cmp._messages("*=powersgd") == 2.0
-
-
-# -- time to accuracy and modes, from rows made up here (nothing launched) ------------------------
-def _run_row(spec, np_, bw, mode="sync", ips=100.0, curve=None, status="ok"):
-    """A successful results.csv row as compare reads it back (strings; the curve as JSON),
-    ``curve`` as [(seconds, accuracy), ...] per epoch."""
-    row = {"framework": "torch", "example": "digits", "compression": spec, "np": str(np_),
-           "bandwidth": bw, "latency": "", "mode": mode, "status": status, "log": "x",
-           "images_per_sec": str(ips), "images_per_sec_per_worker": str(ips / np_), "step_ms": "10",
-           "bytes_per_step": "1000", "wall_s": "9"}
-    if curve is not None and status == "ok":
-        row["curve"] = json.dumps([{"epoch": i + 1, "seconds": t, "test_accuracy": a}
-                                   for i, (t, a) in enumerate(curve)])
-        row["test_accuracy"] = str(curve[-1][1])
-    return row
-
-
-def test_time_to_target_is_the_first_curve_point_at_or_above_it():
-    from hvd_compress.tools import compare
-    curve = [(1.5, 0.7), (3.0, 0.9), (4.5, 0.85), (6.0, 0.95)]
-    rows = [_run_row("none", 2, "uncapped", curve=curve),
-            _run_row("fp16", 2, "uncapped", curve=[(1.0, 0.5), (2.0, 0.89)]),
-            _run_row("topk:ratio=0.01", 2, "uncapped", status="failed (exit 1); see x"),
-            _run_row("onebit", 2, "uncapped")]  # no curve: an example without accuracy
-    compare.add_targets(rows, 0.9)
-    none, fp16, failed, nocurve = rows
-    # reached at exactly the target, at the second epoch (the dip after it does not matter)
-    assert (none["time_to_target_s"], none["epochs_to_target"], none["best_accuracy"]) == (3.0, 2, 0.95)
-    assert (fp16["time_to_target_s"], fp16["epochs_to_target"], fp16["best_accuracy"]) == ("", "", 0.89)
-    assert compare.missed(fp16, 0.9) and not compare.missed(none, 0.9)
-    for r in (failed, nocurve):
-        assert r["time_to_target_s"] == r["epochs_to_target"] == "" and not compare.missed(r, 0.9)
-    assert failed["best_accuracy"] == nocurve["best_accuracy"] == ""
-    assert {r["target_accuracy"] for r in rows} == {0.9}
-    # a new target: recomputed from the curves; none: blank
-    compare.add_targets(rows, 0.7)
-    assert (none["epochs_to_target"], fp16["epochs_to_target"]) == (1, 2)
-    compare.add_targets(rows, None)
-    assert none["time_to_target_s"] == none["target_accuracy"] == "" and none["best_accuracy"] == 0.95
-    # the columns reach results.csv and come back
-    assert {"mode", "target_accuracy", "time_to_target_s", "epochs_to_target", "best_accuracy",
-            "curve"} <= set(compare.COLUMNS)
-    assert compare.COLUMNS[:len(compare.runtools.SUMMARY_KEYS)] == list(compare.runtools.SUMMARY_KEYS)
-    assert compare.reach([], 0.5) is None
-
-
-def _setting_rows():
-    """np 1 and np 2 uncapped, np 2 at 1gbit: at np 2 uncapped local SGD reaches 0.9 soonest,
-    DGA never; at 1gbit no run reaches it."""
-    return [
-        _run_row("none", 1, "uncapped", ips=50, curve=[(4.0, 0.8), (8.0, 0.92)]),
-        _run_row("none", 2, "uncapped", ips=100, curve=[(5.0, 0.85), (10.0, 0.91)]),
-        _run_row("none", 2, "uncapped", "local SGD H=4", ips=200, curve=[(1.5, 0.8), (3.0, 0.93)]),
-        _run_row("none", 2, "uncapped", "DGA D=2", ips=110, curve=[(4.0, 0.8), (8.0, 0.85)]),
-        _run_row("topk:ratio=0.01", 2, "uncapped", ips=150, curve=[(3.0, 0.88), (6.0, 0.9)]),
-        _run_row("none", 2, "1gbit", ips=40, curve=[(9.0, 0.8), (18.0, 0.86)]),
-        _run_row("topk:ratio=0.01", 2, "1gbit", ips=120, curve=[(3.0, 0.85), (6.0, 0.87)]),
-        _run_row("topk:ratio=0.01", 2, "1gbit", "DGA D=2", status="failed (exit 1); see y"),
-    ]
-
-
-def test_results_md_names_the_fastest_to_the_target_and_reports_misses(tmp_path):
-    from hvd_compress.tools import compare
-    rows = _setting_rows()
-    path = tmp_path / "results.md"
-    compare.write_markdown(path, compare.add_targets(rows, 0.9), 0.9)
-    md = path.read_text()
-    assert md.startswith("Target test accuracy 0.9:")
-    table = [line for line in md.splitlines() if line.startswith("| ")]
-    head = [c.strip() for c in table[0].strip("|").split("|")]
-    assert head[:4] == ["framework", "example", "compression", "mode"]
-    assert head[-4:] == ["to target s", "epochs to target", "wall s", "status"]
-    cells = {(c[2], c[3], c[4], c[5]): dict(zip(head, c)) for c in
-             ([x.strip() for x in line.strip("|").split("|")] for line in table[1:])}
-    assert len(cells) == len(rows)
-    lsgd = cells[("`none`", "local SGD H=4", "2", "uncapped")]
-    assert (lsgd["to target s"], lsgd["epochs to target"]) == ("3.00", "2")
-    assert lsgd["vs none"] == "2.00x"  # against none in sync mode, not another none
-    assert cells[("`topk:ratio=0.01`", "sync", "2", "uncapped")]["vs none"] == "1.50x"
-    dga = cells[("`none`", "DGA D=2", "2", "uncapped")]
-    assert (dga["to target s"], dga["epochs to target"]) == ("missed (best 0.8500)", "")
-    failed = cells[("`topk:ratio=0.01`", "DGA D=2", "2", "1gbit")]
-    assert failed["to target s"] == "" and failed["status"] == "failed (exit 1)"
-    lines = [line[2:] for line in md.splitlines() if line.startswith("- ")]
-    assert lines == [
-        "best at np 2, 1gbit: topk:ratio=0.01 -- 120.0 images/s, 3.00x none",
-        "best at np 2, uncapped: none (local SGD H=4) -- 200.0 images/s, 2.00x none",
-        "fastest to 0.9 at np 1, uncapped: none -- 8.00 s, 2 epoch(s)",
-        "no run reached 0.9 at np 2, 1gbit; the best accuracy was topk:ratio=0.01's 0.8700",
-        "fastest to 0.9 at np 2, uncapped: none (local SGD H=4) -- 3.00 s, 2 epoch(s), "
-        "3.33x sooner than none (10.00 s)",
-    ]
-    # the fastest method when none itself never gets there
-    rows[1]["curve"] = json.dumps([{"epoch": 1, "seconds": 5.0, "test_accuracy": 0.5}])
-    assert compare.target_lines(rows, 0.9)[2].endswith("2 epoch(s); none missed it (best 0.5000)")
-
-
-def test_results_md_without_target_or_modes_is_as_before(tmp_path):
-    from hvd_compress.tools import compare
-    rows = [r for r in _setting_rows() if r["mode"] == "sync"]
-    for r in rows:
-        del r["mode"]  # as in a results.csv written before modes existed
-    path = tmp_path / "results.md"
-    compare.write_markdown(path, rows)
-    md = path.read_text()
-    assert md.startswith("| framework | example | compression | np | bandwidth | images/s | per worker | "
-                         "vs none | bytes/step | compute ms | encode ms | comm ms | decode ms | accuracy | "
-                         "wall s | status |\n")
-    assert "target" not in md and "fastest" not in md and "best at np 2, uncapped: topk" in md
-
-
-def test_accuracy_curves_one_panel_per_np_and_bandwidth(tmp_path):
-    from hvd_compress.tools import compare
-    rows = _setting_rows()
-    panels = compare.curve_panels(rows)
-    assert list(panels) == [(1, "uncapped"), (2, "uncapped"), (2, "1gbit")]
-    assert [compare.method(r) for r in panels[(2, "uncapped")]] == [
-        "none", "none (local SGD H=4)", "none (DGA D=2)", "topk:ratio=0.01"]
-    assert len(panels[(2, "1gbit")]) == 2  # the failed run has no line
-    written = compare.plot(tmp_path, rows, 0.9)
-    assert str(tmp_path / "accuracy_curves.png") in written
-    assert (tmp_path / "accuracy_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert compare.curve_panels([_run_row("none", 2, "uncapped")]) == {}  # synthetic: no curves
+    assert predictions._collective("*fc*=topk;*=fp16") == "allgather"
+    assert predictions._collective("*fc*=randomk;*=fp16") == "allreduce"
+    assert predictions._messages("*=powersgd") == 2.0
 
 
 def test_modes_are_rows_of_the_matrix_with_their_example_flags():
@@ -715,17 +375,17 @@ def test_modes_for_some_specs_and_runs_that_stop_at_the_target(tmp_path):
     runs = cmp.plan_runs(args, capped_ok=True)
     assert [(r["framework"], r["mode"]) for r in runs] == [("torch", "sync"), ("tensorflow", "TF MWMS")]
     assert "tf_examples" in cmp.example_command(args, runs[1], Path("r.json"))[1]
-    rows = [_run_row("none", 2, "uncapped", ips=100.0, curve=[(4.0, 0.9)]),
-            dict(_run_row("none", 2, "uncapped", "TF MWMS", ips=150.0, curve=[(2.0, 0.9)]),
+    rows = [made_up_row("none", 2, "uncapped", ips=100.0, curve=[(4.0, 0.9)]),
+            dict(made_up_row("none", 2, "uncapped", "TF MWMS", ips=150.0, curve=[(2.0, 0.9)]),
                  framework="tensorflow")]
     assert cmp.speedups(rows)[cmp.run_key(rows[1])] == pytest.approx(1.5)
     assert any("none (TF MWMS)" in line and "2.00x sooner than none" in line
                for line in cmp.target_lines(rows, 0.85)), cmp.target_lines(rows, 0.85)
-    tf_too = rows + [dict(_run_row("none", 2, "uncapped", ips=50.0, curve=[(8.0, 0.9)]),
+    tf_too = rows + [dict(made_up_row("none", 2, "uncapped", ips=50.0, curve=[(8.0, 0.9)]),
                           framework="tensorflow")]  # a TF Horovod none beside it: MWMS stays with TF
     assert cmp.speedups(tf_too)[cmp.run_key(rows[1])] == pytest.approx(3.0)
     md = tmp_path / "results.md"
-    row = _run_row("none", 2, "uncapped", curve=[(1.0, 0.9)])
+    row = made_up_row("none", 2, "uncapped", curve=[(1.0, 0.9)])
     cmp.write_markdown(md, [row], 0.85, stopped=True)
     assert "Every run stopped there (--stop-at-target)" in md.read_text()
     cmp.write_markdown(md, [row], 0.85)
@@ -752,7 +412,7 @@ def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horo
     cmd = cmp.example_command(args, row, Path("r.json"))
     assert cmd[cmd.index("--strategy") + 1] == "mwms" and cmd[cmd.index("--compression") + 1] == "none"
     assert cmp.method(row) == "none (TF MWMS)"
-    launched = _record_launches(monkeypatch, cmp)
+    launched = _record_launches(monkeypatch)
     cmp.execute(args, row, tmp_path)
     assert launched[0][1:5] == ["-m", "hvd_compress.tools.mwms", "-np", "2"]
     capped = []
@@ -763,7 +423,7 @@ def test_mwms_baseline_is_one_uncompressed_row_per_setting_launched_without_horo
     assert capped and "--strategy" in capped[0]
 
 
-def _record_launches(monkeypatch, cmp) -> list:
+def _record_launches(monkeypatch) -> list:
     """What compare's execute() launches from now on: recorded (argv), not run."""
     launched = []
 
@@ -776,7 +436,7 @@ def _record_launches(monkeypatch, cmp) -> list:
         def poll(self):
             return 0
 
-    monkeypatch.setattr(cmp.subprocess, "Popen", Proc)
+    monkeypatch.setattr(subprocess, "Popen", Proc)
     return launched
 
 
@@ -802,7 +462,7 @@ def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
     assert cmd[cmd.index("--hierarchical") + 1] == "off"
     assert cmp.method(flat) == "topk:ratio=0.01 (flat)"
     assert cmp.run_key({k: v for k, v in runs[0].items() if k != "nodes"}) == cmp.run_key(runs[0])
-    launched, capped = _record_launches(monkeypatch, cmp), []
+    launched, capped = _record_launches(monkeypatch), []
     cmp.execute(args, flat, tmp_path)
     assert launched[0][1:7] == ["-m", "hvd_compress.tools.nodesrun", "--nodes", "2", "-np", "4"]
     nets = []

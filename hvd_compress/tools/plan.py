@@ -1,0 +1,191 @@
+"""What a comparison runs: the matrix of compressor x mode x worker count x bandwidth.
+
+A run is a dict of :data:`RUN_KEYS` (its CSV row adds :data:`COLUMNS`); the modes
+say how often the workers talk (``sync``, local SGD, DGA, TensorFlow's
+MultiWorkerMirroredStrategy, the flat exchange beside the hierarchical one).
+:func:`plan_runs` turns ``hvd-compress-compare``'s arguments into the runs, which
+:mod:`.run` launches, :mod:`.report` tabulates and :mod:`.predict` fits.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import netcap, runtools
+
+EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
+            "digits-wide": "train_digits.py", "cifar10": "train_cifar10.py"}
+FRAMEWORK_DIRS = {"torch": "torch_examples", "tensorflow": "tf_examples"}
+DEFAULT_COMPRESSIONS = ["none", "fp16", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit", "qsgd:levels=7",
+                        "terngrad", "randomk:ratio=0.01", "powersgd:rank=2"]
+# Small enough for a 2-core machine, big enough (21.8M parameters, 87 MB of
+# gradients a step) that the link matters: a small ResNet trunk under a
+# large-vocabulary classifier (80,000 classes), the shape of models whose
+# softmax/embedding layers dominate and whose gradients are large per FLOP.
+DEFAULT_EXAMPLE_ARGS = {
+    "synthetic": "--width 64 --blocks 1 1 1 --num-classes 80000 --image-size 8 --batch-size 8 "
+                 "--num-warmup-batches 2 --num-iters 3 --num-batches-per-iter 3",
+    "digits": "--epochs 5",
+    # real data where the link matters: the digits under a 10.8M-parameter MLP (43 MB of
+    # gradients a step)
+    "digits-wide": "--model wide --batch-size 64 --epochs 6",
+    "cifar10": "--epochs 1",
+}
+RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes")
+#: results.csv's columns: the examples' summary keys, then what compare adds (new ones are
+#: appended, so that the older columns keep their places)
+COLUMNS = (list(runtools.SUMMARY_KEYS) + ["bandwidth", "latency", "status", "step_ms",
+                                          "collectives_per_step", "parameters", "log",
+                                          "mode", "target_accuracy", "time_to_target_s",
+                                          "epochs_to_target", "best_accuracy", runtools.CURVE,
+                                          "nodes", "local_bytes_per_step", "hierarchical"])
+UNCAPPED = "uncapped"
+SYNC = "sync"
+#: the baseline without Horovod: TensorFlow's MultiWorkerMirroredStrategy (``--strategy
+#: mwms``; uncompressed, launched by :mod:`.mwms`, in the namespaces when capped)
+MWMS = "TF MWMS"
+#: with ``--nodes``: compressed tensors by every worker's allgather (or integer sum), not
+#: the hierarchical exchange (``--hierarchical off``)
+FLAT = "flat"
+MWMS_EXAMPLES = ("digits", "digits-wide")
+
+
+def local_sgd_mode(period: int) -> str:
+    return f"local SGD H={int(period)}"
+
+
+def dga_mode(delay: int) -> str:
+    return SYNC if int(delay) == 0 else f"DGA D={int(delay)}"
+
+
+def run_modes(periods=(), delays=(), strategy: str = "horovod") -> list[str]:
+    """The modes of a matrix: sync first (the baseline), then DGA delays, then local SGD
+    periods (``--delay 0`` is sync itself), then TensorFlow's strategy with
+    ``strategy="mwms"``."""
+    modes = [SYNC] + [dga_mode(d) for d in delays or ()] + [local_sgd_mode(h) for h in periods or ()]
+    modes += [MWMS] if strategy == "mwms" else []
+    return list(dict.fromkeys(modes))
+
+
+def mode_of(row: dict) -> str:
+    """A row's mode (rows of results written before modes existed are sync)."""
+    return row.get("mode") or SYNC
+
+
+def mode_flags(mode: str) -> list[str]:
+    """The example flags a mode needs."""
+    if mode in ("", SYNC):
+        return []
+    if mode == MWMS:
+        return ["--strategy", "mwms"]
+    if mode == FLAT:
+        return ["--hierarchical", "off"]
+    m = re.fullmatch(r"local SGD H=(\d+)", mode)
+    if m:
+        return ["--local-sgd", "--backward-passes-per-step", m.group(1)]
+    m = re.fullmatch(r"DGA D=(\d+)", mode)
+    if m:
+        return ["--delay", m.group(1)]
+    raise ValueError(f"unknown mode {mode!r} (sync, 'local SGD H=<period>', 'DGA D=<delay>' "
+                     f"or {MWMS!r})")
+
+
+def check_modes(specs, modes) -> None:
+    """Raise ValueError for a compressor that a mode cannot run (the optimizers' own rule,
+    e.g. DGA needs a one-round compressor), before anything is launched."""
+    from ..localsteps import check_local_args
+    for spec in specs:
+        for mode in modes:
+            if mode in (MWMS, FLAT):  # MWMS: uncompressed whatever the specs; flat: any
+                continue
+            flags = mode_flags(mode)
+            local = "--local-sgd" in flags
+            period = int(flags[-1]) if local else 1
+            delay = int(flags[-1]) if "--delay" in flags else 0
+            for s in specs_of(spec):
+                try:
+                    check_local_args(local, period, 0, delay, True, s)
+                except ValueError as exc:
+                    raise ValueError(f"{spec} in mode {mode}: {exc}") from None
+
+
+def method(row: dict) -> str:
+    """What a row compares: its compression, and its mode when not sync."""
+    mode = mode_of(row)
+    return row["compression"] if mode == SYNC else f"{row['compression']} ({mode})"
+
+
+def bandwidth_label(text: str) -> str:
+    if text.lower() in (UNCAPPED, "none", "0"):
+        return UNCAPPED
+    return netcap.format_rate(netcap.parse_rate(text))
+
+
+def nodes_of(row: dict) -> int:
+    """A row's simulated nodes (rows of results written before ``--nodes``: 1)."""
+    return int(row.get("nodes") or 1)
+
+
+def takes_hierarchy(spec: str) -> bool:
+    """Whether some tensor of ``spec`` takes the hierarchical exchange (payloads gathered,
+    or integer codes summed: :func:`hvd_compress.core.hierarchy.sharded`)."""
+    from ..core import build
+    from ..core.hierarchy import sharded
+    return any(sharded(build(s)) for s in specs_of(spec))
+
+
+def plan_runs(args, capped_ok: bool) -> list[dict]:
+    runs = []
+    modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
+                      getattr(args, "strategy", "horovod"))
+    nodes = int(getattr(args, "nodes", 1) or 1)
+    if nodes > 1:  # the hierarchical exchange (sync) and the flat one side by side
+        modes.insert(1, FLAT)
+
+    def add(spec, mode):
+        if mode == FLAT and not takes_hierarchy(spec):
+            return  # summable payloads go by one allreduce either way
+        for np_ in args.np:
+            if np_ == 1 and mode not in (SYNC, MWMS):
+                continue  # one worker: local SGD and DGA are plain SGD
+            bands = [UNCAPPED] if np_ == 1 else list(args.bandwidth)
+            if not capped_ok:
+                bands = [UNCAPPED]
+            for bw in dict.fromkeys(bands):
+                runs.append({"framework": "tensorflow" if mode == MWMS else args.framework,
+                             "example": args.example,
+                             "compression": spec, "np": np_, "bandwidth": bw,
+                             "latency": args.latency if bw != UNCAPPED else "", "mode": mode,
+                             "nodes": nodes if np_ > 1 else 1})
+
+    only = getattr(args, "modes_for", None)
+    for spec in args.compression:
+        for mode in modes:
+            if mode in (SYNC, FLAT) or (mode != MWMS and (not only or spec in only)):
+                add(spec, mode)
+    if MWMS in modes:  # the baseline's rows, once: uncompressed
+        add("none", MWMS)
+    return runs
+
+
+def run_key(row: dict) -> tuple:
+    return tuple(mode_of(row) if k == "mode" else str(nodes_of(row)) if k == "nodes"
+                 else str(row.get(k, "")) for k in RUN_KEYS)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text)
+
+
+def run_name(run: dict) -> str:
+    lat = f"_lat{run['latency']}" if run["latency"] else ""
+    mode = "" if mode_of(run) == SYNC else "_" + _safe(mode_of(run))
+    nodes = f"_{nodes_of(run)}nodes" if nodes_of(run) > 1 else ""
+    return (f"{run['framework']}_{run['example']}_{_safe(run['compression'])}{mode}_np{run['np']}"
+            f"{nodes}_{run['bandwidth']}{lat}")
+
+
+def specs_of(text: str) -> list:
+    """The specs a ``--compression`` value names (a mapping: each of its rules')."""
+    from ..core.policy import Policy
+    return Policy(text).known_specs()

@@ -1,0 +1,387 @@
+"""A comparison's results: ``results.csv``, ``results.md`` (speed-ups over ``none``, the
+best method per setting, the fastest to a target accuracy) and the PNG plots.
+
+Rows are the CSV's: every value may be text (a resumed matrix reads them back), so
+numbers are read with :func:`number`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+from . import runtools
+from .plan import COLUMNS, MWMS, SYNC, method, mode_of, nodes_of, run_key, specs_of
+
+
+def read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+    os.replace(tmp, path)
+
+
+def number(row: dict, key: str) -> float | None:
+    """A row's ``key`` as a number; None where it is blank, not a number or NaN."""
+    try:
+        value = float(row.get(key, ""))
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def ok_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _setting(r: dict) -> tuple:
+    """Runs compared with each other: same framework, example, np, nodes, bandwidth, latency."""
+    return (r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""),
+            nodes_of(r))
+
+
+def setting_of(rows: list[dict]):
+    """A function giving each of ``rows`` its setting (:func:`_setting`).  TensorFlow's
+    strategy (mode TF MWMS, framework tensorflow) joins the setting of the Horovod rows
+    beside it whatever their framework: with ``--framework torch --strategy mwms`` the
+    baseline trains the same MLP in Keras, and is compared with the torch runs.  Where
+    Horovod rows of both frameworks share a setting it stays with tensorflow's."""
+    horovod: dict = {}
+    for r in rows:
+        if mode_of(r) != MWMS:
+            horovod.setdefault(_setting(r)[1:], set()).add(r["framework"])
+
+    def key(r: dict) -> tuple:
+        s = _setting(r)
+        frameworks = horovod.get(s[1:], set())
+        if mode_of(r) == MWMS and len(frameworks) == 1:
+            return (next(iter(frameworks)),) + s[1:]
+        return s
+    return key
+
+
+def is_baseline(r: dict) -> bool:
+    """``none`` in sync mode: what speed-ups and times to target are measured against."""
+    return mode_of(r) == SYNC and all(s.name == "none" for s in specs_of(r["compression"]))
+
+
+def speedups(rows: list[dict]) -> dict:
+    """run key -> images/s over that of none in sync mode at the same framework, example,
+    np and bandwidth."""
+    setting = setting_of(rows)
+    base = {setting(r): number(r, "images_per_sec") for r in ok_rows(rows) if is_baseline(r)}
+    out = {}
+    for r in ok_rows(rows):
+        b = base.get(setting(r))
+        ips = number(r, "images_per_sec")
+        if b and ips is not None:
+            out[run_key(r)] = ips / b
+    return out
+
+
+def _where(setting: tuple) -> str:
+    _, _, np_, bw, lat, nodes = setting
+    return f"np {np_}" + (f" in {nodes} nodes" if nodes > 1 else "") + f", {bw}" + \
+        (f", latency {lat}" if lat else "")
+
+
+def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict]]]:
+    groups: dict = {}
+    setting = setting_of(rows)
+    for r in ok_rows(rows):
+        if int(r["np"]) > 1 or not multi_only:
+            groups.setdefault(setting(r), []).append(r)
+    return sorted(groups.items(), key=lambda kv: (kv[0][:2], int(kv[0][2]), kv[0][5], str(kv[0][3]),
+                                                  kv[0][4]))
+
+
+def best_lines(rows: list[dict]) -> list[str]:
+    """Per worker count and bandwidth (np > 1): the method (compressor, mode) with the
+    most images/s and its speed-up over none in sync mode."""
+    sp = speedups(rows)
+    lines = []
+    for setting, rs in _settings(rows, multi_only=True):
+        rs = [r for r in rs if run_key(r) in sp]
+        if not rs:
+            continue
+        best = max(rs, key=lambda r: number(r, "images_per_sec") or 0.0)
+        lines.append(f"best at {_where(setting)}: {method(best)} -- {number(best, 'images_per_sec'):.1f} "
+                     f"images/s, {sp[run_key(best)]:.2f}x none")
+    return lines
+
+
+def curve_of(row: dict) -> list[dict]:
+    """A row's accuracy curve (points with epoch, seconds, test_accuracy), in epoch order;
+    [] when it has none (a failed run, an example without accuracy)."""
+    raw = row.get(runtools.CURVE)
+    if not raw:
+        return []
+    points = json.loads(raw) if isinstance(raw, str) else raw
+    return sorted((p for p in points if p.get("test_accuracy") is not None), key=lambda p: p["epoch"])
+
+
+def reach(curve: list[dict], target: float) -> dict | None:
+    """The first point of ``curve`` whose test accuracy is at or above ``target`` (None:
+    the run never got there)."""
+    return next((p for p in curve if p["test_accuracy"] >= target), None)
+
+
+def check_target(target: float) -> float:
+    return runtools.check_accuracy(target, "--target-accuracy")
+
+
+def best_accuracy(row: dict) -> float | None:
+    """The best test accuracy a successful run reached (its curve's, else its final one)."""
+    if row.get("status") != "ok":
+        return None
+    accs = [p["test_accuracy"] for p in curve_of(row)]
+    return max(accs) if accs else number(row, "test_accuracy")
+
+
+def hit(row: dict, target: float) -> dict | None:
+    """The curve point at which a successful run first reached ``target`` (None: never)."""
+    return reach(curve_of(row), target) if row.get("status") == "ok" else None
+
+
+def missed(row: dict, target: float) -> bool:
+    """Whether a successful run with an accuracy curve never reached ``target``."""
+    return row.get("status") == "ok" and bool(curve_of(row)) and hit(row, target) is None
+
+
+def add_targets(rows: list[dict], target: float | None) -> list[dict]:
+    """Fill each row's ``best_accuracy`` and, with a target, ``target_accuracy``,
+    ``time_to_target_s`` and ``epochs_to_target`` (blank where the run never reached
+    it) from its curve; returns ``rows``.  Recomputed from the curves every time, so a
+    resumed matrix may change its target."""
+    for r in rows:
+        best = best_accuracy(r)
+        point = hit(r, target) if target is not None else None
+        r["best_accuracy"] = "" if best is None else best
+        r["target_accuracy"] = "" if target is None else target
+        r["time_to_target_s"] = point["seconds"] if point else ""
+        r["epochs_to_target"] = point["epoch"] if point else ""
+    return rows
+
+
+def target_lines(rows: list[dict], target: float) -> list[str]:
+    """Per worker count and bandwidth: the method that reached ``target`` soonest, and
+    how much sooner than none in sync mode; or that no run reached it."""
+    lines = []
+    for setting, rs in _settings(rows, multi_only=False):
+        curved = [r for r in rs if curve_of(r)]
+        if not curved:
+            continue
+        reached = [(hit(r, target), r) for r in curved if hit(r, target) is not None]
+        if not reached:
+            top = max(curved, key=lambda r: best_accuracy(r) or 0.0)
+            lines.append(f"no run reached {target:g} at {_where(setting)}; the best accuracy was "
+                         f"{method(top)}'s {best_accuracy(top):.4f}")
+            continue
+        point, best = min(reached, key=lambda pr: pr[0]["seconds"])
+        line = (f"fastest to {target:g} at {_where(setting)}: {method(best)} -- {point['seconds']:.2f} s, "
+                f"{point['epoch']} epoch(s)")
+        base = next((r for r in curved if is_baseline(r)), None)
+        if base is not None and base is not best:
+            at = hit(base, target)
+            if at is not None:
+                ratio = at["seconds"] / point["seconds"] if point["seconds"] > 0 else math.inf
+                line += f", {ratio:.2f}x sooner than none ({at['seconds']:.2f} s)"
+            else:
+                line += f"; none missed it (best {best_accuracy(base):.4f})"
+        lines.append(line)
+    return lines
+
+
+def write_markdown(path: Path, rows: list[dict], target: float | None = None,
+                   stopped: bool = False) -> None:
+    """results.md: the table (a mode column when some run is not sync; with a target,
+    the time and epochs to it, or "missed" and the best accuracy reached), then the best
+    method per setting and, with a target, the fastest to it; ``stopped``: the runs
+    ended at the target (``--stop-at-target``), which the heading then says."""
+    sp = speedups(rows)
+    modes = any(mode_of(r) != SYNC for r in rows)
+    head = (["framework", "example", "compression"] + (["mode"] if modes else [])
+            + ["np", "bandwidth", "images/s", "per worker", "vs none", "bytes/step", "compute ms",
+               "encode ms", "comm ms", "decode ms", "accuracy"]
+            + (["to target s", "epochs to target"] if target is not None else []) + ["wall s", "status"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        okay = r.get("status") == "ok"
+
+        def num(key, fmt="{:.1f}"):
+            v = number(r, key)
+            return fmt.format(v) if (okay and v is not None) else ""
+        s = sp.get(run_key(r))
+        bw = r["bandwidth"] + (f" +{r['latency']}" if r.get("latency") else "")
+        reached = []
+        if target is not None:
+            point = hit(r, target)
+            if point is not None:
+                reached = [f"{point['seconds']:.2f}", str(point["epoch"])]
+            elif missed(r, target):
+                reached = [f"missed (best {best_accuracy(r):.4f})", ""]
+            else:
+                reached = ["", ""]
+        lines.append("| " + " | ".join(
+            [r["framework"], r["example"], f"`{r['compression']}`"] + ([mode_of(r)] if modes else []) + [
+                str(r["np"]) + (f" ({nodes_of(r)} nodes)" if nodes_of(r) > 1 else ""), bw,
+                num("images_per_sec"), num("images_per_sec_per_worker"),
+                f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
+                num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),
+                num("test_accuracy", "{:.4f}")] + reached + [
+                num("wall_s"), "ok" if okay else r.get("status", "").split(";")[0]]) + " |")
+    text = "\n".join(lines) + "\n"
+    if target is not None:
+        text = (f"Target test accuracy {target:g}: time to target is the training time (evaluation not "
+                "counted) until the end of the first epoch whose test accuracy reached it."
+                + (" Every run stopped there (--stop-at-target): its accuracy is that epoch's."
+                   if stopped else "") + "\n\n" + text)
+    bl = best_lines(rows) + (target_lines(rows, target) if target is not None else [])
+    if bl:
+        text += "\n" + "\n".join(f"- {line}" for line in bl) + "\n"
+    path.write_text(text)
+
+
+def plot(out: Path, rows: list[dict], target: float | None = None) -> list[str]:
+    """The PNG plots; returns the files written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = ok_rows(rows)
+    if not rows:
+        return []
+    written = []
+    methods = list(dict.fromkeys(method(r) for r in rows))
+    bands = list(dict.fromkeys(r["bandwidth"] for r in rows))
+
+    # throughput against worker count, one panel per bandwidth (np 1 is in every panel)
+    fig, axes = plt.subplots(1, len(bands), figsize=(5.5 * len(bands), 4.2), squeeze=False)
+    for ax, bw in zip(axes[0], bands):
+        for name in methods:
+            pts = sorted((int(r["np"]), number(r, "images_per_sec")) for r in rows
+                         if method(r) == name and (r["bandwidth"] == bw or int(r["np"]) == 1))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set_title(f"links: {bw}")
+        ax.set_xlabel("workers (np)")
+        ax.set_ylabel("images/s (all workers)")
+        ax.set_xticks(sorted({int(r["np"]) for r in rows}))
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    written.append(_save(fig, out / "throughput.png"))
+
+    # bytes one worker sends per step
+    per_spec = {}
+    for r in rows:
+        if int(r["np"]) > 1 or method(r) not in per_spec:
+            per_spec[method(r)] = number(r, "bytes_per_step") or 0.0
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(per_spec) + 1.5))
+    names = list(per_spec)
+    ax.barh(names, [max(per_spec[n], 1.0) for n in names], color="tab:blue")
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("bytes sent per step per worker (log)")
+    for i, n in enumerate(names):
+        ax.text(max(per_spec[n], 1.0), i, f" {per_spec[n] / 1e6:.2f} MB", va="center", fontsize=7)
+    fig.tight_layout()
+    written.append(_save(fig, out / "bytes_per_step.png"))
+
+    # where the step time goes, stacked, one bar per run
+    labels, parts = [], {k: [] for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")}
+    for r in rows:
+        labels.append(f"{method(r)}\nnp{r['np']} {r['bandwidth']}")
+        for k in parts:
+            parts[k].append(number(r, k) or 0.0)
+    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), 5))
+    bottom = [0.0] * len(labels)
+    for k, color in zip(parts, ("tab:gray", "tab:orange", "tab:red", "tab:green")):
+        ax.bar(range(len(labels)), parts[k], bottom=bottom, label=k.replace("_ms", ""), color=color)
+        bottom = [b + v for b, v in zip(bottom, parts[k])]
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=90, fontsize=6)
+    ax.set_ylabel("ms per step")
+    ax.legend()
+    fig.tight_layout()
+    written.append(_save(fig, out / "time_split.png"))
+
+    acc = [r for r in rows if number(r, "test_accuracy") is not None]
+    if acc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name in methods:
+            pts = [(number(r, "wall_s"), number(r, "test_accuracy"), r) for r in acc if method(r) == name]
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=name)
+                for x, y, r in pts:
+                    ax.annotate(f"np{r['np']} {r['bandwidth']}", (x, y), fontsize=6)
+        ax.set_xlabel("wall-clock time of the run (s)")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "accuracy_vs_time.png"))
+
+    panels = curve_panels(rows)
+    if panels:
+        written.append(_plot_curves(plt, out / "accuracy_curves.png", panels, methods, target))
+    return written
+
+
+def curve_panels(rows: list[dict]) -> dict:
+    """(np, bandwidth) -> the successful rows with an accuracy curve, in the order of
+    accuracy_curves.png's grid (worker counts down, bandwidths across)."""
+    panels: dict = {}
+    for r in ok_rows(rows):
+        if curve_of(r):
+            panels.setdefault((int(r["np"]), r["bandwidth"]), []).append(r)
+    bands = list(dict.fromkeys(bw for _, bw in panels))
+    return {key: panels[key] for key in sorted(panels, key=lambda k: (k[0], bands.index(k[1])))}
+
+
+def _plot_curves(plt, path: Path, panels: dict, methods: list[str], target: float | None) -> str:
+    """Test accuracy against training time, one line per run, one panel per np x bandwidth."""
+    nps = list(dict.fromkeys(n for n, _ in panels))
+    bands = list(dict.fromkeys(bw for _, bw in panels))
+    fig, axes = plt.subplots(len(nps), len(bands), figsize=(5.2 * len(bands), 3.8 * len(nps)),
+                             squeeze=False, sharey=True)
+    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    for i, n in enumerate(nps):
+        for j, bw in enumerate(bands):
+            ax = axes[i][j]
+            if (n, bw) not in panels:
+                ax.set_visible(False)
+                continue
+            for r in panels[(n, bw)]:
+                pts = curve_of(r)
+                ax.plot([p["seconds"] for p in pts], [p["test_accuracy"] for p in pts], marker="o",
+                        markersize=3, color=colors(methods.index(method(r)) % colors.N), label=method(r))
+            if target is not None:
+                ax.axhline(target, color="black", linestyle="--", linewidth=0.8, label=f"target {target:g}")
+            ax.set_title(f"np {n}, links: {bw}")
+            ax.set_xlabel("training time (s)")
+            ax.set_ylabel("test accuracy")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> str:
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
