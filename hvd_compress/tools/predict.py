@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..core.base import TensorMeta
 from . import costmodel, netcap
 from .plan import FLAT, SYNC, UNCAPPED, mode_of, nodes_of, specs_of, takes_hierarchy
 from .report import add_targets, curve_of, number, ok_rows
@@ -19,11 +20,17 @@ def _collective(spec: str) -> str:
     return costmodel.ALLREDUCE if summable else costmodel.ALLGATHER
 
 
+#: a tensor larger than any low-rank approximation's break-even: its rounds are the most a
+#: compressor's exchange takes
+_LARGE_MATRIX = TensorMeta("large", (1 << 16, 1 << 16), "float32")
+
+
 def _messages(spec: str) -> float:
     """Latency-bound messages per step: Horovod fuses a step's tensors into one
-    collective per cycle, so one per round (PowerSGD: two), not one per tensor."""
-    return 2.0 if any(p.name == "powersgd" or p.params.get("sum") == "int"
-                      for s in specs_of(spec) for p in s.parts) else 1.0
+    collective per cycle, so one per round of the exchange (PowerSGD and integer sums:
+    two), not one per tensor."""
+    from ..core import build
+    return float(max((build(s).rounds(_LARGE_MATRIX) for s in specs_of(spec)), default=1))
 
 
 def _lane_m(spec: str) -> int:
