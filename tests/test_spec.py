@@ -76,3 +76,16 @@ def test_describe_lists_every_compressor():
     text = spec.describe()
     for name in spec.NAMES:
         assert name in text
+
+
+def test_the_public_module_is_the_core_grammar():
+    """The grammar lives in the core (hvd_compress.core.spec); hvd_compress.spec is the same
+    functions and classes under the public name, with the registry's names read when asked."""
+    from hvd_compress.core import registry
+    from hvd_compress.core import spec as core_spec
+    assert (spec.parse, spec.describe, spec.Spec, spec.CompressorSpec) == (
+        core_spec.parse, core_spec.describe, core_spec.Spec, core_spec.CompressorSpec)
+    assert spec.NAMES == core_spec.NAMES == tuple(a.name for a in registry.algorithms())
+    assert "qsgd" in spec.QUANTIZERS and "topk" in spec.SPARSIFIERS
+    with pytest.raises(AttributeError):
+        spec.NOT_A_NAME
