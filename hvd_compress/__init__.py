@@ -7,6 +7,6 @@ on framework tensors and plug into Horovod's ``DistributedOptimizer``.
 
 __version__ = "0.3.0"
 
-# The host fast paths (numba kernels, loaded on first use) into the core's provider slot.
-from . import fastpaths  # noqa: E402,F401
+# The accelerators (numba kernels, loaded on first use) into the core's provider slot.
+from . import accel  # noqa: E402,F401
 from .core.agreement import PlanMismatchError  # noqa: E402,F401

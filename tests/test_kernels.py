@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_compress import fastpaths, kernels
+from hvd_compress.accel import host, host_select, host_stochastic
 from hvd_compress.core import NUMPY, build
-from hvd_compress.core.quantizers import make_codec
+from hvd_compress.core.quantizers import QSGDCodec, TernGradCodec, make_codec
 from hvd_compress.torch import TorchBackend
 
-pytestmark = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not host.numba_available(), reason="numba is not installed")
+kernels = host.numba_kernels()  # hvd_compress.accel.kernels: what the fast paths call
 SPECS = ["threshold:tau=0.01", "threshold:tau=0.01,ef=false", "onebit", "onebit:ef=false",
          "terngrad", "terngrad:clip=0", "terngrad:ef=true", "qsgd:levels=7",
          "qsgd:levels=16,bucket=64", "qsgd:levels=7,ef=true", "qsgd:levels=1,bucket=3",
@@ -32,7 +33,7 @@ def _needs_noise(comp):
 
 def _run(spec, backend, xs, noises, fused, monkeypatch):
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if fused else "0")
-    monkeypatch.setattr(fastpaths, "_SMALLEST", {})  # the kernels on small tensors too
+    monkeypatch.setattr(host, "SMALLEST", {})  # the kernels on small tensors too
     comp = build(spec, backend)
     payloads = []
     for x, noise in zip(xs, noises):
@@ -294,7 +295,7 @@ def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatc
     if bad == "overflow" and not build(spec).ef:
         pytest.skip("no error feedback: no sum to overflow")
     runs = []
-    monkeypatch.setattr(fastpaths, "_SMALLEST", {})  # the kernels on small tensors too
+    monkeypatch.setattr(host, "SMALLEST", {})  # the kernels on small tensors too
     for fused in (True, False):
         monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if fused else "0")
         comp = build(spec, backend)
@@ -324,7 +325,7 @@ def test_start_table_counts_exactly_like_a_binary_search(scale):
     """The 16-bit prefix table the 8-bit and SketchML kernels count on from gives the
     binary search's count for values at, just above and just below every edge, with
     ties among the edges, over float32's whole range and both signs."""
-    from hvd_compress.fastpaths import start_table
+    from hvd_compress.accel.host_levels import start_table
     rng = np.random.default_rng(3)
     edges = np.sort((rng.standard_normal(300) * 10.0 ** rng.uniform(-3, 3, 300)).astype(np.float32))
     edges[10:20] = edges[10]
@@ -382,7 +383,7 @@ def test_hashed_noise_is_the_defined_hash(spec):
     x = (rng.standard_normal(70001) * 1e-2).astype(np.float32)
     key = 0xDEADBEEF12345678
     codec = build(spec).codec
-    fields_of = {"qsgd": fastpaths._qsgd, "terngrad": fastpaths._terngrad}[codec.name]
+    fields_of = {QSGDCodec: host_stochastic._qsgd, TernGradCodec: host_stochastic._terngrad}[type(codec)]
     hashed = fields_of(kernels, NUMPY, codec, x, None, _Key(key))
     given = fields_of(kernels, NUMPY, codec, x, _model_uniform(x.size, key), None)
     for name in hashed:
@@ -492,7 +493,7 @@ def test_top_k_cut_is_not_fooled_by_a_matrix_whose_rows_divide_the_stride():
     column = rng.standard_normal(cols).astype(np.float32)
     g = (column[None, :] * (1 + 0.01 * rng.standard_normal((rows, cols)))).astype(np.float32)
     g = g.reshape(-1)
-    raw = n // -(-fastpaths._SAMPLE_HITS * n // kk)
+    raw = n // -(-host_select._SAMPLE_HITS * n // kk)
     assert raw % cols == 0  # the old stride: one column
 
     def passed(t):
@@ -502,7 +503,7 @@ def test_top_k_cut_is_not_fooled_by_a_matrix_whose_rows_divide_the_stride():
     e = kk * sample.size / n
     old = sample[sample.size - min(sample.size, int(e + 3 * np.sqrt(e)) + 1)]
     assert not kk <= passed(old) <= 8 * kk  # (why the fix: outside the fast path's range)
-    assert kk <= passed(fastpaths._sample_cut(g, None, kk)) <= 2 * kk
+    assert kk <= passed(host_select._sample_cut(g, None, kk)) <= 2 * kk
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
@@ -511,7 +512,7 @@ def test_decoded_results_reuse_a_buffer_only_once_nobody_holds_it(backend, monke
     view and tensor over it is gone: a result still held is never overwritten, the
     values are the reference chain's, and a dropped result's buffer comes back."""
     monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
-    monkeypatch.setattr(fastpaths, "_RESULTS", fastpaths._ResultBuffers())
+    monkeypatch.setattr(host, "RESULTS", host._ResultBuffers())
     B = NUMPY if backend == "numpy" else TorchBackend()
     n = 300_000  # 1.2 MB: above the smallest buffer kept
     rng = np.random.default_rng(8)
@@ -546,6 +547,6 @@ def test_decoded_results_reuse_a_buffer_only_once_nobody_holds_it(backend, monke
     del view
     r3 = step(xs[3])
     assert where(r3) != where(r2)  # r2 still held: another buffer
-    assert len(fastpaths._RESULTS._kept) == 2
-    small = fastpaths._RESULTS.take(1000)  # small results are always fresh, never kept
-    assert small.shape == (1000,) and len(fastpaths._RESULTS._kept) == 2
+    assert len(host.RESULTS._kept) == 2
+    small = host.RESULTS.take(1000)  # small results are always fresh, never kept
+    assert small.shape == (1000,) and len(host.RESULTS._kept) == 2

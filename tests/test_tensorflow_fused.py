@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
 from hvd_compress.core import NUMPY, build  # noqa: E402
+from hvd_compress.core.dgc import DGC  # noqa: E402
 from hvd_compress.core.quantizers import make_codec  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
 from tests.harness import digests_by_threads  # noqa: E402
@@ -268,10 +269,11 @@ def _reference(ref, x, name, monkeypatch, **kw):
         monkeypatch.setenv("HVD_COMPRESS_FUSED", "1")
 
 
-def _spy(monkeypatch, name):
+def _spy(monkeypatch, cls):
     calls = []
-    real = fused_ops._SPARSIFIERS[name]
-    monkeypatch.setitem(fused_ops._SPARSIFIERS, name, lambda lib, comp: calls.append(1) or real(lib, comp))
+    real = fused_ops.ENCODERS[cls]
+    monkeypatch.setitem(fused_ops.ENCODERS, cls,
+                        lambda lib, comp, cols: calls.append(1) or real(lib, comp, cols))
     return calls
 
 
@@ -279,7 +281,7 @@ def _assert_sparse_steps(spec, xs, monkeypatch, shape=None, state=("residual",))
     """Payload bytes, the state left behind and the decoded sum, step after step, against
     the numpy reference; the fused op ran every step."""
     ref, tfc = build(spec, NUMPY), build(spec, TFB)
-    calls = _spy(monkeypatch, ref.spec.parts[0].name)
+    calls = _spy(monkeypatch, type(ref))
     for step, x in enumerate(xs):
         x = x.reshape(shape or x.shape)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -337,7 +339,7 @@ def test_dgc_same_bits_as_numpy(spec, shape, monkeypatch):
     xs = _dgc_data(shape, rng)
     ref, tfc = build(spec, NUMPY), build(spec, TFB)
     epochs = [0, 1, 2, 3, 3, 3] if "warmup_epochs=3" in spec else [0] * len(xs)
-    calls = _spy(monkeypatch, "dgc")
+    calls = _spy(monkeypatch, DGC)
     short = 0
     for step, (x, epoch) in enumerate(zip(xs, epochs)):
         ref.set_epoch(epoch)
@@ -394,7 +396,7 @@ def test_randomk_same_bits_as_numpy(spec, size, monkeypatch):
 def test_sparsifiers_same_bits_traced_with_variable_state(spec, monkeypatch):
     from hvd_compress.tensorflow import compressor
     comp, ref = compressor(spec), build(spec, NUMPY)
-    calls = _spy(monkeypatch, ref.spec.parts[0].name)
+    calls = _spy(monkeypatch, type(ref))
     shape = (301, 233)
 
     @tf.function

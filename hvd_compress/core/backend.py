@@ -217,7 +217,7 @@ class NumpyBackend:
           non-finite step.
 
         A provider may decline (None) for any codec or ``cols``.  Here: the host
-        provider set by :func:`set_host_fast_paths` (``hvd_compress.fastpaths`` sets
+        provider set by :func:`set_host_fast_paths` (``hvd_compress.accel`` sets
         its compiled kernels when ``hvd_compress`` is imported; the core never imports
         it), or None."""
         provider = _HOST_FAST_PATHS

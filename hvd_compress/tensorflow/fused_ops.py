@@ -56,7 +56,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import fastpaths
+from ..accel.registry import ByClass, requested
+from ..core.dgc import DGC
+from ..core.quantizers import OneBitCodec, QSGDCodec, TernGradCodec, ThresholdCodec
+from ..core.sampling import Stratified
+from ..core.sparsifiers import RandomK, TopK
 
 SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
 #: every source of the one library: the quantizers' ops, the sparsifiers' and PowerSGD's products
@@ -149,7 +153,7 @@ def build(verbose: bool = False) -> Path:
 def library():
     """The loaded op module, or None (turned off, or not buildable: warned once)."""
     global _LIB, _ERROR
-    if not fastpaths.requested():
+    if not requested():
         return None
     if _LIB is None:
         try:
@@ -167,28 +171,39 @@ def error() -> str:
     return _ERROR
 
 
-# -- the ops, one per codec ----------------------------------------------------------------
+# -- the ops, registered against the algorithm's class ------------------------------------
+#: how to make the compiled ops' encoder for an object of a class (a codec, a compressor, or
+#: core.sampling's marker): ``(lib, obj, cols) -> encoder or None``, found along the MRO
+ENCODERS = ByClass()
+
+
+def register(cls, make) -> None:
+    """Register ``make(lib, obj, cols)`` as the compiled ops' encoder maker for ``cls``."""
+    ENCODERS[cls] = make
+
+
 def encoder(codec, cols: int):
     """A fused encoder for ``codec`` -- a quantizer's: ``(g, residual, noise, noise_source)
     -> (fields, new residual, finite)``, ``finite`` a 0-d tensor; a sparsifier's (``codec``
     is the compressor): the callable its ``_encode_fused`` expects -- or None where there is
-    none (other codecs).  ``cols``: 1-bit SGD's columns."""
+    none (other classes).  ``cols``: 1-bit SGD's columns."""
     lib = library()
-    if lib is None:
-        return None
-    if codec.name in _SPARSIFIERS:
-        return _SPARSIFIERS[codec.name](lib, codec)
-    if codec.name == "stratified":  # core.sampling's indices (random-k's, DGC's sample)
-        return lambda n, k, key0, key1: _stratified(lib, n, k, key0, key1)
-    if codec.name not in _ENCODERS:
-        return None
-    import tensorflow as tf
+    make = None if lib is None else ENCODERS.find(codec)
+    return None if make is None else make(lib, codec, cols)
 
-    def encode(g, residual, noise, noise_source):
-        residual = _empty(tf) if residual is None else residual
-        gen = None if noise_source is None else noise_source.gen
-        return _ENCODERS[codec.name](lib, tf, codec, cols, g, residual, noise, gen)
-    return encode
+
+def _quantizer(op):
+    """An encoder maker for a quantizer codec whose op is wrapped by ``op(lib, tf, codec,
+    cols, g, residual, noise, gen)``."""
+    def make(lib, codec, cols):
+        import tensorflow as tf
+
+        def encode(g, residual, noise, noise_source):
+            residual = _empty(tf) if residual is None else residual
+            gen = None if noise_source is None else noise_source.gen
+            return op(lib, tf, codec, cols, g, residual, noise, gen)
+        return encode
+    return make
 
 
 def _empty(tf):
@@ -224,10 +239,12 @@ def _qsgd(lib, tf, codec, cols, g, residual, noise, gen):
     return {"norms": norms, "codes": codes}, rout, finite
 
 
-_ENCODERS = {"threshold": _threshold, "onebit": _onebit, "terngrad": _terngrad, "qsgd": _qsgd}
+for _cls, _op in ((ThresholdCodec, _threshold), (OneBitCodec, _onebit), (TernGradCodec, _terngrad),
+                 (QSGDCodec, _qsgd)):
+    register(_cls, _quantizer(_op))
 
 
-# -- the sparsifiers (codec: the compressor) ---------------------------------------------
+# -- the sparsifiers (codec: the compressor; with a quantizer of the values: the chain) ---
 def _topk(lib, comp):
     """Top-k's whole payload (``PayloadFastPath``): ``(g, residual, _, _) -> ({"payload"},
     new residual, finite)``; a non-finite step's values are NaN already."""
@@ -281,7 +298,13 @@ def _dgc(lib, comp):
     return encode
 
 
-_SPARSIFIERS = {"topk": _topk, "randomk": _randomk, "dgc": _dgc}
+def _sparsifier(make):
+    """An encoder maker for a sparsifier: none with a quantizer of the values (the chain)."""
+    return lambda lib, comp, cols: None if comp.codec is not None else make(lib, comp)
+
+
+for _cls, _make in ((TopK, _topk), (RandomK, _randomk), (DGC, _dgc)):
+    register(_cls, _sparsifier(_make))
 
 
 def _stratified(lib, n: int, k: int, key0, key1):
@@ -289,6 +312,9 @@ def _stratified(lib, n: int, k: int, key0, key1):
     op (the chain is some fifteen TF ops over k elements)."""
     import tensorflow as tf
     return tuple(lib.hvdc_stratified(tf.cast(key0, tf.int64), tf.cast(key1, tf.int64), n=n, k=k))
+
+
+register(Stratified, lambda lib, marker, cols: lambda n, k, key0, key1: _stratified(lib, n, k, key0, key1))
 
 
 def scatter_add(acc, idx, values, n: int):

@@ -186,7 +186,7 @@ class TorchBackend:
 
     def fused_encoder(self, codec, cols, like=None):
         """For CPU tensors (``like``), the host fast path the numpy backend has (numba
-        kernels, :mod:`hvd_compress.fastpaths`, over numpy views); None on devices."""
+        kernels, :mod:`hvd_compress.accel.host`, over numpy views); None on devices."""
         if like is not None and not self.is_host(like):
             return None
         provider = host_fast_paths()
