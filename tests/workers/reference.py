@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from hvd_compress.core import build
 from hvd_compress.core.exchange import MAX
 
 
 class Reference:
     """Every rank's compressor replayed in numpy; aggregates as the optimizer should."""
 
-    def __init__(self, spec, size):
-        from hvd_compress.core import build
-        self.comps = [build(spec, rank=r, world_size=size) for r in range(size)]
+    def __init__(self, spec, size, backend=None):
+        """``backend``: the numpy backend to replay on; ``NumpyBackend("out_last")`` for
+        TensorFlow's runs (their matrix view, :mod:`hvd_compress.core.layout`)."""
+        kw = {} if backend is None else {"backend": backend}
+        self.comps = [build(spec, rank=r, world_size=size, **kw) for r in range(size)]
         self.size = size
 
     def step(self, grads_by_rank, noise_by_rank):
@@ -89,3 +92,64 @@ def hierarchical_step(comps, grads_by_rank, nodes, per, average=True, noises=Non
         dense = np.concatenate(shards)[:n].reshape(shape)
         out[name] = dense * np.float32(1.0 / p) if average else dense
     return out
+
+
+def check_predivided(spec, f, runs, tol=1e-5):
+    """Each step's averaged gradients (``runs[r]["steps"][s]["got"]``, every rank alike)
+    against their definition with predivide ``f`` (horovod/torch/optimizer.py 0.28.1:
+    prescale 1/f, postscale f, Horovod's 1/size): every rank's compressor, replayed in
+    numpy, encodes ``local / f``; the decoded payloads' sum times ``f / p``.  Returns
+    the averaged gradients, per step and name."""
+    size = len(runs)
+    comps = [build(spec, rank=r, world_size=size) for r in range(size)]
+    out = []
+    for step in range(len(runs[0]["steps"])):
+        expect = {}
+        for name in runs[0]["steps"][step]["local"]:
+            total = 0
+            for r, comp in enumerate(comps):
+                x = np.array(runs[r]["steps"][step]["local"][name], np.float32)
+                enc = comp.encode(x * np.float32(1.0 / f), name)
+                total = total + comp.decode(enc.payload, enc.meta, enc.ctx)
+            expect[name] = total * np.float32(f / size)
+            for run in runs:
+                np.testing.assert_allclose(run["steps"][step]["got"][name], expect[name],
+                                           rtol=tol, atol=tol * 0.1,
+                                           err_msg=f"{spec} f={f} {name} step {step}")
+        out.append(expect)
+    return out
+
+
+def check_join(spec, runs, replay, key="params"):
+    """Rank 1 ran one step fewer and joined (``runs[r]["steps"][s]``: the local gradients
+    and the averaged ones, by name, flattened): at every step the averaged gradients are
+    the numpy reference of both ranks' exchange; at rank 0's extra step rank 1 adds zeros
+    (Horovod's join: rank 0's payload alone, divided by 2; rank 1's residual stays with
+    it).  Each rank's parameters (``runs[r][key]``) are ``replay(first, grads)`` of the
+    base optimizer over the averaged gradients from the common start."""
+    ref = Reference(spec, 2)
+    done = [len(run["steps"]) for run in runs]
+    assert done == [3, 2], done
+    expect = []
+    for step in range(done[0]):
+        grads = [{n: np.array(g, np.float32) for n, g in run["steps"][step]["local"].items()}
+                 for run in runs[:2 if step < done[1] else 1]]
+        if len(grads) == 2:
+            expect.append(ref.step(grads, [{}, {}]))
+        else:  # rank 1 joined: Horovod adds zeros where its payload would be (not its residual)
+            comp = ref.comps[0]
+            assert comp.summable and all(comp.rounds(comp.meta_for(g, n)) == 1
+                                         for n, g in grads[0].items())
+            encs = {name: comp.encode(g, name) for name, g in grads[0].items()}
+            expect.append({name: comp.aggregate(e.payload, e) / 2 for name, e in encs.items()})
+        for run in runs[:1] if step >= done[1] else runs:
+            for name, value in expect[-1].items():
+                np.testing.assert_allclose(run["steps"][step]["got"][name], value,
+                                           rtol=1e-5, atol=1e-6, err_msg=f"{name} step {step}")
+    assert runs[0]["first"] == runs[1]["first"]
+    for run, n in zip(runs, done):
+        want = replay(run["first"], [list(expect[s].values()) for s in range(n)])
+        assert len(want) == len(run[key])
+        for a, b in zip(run[key], want):
+            np.testing.assert_allclose(a, np.ravel(b), rtol=0, atol=1e-6)
+    assert runs[0][key] != runs[1][key]  # rank 0's extra step moved its parameters

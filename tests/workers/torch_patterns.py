@@ -58,7 +58,9 @@ def clipping(steps=4, max_norm=0.2):
 def join_uneven(spec="none"):
     """Uneven data with hvd.join(): rank 1 has one batch fewer; the ranks that run out call
     join() and the others' last exchange completes.  Returns the parameters and join's
-    result (the last rank to join)."""
+    result (the last rank to join); for ours also the parameters before the first step
+    and, per step, the local gradients (computed apart) and the averaged ones the
+    optimizer left, by parameter name."""
     import horovod.torch as hvd
     hvd.init()
     out = {}
@@ -67,13 +69,20 @@ def join_uneven(spec="none"):
             continue
         model = _model()
         opt = _wrap(kind, model, spec)
+        first, steps = _params(model), []
         for step in range(3 - hvd.rank()):
             x, y = _batch(hvd.rank(), step)
             opt.zero_grad()
+            named = list(model.named_parameters())
+            local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y),
+                                        [p for _, p in named])
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+            steps.append({"local": {n: g.flatten().tolist() for (n, _), g in zip(named, local)},
+                          "got": {n: p.grad.flatten().tolist() for n, p in named}})
         last = hvd.join()
-        out[kind] = {"params": _params(model), "last": int(last)}
+        out[kind] = {"params": _params(model), "last": int(last), "first": first,
+                     "steps": steps}
     return out
 
 
@@ -119,4 +128,37 @@ def process_set(steps=3):
             opt.step()
         out[f"{kind}:{spec}"] = _params(model)
     hvd.barrier()  # rank 2 must not shut Horovod down while the pair still exchanges
+    return out
+
+
+def predivide(factor=3.0, spec="threshold:tau=0.05", steps=2):
+    """``gradient_predivide_factor``: Horovod's optimizer and ours with none at ``factor``
+    and at 1 (the parameters after ``steps`` steps); ours with ``spec`` (a compressor
+    whose output does not scale with its input) at ``factor`` and at 1: per step the
+    local gradients and the averaged ones; and the refusals of a factor with op=Sum."""
+    import horovod.torch as hvd
+    hvd.init()
+    out = {}
+    for kind, spec_, f in (("horovod", None, factor), ("horovod", None, 1.0),
+                           ("ours", "none", factor), ("ours", spec, factor), ("ours", spec, 1.0)):
+        model = _model()
+        opt = _wrap(kind, model, spec_, gradient_predivide_factor=f)
+        log = []
+        for step in range(steps):
+            x, y = _batch(hvd.rank(), step)
+            opt.zero_grad()
+            named = list(model.named_parameters())
+            local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y),
+                                        [p for _, p in named])
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            log.append({"local": {n: g.flatten().tolist() for (n, _), g in zip(named, local)},
+                        "got": {n: p.grad.flatten().tolist() for n, p in named}})
+        out[f"{kind}:{spec_}:{f}"] = {"params": _params(model), "steps": log}
+    for kind, spec_ in (("horovod", None), ("ours", "none"), ("ours", spec)):
+        try:
+            _wrap(kind, _model(), spec_, op=hvd.Sum, gradient_predivide_factor=factor)
+            out[f"refused:{kind}:{spec_}"] = None
+        except ValueError as exc:
+            out[f"refused:{kind}:{spec_}"] = str(exc)
     return out
