@@ -109,12 +109,17 @@ def test_dga_with_delay_zero_is_synchronous_training_exactly():
 @pytest.mark.multiprocess
 def test_dga_with_a_compressor_runs_and_ranks_send_alike():
     results = run_horovod("tests.workers.local_steps:dga", np=2,
-                          kwargs={"spec": "topk:ratio=0.4", "delay": 2, "steps": 5})
+                          kwargs={"spec": "topk:ratio=0.4", "delay": 2, "steps": 7})
     for log in results:
         # the first `delay` steps are purely local, as in the hand computation
         for entry in log[:2]:
             assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5
         assert all(np.isfinite(entry["params"]).all() for entry in log)
+        # every step, past D too: g_i - g_{i-D} + the top-k exchange's average of g_{i-D}
+        # (numpy, the residuals carried in step order)
+        for step, entry in enumerate(log):
+            assert np.abs(np.array(entry["params"]) - entry["hand_compressed"]).max() < 1e-5, step
+        assert np.abs(np.array(log[-1]["params"]) - log[-1]["hand"]).max() > 1e-4  # compressed
     assert [e["collectives"] for e in results[0]] == [e["collectives"] for e in results[1]]
 
 

@@ -72,22 +72,44 @@ class HandLocalSGD:
 
 
 class HandDGA:
-    """Every rank's DGA trajectory: ``w -= LR * (g_i - g_{i-D} + mean_r g_{i-D})``."""
+    """Every rank's DGA trajectory: ``w -= LR * (g_i - g_{i-D} + mean_r g_{i-D})``.
 
-    def __init__(self, w, b, size, delay):
+    ``spec`` and ``layout`` (the weight's and the bias's ``(name, shape)``, as the wrapper
+    names them): the mean is that of the compressor's exchange instead -- every rank's
+    numpy compressor encodes its float32 ``g_i`` when step ``i`` starts its exchange
+    (the state, residuals included, going on in step order), the decoded payloads
+    averaged."""
+
+    def __init__(self, w, b, size, delay, spec=None, layout=None):
         self.hands = [Hand(w, b, bn=False) for _ in range(size)]
         self.delay = delay
         self.history = []  # per step: every rank's local gradient
+        self.means = []    # per step: the exchange's average of the local gradients
+        self.layout = layout
+        self.ref = None
+        if spec is not None:
+            from tests.workers.reference import Reference
+            self.ref = Reference(spec, size)
+
+    def _mean(self, gs):
+        if self.ref is None:
+            return np.mean(gs, 0)
+        (wn, ws), (bn, bs) = self.layout
+        grads = [{wn: g[:4].astype(np.float32).reshape(ws), bn: g[4:].astype(np.float32).reshape(bs)}
+                 for g in gs]
+        out = self.ref.step(grads, [{} for _ in gs])
+        return np.concatenate([out[wn].reshape(-1), out[bn].reshape(-1)]).astype(np.float64)
 
     def step(self, step):
         gs = [h.grad(r, step) for r, h in enumerate(self.hands)]
         self.history.append(gs)
+        self.means.append(self._mean(gs))
         for r, h in enumerate(self.hands):
             if step < self.delay:
                 h.step(gs[r])
             else:
                 old = self.history[step - self.delay]
-                h.step(gs[r] - old[r] + np.mean(old, 0))
+                h.step(gs[r] - old[r] + self.means[step - self.delay])
 
 
 def check_local_log(results, period, warmup, steps, exact):

@@ -86,6 +86,9 @@ def dga(spec="none", delay=2, steps=8):
     sync = hvd.DistributedOptimizer(torch.optim.SGD(sync_model.parameters(), lr=LR),
                                     named_parameters=sync_model.named_parameters(), )
     hand = HandDGA(*_lin(model), size, delay)
+    # the same by hand with the compressor's exchange (numpy), named as the optimizer names
+    exact = HandDGA(*_lin(model), size, delay, spec=spec,
+                    layout=[(n, tuple(p.shape)) for n, p in model.named_parameters()])
     log = []
     for step in range(steps):
         for m, o in ((model, opt), (sync_model, sync)):
@@ -93,7 +96,9 @@ def dga(spec="none", delay=2, steps=8):
             loss_of(m, rank, step).backward()
             o.step()
         hand.step(step)
+        exact.step(step)
         log.append({"params": _flat(model).tolist(), "hand": hand.hands[rank].flat.tolist(),
+                    "hand_compressed": exact.hands[rank].flat.tolist(),
                     "sync": _flat(sync_model).tolist(),
                     "collectives": opt.last_stats["collectives"],
                     "comm_ms": opt.last_stats["comm_ms"]})
