@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
-from hvd_compress.core import NUMPY, build  # noqa: E402
+from hvd_compress.core import NUMPY, NumpyBackend, build  # noqa: E402
 from hvd_compress.core.dgc import DGC  # noqa: E402
 from hvd_compress.core.quantizers import make_codec  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
@@ -25,6 +25,7 @@ from tests.harness import digests_by_threads  # noqa: E402
 from tests.test_torch_same_bits import _bytes  # noqa: E402
 
 TFB = TensorFlowBackend()
+NUMPY_TF = NumpyBackend(TFB.layout)  # the numpy reference in TensorFlow's layout (core.layout)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # qsgd levels 1, 2, 7, 10, 127: codes of 2, 3, 4, 5 and 8 bits
@@ -67,7 +68,7 @@ def _step(ref, tfc, x, noise):
 
 def _assert_steps_match_numpy(spec, shape, steps=3):
     """Payload bytes, the residual left behind and the decoded tensor, step after step."""
-    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    ref, tfc = build(spec, NUMPY_TF), build(spec, TFB)
     rng = np.random.default_rng(zlib.crc32(f"{spec}{shape}".encode()))
     for step in range(steps):
         x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
@@ -89,15 +90,16 @@ def test_same_bits_as_numpy(spec, size):
 @pytest.mark.parametrize("shape", [(40, 30), (6, 3, 3, 3), (3, 3, 64, 64), (1000, 7), (2, 65541), (70001, 1)])
 @pytest.mark.parametrize("spec", ["onebit", "onebit:ef=0"])
 def test_onebit_by_columns_same_bits_as_numpy(spec, shape):
-    """1-bit SGD's column means of the rows x cols matrix a tensor makes (rows: its first
-    dimension): few rows and many columns, many rows and few, across blocks."""
+    """1-bit SGD's column means of the out x in matrix a tensor makes (in TensorFlow's
+    layout its last dimension is out): few rows and many columns, many rows and few, across
+    blocks."""
     _assert_steps_match_numpy(spec, shape)
 
 
 @pytest.mark.parametrize("spec", ["threshold:tau=0.005", "onebit", "terngrad:ef=1", "qsgd:ef=1"])
 def test_same_bits_traced_with_variable_state(spec):
     from hvd_compress.tensorflow import compressor
-    comp, ref = compressor(spec), build(spec, NUMPY)
+    comp, ref = compressor(spec), build(spec, NUMPY_TF)
     needs_noise = ref.codec.needs_noise
 
     @tf.function
@@ -121,7 +123,7 @@ def test_same_bits_traced_with_variable_state(spec):
 def test_non_finite_input(spec, bad):
     """The payload is the reference's (codes of the cleaned values, NaN scales), the
     aggregate is NaN throughout and the residual stays as it was."""
-    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    ref, tfc = build(spec, NUMPY_TF), build(spec, TFB)
     rng = np.random.default_rng(1)
     n = 65536 + 100
     x = (rng.standard_normal(n) * 1e-2).astype(np.float32)
@@ -138,7 +140,7 @@ def test_non_finite_input(spec, bad):
 
 def test_overflow_of_the_error_feedback_sum_is_non_finite():
     """A finite gradient whose sum with the residual overflows float32 is a non-finite step."""
-    ref, tfc = build("onebit", NUMPY), build("onebit", TFB)
+    ref, tfc = build("onebit", NUMPY_TF), build("onebit", TFB)
     x = np.array([3e38, 1e38], np.float32)  # pos = 2e38: the residual keeps +-1e38
     _step(ref, tfc, x, None)
     before = tfc.states["w"]["residual"].numpy()
@@ -280,7 +282,7 @@ def _spy(monkeypatch, cls):
 def _assert_sparse_steps(spec, xs, monkeypatch, shape=None, state=("residual",)):
     """Payload bytes, the state left behind and the decoded sum, step after step, against
     the numpy reference; the fused op ran every step."""
-    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    ref, tfc = build(spec, NUMPY_TF), build(spec, TFB)
     calls = _spy(monkeypatch, type(ref))
     for step, x in enumerate(xs):
         x = x.reshape(shape or x.shape)
@@ -337,7 +339,7 @@ def test_dgc_same_bits_as_numpy(spec, shape, monkeypatch):
     passes (unused slots empty), over steps; the warm-up's densities by epoch."""
     rng = np.random.default_rng(zlib.crc32(f"{spec}{shape}".encode()))
     xs = _dgc_data(shape, rng)
-    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    ref, tfc = build(spec, NUMPY_TF), build(spec, TFB)
     epochs = [0, 1, 2, 3, 3, 3] if "warmup_epochs=3" in spec else [0] * len(xs)
     calls = _spy(monkeypatch, DGC)
     short = 0
@@ -366,7 +368,7 @@ def test_dgc_op_lowers_a_sample_that_overstates_the_threshold(monkeypatch):
     from hvd_compress.core.base import TensorMeta
     spec, shape = "dgc:ratio=0.01,warmup_epochs=0", (200, 1000)
     rng = np.random.default_rng(11)
-    ref = build(spec, NUMPY)
+    ref = build(spec, NUMPY_TF)
     meta = TensorMeta("w", shape, "float32")
     xs = []
     for step in range(2):
@@ -377,7 +379,7 @@ def test_dgc_op_lowers_a_sample_that_overstates_the_threshold(monkeypatch):
     # the sample's threshold is its 20th largest, about the 20th largest of the tensor: far
     # fewer than 0.8 k reach it; lowered once, all 2,000 set values do, and they are sent
     assert want == 20 and ref.k_for(meta) == len(pos) == 2000
-    first = _reference(build(spec, NUMPY), xs[0], "w", monkeypatch).ctx
+    first = _reference(build(spec, NUMPY_TF), xs[0], "w", monkeypatch).ctx
     np.testing.assert_array_equal(np.asarray(first.indices)[np.asarray(first.valid)],
                                   np.sort(np.asarray(ref.sample_plan(meta, 0)[0])))
     _assert_sparse_steps(spec, xs, monkeypatch, state=("u", "v"))
@@ -395,7 +397,7 @@ def test_randomk_same_bits_as_numpy(spec, size, monkeypatch):
 @pytest.mark.parametrize("spec", ["topk:ratio=0.01", "dgc:ratio=0.01,warmup_epochs=0", "randomk:ratio=0.01"])
 def test_sparsifiers_same_bits_traced_with_variable_state(spec, monkeypatch):
     from hvd_compress.tensorflow import compressor
-    comp, ref = compressor(spec), build(spec, NUMPY)
+    comp, ref = compressor(spec), build(spec, NUMPY_TF)
     calls = _spy(monkeypatch, type(ref))
     shape = (301, 233)
 
@@ -443,7 +445,7 @@ def test_sparsifiers_take_the_fused_path_where_it_applies(monkeypatch):
     assert TFB.fused_encoder(build("topk", TFB), 1) is None
     x = tf.constant(np.arange(10, dtype=np.float32))
     np.testing.assert_array_equal(build("topk:ratio=0.2", TFB).encode(x, "w").payload.numpy(),
-                                  build("topk:ratio=0.2", NUMPY).encode(x.numpy(), "w").payload)
+                                  build("topk:ratio=0.2", NUMPY_TF).encode(x.numpy(), "w").payload)
 
 
 def test_stratified_op_same_indices_as_the_reference(monkeypatch):

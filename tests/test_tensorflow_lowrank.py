@@ -15,12 +15,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
-from hvd_compress.core import NUMPY, build  # noqa: E402
+from hvd_compress.core import NumpyBackend, build  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
 from hvd_compress.tensorflow.backend import _host_only  # noqa: E402
 from tests.harness import digests_by_threads  # noqa: E402
 
 TFB = TensorFlowBackend()
+NUMPY_TF = NumpyBackend(TFB.layout)  # the numpy reference in TensorFlow's layout (core.layout)
 # rows x cols, rank: one element; odd sizes; across 8-wide lanes and 64-element spans (M Q),
 # 16-row groups and blocks of several groups (M^T P), 1024-column chunks (P Q^T)
 SHAPES = [(1, 1, 1), (7, 9, 2), (33, 300, 3), (5, 2100, 16), (130, 1037, 1), (2000, 70, 2)]
@@ -87,7 +88,7 @@ def test_all_finite(ops, n):
 def test_powersgd_matches_numpy_eager_and_traced(fused, spec, shape, monkeypatch):
     monkeypatch.setenv("HVD_COMPRESS_FUSED", fused)
     from hvd_compress.tensorflow import compressor
-    ref, eager, comp = build(spec, NUMPY), build(spec, TFB), compressor(spec)
+    ref, eager, comp = build(spec, NUMPY_TF), build(spec, TFB), compressor(spec)
 
     @tf.function
     def step(x):

@@ -9,11 +9,12 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
-from hvd_compress.core import NUMPY, build  # noqa: E402
+from hvd_compress.core import NUMPY, NumpyBackend, build  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend  # noqa: E402
 from tests.test_torch_same_bits import SHAPES, SPECS, _bytes, _noise_len  # noqa: E402
 
 TFB = TensorFlowBackend()
+NUMPY_TF = NumpyBackend(TFB.layout)  # the numpy reference in TensorFlow's layout (core.layout)
 
 
 @pytest.fixture(autouse=True, params=["fused", "chain"])
@@ -25,7 +26,7 @@ def _quantizer_path(request, monkeypatch):
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_same_payload_bytes_and_decode_as_numpy(spec, shape):
-    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    ref, tfc = build(spec, NUMPY_TF), build(spec, TFB)
     rng = np.random.default_rng(zlib.crc32(repr((spec, shape)).encode()))
     needs_noise = ref.draws_noise
     for step in range(3):
@@ -42,7 +43,7 @@ def test_same_payload_bytes_and_decode_as_numpy(spec, shape):
 
 
 def test_powersgd_matches_numpy_to_rounding():
-    ref, tfc = build("powersgd:rank=2", NUMPY), build("powersgd:rank=2", TFB)
+    ref, tfc = build("powersgd:rank=2", NUMPY_TF), build("powersgd:rank=2", TFB)
     rng = np.random.default_rng(0)
     for _ in range(3):
         x = rng.standard_normal((40, 30)).astype(np.float32)
@@ -74,7 +75,7 @@ def test_same_bits_inside_tf_function_with_variable_state(spec):
     the numpy reference's bytes and decoded sum at every step."""
     from hvd_compress.tensorflow import compressor
     comp = compressor(spec)
-    ref = build(spec, NUMPY)
+    ref = build(spec, NUMPY_TF)
     needs_noise = ref.draws_noise
 
     @tf.function
@@ -138,7 +139,7 @@ def test_large_tensor_selection_same_bits(case, spec, traced):
 
     got = (tf.function(select) if traced else select)(tf.constant(mag))
     np.testing.assert_array_equal(TFB.to_numpy(got), topk_indices(NUMPY, mag, k))
-    ref, tfc = build(spec, NUMPY), build(spec, TFB)
+    ref, tfc = build(spec, NUMPY_TF), build(spec, TFB)
     for step in range(2):
         er, et = ref.encode(x, "w"), tfc.encode(tf.constant(x), "w")
         assert _bytes(TFB.to_numpy(et.payload)) == _bytes(er.payload), (case, step)

@@ -26,6 +26,8 @@ import os
 
 import numpy as np
 
+from .layout import OUT_FIRST, check_layout
+
 __all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths", "host_fast_decoders",
            "fill_uniform"]
 
@@ -37,9 +39,14 @@ _NP_DTYPES = {
 
 
 class NumpyBackend:
-    """Reference backend on numpy arrays (CPU)."""
+    """Reference backend on numpy arrays (CPU).  ``layout``: the storage layout whose
+    matrix view the algorithms take (:mod:`.layout`): PyTorch's by default, TensorFlow's
+    (``"out_last"``) to compute what the TensorFlow backend must match."""
 
     name = "numpy"
+
+    def __init__(self, layout: str = OUT_FIRST):
+        self.layout = check_layout(layout)
 
     # -- dtypes and construction -------------------------------------------
     def dtype_name(self, x) -> str:

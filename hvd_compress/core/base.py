@@ -213,13 +213,18 @@ class Compressor:
         """Compress ``x`` (updating this tensor's state) into this rank's payload."""
         meta = self.meta_for(x, name)
         B = self.B
-        g = B.cast(B.reshape(x, (-1,)), "float32")
+        g = self._flatten(x, meta)
         st = self.state(meta, like=g)
         enc = self._encode_fused(g, meta, st, noise)
         if enc is None:
             enc = (self._encode_host if B.is_host(g) else self._encode_device)(g, meta, st, noise)
         st["step"] = st["step"] + 1
         return enc
+
+    def _flatten(self, x, meta) -> Any:
+        """``x`` as the flat float32 vector that is encoded (row-major; an algorithm that
+        reorders it undoes that in :meth:`_finish`)."""
+        return self.B.cast(self.B.reshape(x, (-1,)), "float32")
 
     def _encode_fused(self, g, meta, st, noise) -> Encoded | None:
         """The step as the backend's fast path (``B.fused_encoder``), or None: then the

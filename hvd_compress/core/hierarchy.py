@@ -20,8 +20,8 @@ the node's sum))``; with op=Average it is divided by ``p = N * L``.  The bytes o
 between nodes fall by ``L`` (a worker sends the payload of ``1/L`` of each tensor, and
 receives ``N - 1`` of them rather than ``p - 1``), and so does decoding.  Shards are
 vectors: a tensor of two or more dimensions hands its shard to the compressor as a
-``(ceil(n/L), 1)`` matrix, so that DGC still compresses it (1-bit's column means are then
-one per shard).
+``(ceil(n/L), 1)`` matrix (``(1, ceil(n/L))`` in TensorFlow's layout), so that DGC still
+compresses it (1-bit's column means are then one per shard).
 
 Which tensors go this way: those whose compressor sends packed bytes by allgather,
 and the integer sums (``terngrad:sum=int``, ...), whose allreduce between nodes then
@@ -43,6 +43,7 @@ from __future__ import annotations
 import time
 
 from .exchange import Exchange, _numel
+from .layout import column_shape, layout_of
 
 __all__ = ["Hierarchical", "shard_name", "shard_length", "sharded"]
 
@@ -188,7 +189,7 @@ class Hierarchical:
             for shape, name, k in zip(b.shapes, b.names, b.widths):
                 part = mine[at:at + k]
                 at += k
-                shards.append(B.reshape(part, (k, 1)) if len(shape) >= 2 else part)
+                shards.append(B.reshape(part, column_shape(k, layout_of(B))) if len(shape) >= 2 else part)
                 names.append(shard_name(name, li, L))
             cross.append(self.between.send(shards, names, stats, b.tag))
         summed = self.between.receive(cross, stats)

@@ -1,8 +1,10 @@
 """PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019): rank-r power iteration
 with warm start and error feedback.
 
-A tensor is seen as the matrix ``M`` of ``shape[0]`` rows and ``numel/shape[0]``
-columns (plus this rank's residual).  One step takes two allreduce rounds:
+A tensor is seen as the matrix ``M`` its framework's layout gives it (plus this
+rank's residual): ``shape[0]`` rows and ``numel/shape[0]`` columns in PyTorch's,
+``numel/shape[-1]`` rows and ``shape[-1]`` columns in TensorFlow's
+(:mod:`.layout`).  One step takes two allreduce rounds:
 
 1. send ``P = M Q`` (rows x r) -- ``Q`` (cols x r) is shared by all ranks;
 2. ``P_hat = orthonormalize(sum P)``; send ``Q_w = M^T P_hat`` (cols x r);
@@ -23,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import layout as layouts
 from .base import Compressor, Encoded, nan_flag, zero_nonfinite
 from .sampling import hash_stream, stream_keys
 
@@ -41,10 +44,9 @@ class Rounds:
     p_hat: Any = None
 
 
-def matrix_shape(meta) -> tuple:
-    if len(meta.shape) < 2:
-        return (meta.numel, 1)
-    return (meta.shape[0], meta.numel // meta.shape[0])
+def matrix_shape(meta, layout: str = layouts.OUT_FIRST) -> tuple:
+    """``(rows, cols)`` of the matrix PowerSGD sees for ``meta`` in ``layout``."""
+    return layouts.matrix_shape(meta.shape, layout)
 
 
 class PowerSGD(Compressor):
@@ -58,21 +60,25 @@ class PowerSGD(Compressor):
         super().__init__(params, backend or NUMPY, rank, world_size)
         self.r = int(self.params["rank"])
 
+    def matrix_shape(self, meta) -> tuple:
+        """``(rows, cols)`` in the layout of this compressor's backend."""
+        return matrix_shape(meta, layouts.layout_of(self.B))
+
     def compressed(self, meta) -> bool:
-        rows, cols = matrix_shape(meta)
+        rows, cols = self.matrix_shape(meta)
         return len(meta.shape) >= 2 and (rows + cols) * self.r < rows * cols
 
     def rounds(self, meta) -> int:
         return 2 if self.compressed(meta) else 1
 
     def payload_nbytes(self, meta) -> int:
-        rows, cols = matrix_shape(meta)
+        rows, cols = self.matrix_shape(meta)
         return 4 * ((rows + cols) * self.r if self.compressed(meta) else meta.numel)
 
     def _gaussian(self, meta, step, like):
         """cols x r standard normals from the shared hash stream (Box-Muller)."""
         B = self.B
-        _, cols = matrix_shape(meta)
+        _, cols = self.matrix_shape(meta)
         n = cols * self.r
         key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
                                  PURPOSE_Q, like=like)
@@ -98,7 +104,7 @@ class PowerSGD(Compressor):
             v = v + st["residual"]
         finite = B.all_finite(v)
         flag = nan_flag(B, finite, v)
-        rows, cols = matrix_shape(meta)
+        rows, cols = self.matrix_shape(meta)
         m = B.reshape(zero_nonfinite(B, v, finite), (rows, cols))
         q = st["q"]
         if not self.params["warm_start"]:
@@ -117,7 +123,7 @@ class PowerSGD(Compressor):
             new = B.reshape(B.subtract_product(enc.ctx.m, p_hat, q_w), (-1,))
             old = st["residual"]
             st["residual"] = B.cond(B.all_finite(new) & enc.ctx.finite, lambda: new, lambda: old)
-        _, cols = matrix_shape(meta)
+        _, cols = self.matrix_shape(meta)
         return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=Rounds(p_hat=p_hat))
 
     def aggregate(self, received, enc: Encoded, out=None):

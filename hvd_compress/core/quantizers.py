@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+from . import layout as layouts
 from .base import Compressor, Encoded, host_nonfinite, kept_state, nan_flag
 from .bitpack import Segment, join_segments, pack_codes, split_segments, unpack_values
 from .table import defaults
@@ -290,11 +291,10 @@ def make_codec(name: str, params: dict) -> Codec:
     return CODECS[name]({**defaults(name), **params})
 
 
-def columns(meta) -> int:
-    """Columns of the matrix view a tensor has for column-wise codecs (1-bit)."""
-    if len(meta.shape) < 2:
-        return 1
-    return meta.numel // meta.shape[0]
+def columns(meta, layout: str = layouts.OUT_FIRST) -> int:
+    """Columns of the ``out x in`` matrix a tensor stored in ``layout`` makes, its input
+    features, for column-wise codecs (1-bit); 1 for a vector (:mod:`.layout`)."""
+    return layouts.input_features(meta.shape, layout)
 
 
 class NoiseSource:
@@ -339,7 +339,22 @@ class QuantizerCompressor(Compressor):
             if self.codec.needs_noise else None
 
     def _cols(self, meta):
-        return columns(meta) if self.codec.name == "onebit" else 1
+        return columns(meta, layouts.layout_of(self.B)) if self.codec.name == "onebit" else 1
+
+    def _flatten(self, x, meta):
+        """Column-wise codecs see the values in ``out x in`` order whatever the layout
+        (TensorFlow's kernels are transposed into it, and back in :meth:`_finish`), so
+        that a column is an input feature in every framework; so are the residual and the
+        payload's bits ordered."""
+        flat = super()._flatten(x, meta)
+        if self._cols(meta) == 1:
+            return flat
+        return layouts.to_out_first(self.B, flat, meta.shape, layouts.layout_of(self.B))
+
+    def _finish(self, flat, meta, out=None):
+        if self._cols(meta) != 1:
+            flat = layouts.from_out_first(self.B, flat, meta.shape, layouts.layout_of(self.B))
+        return super()._finish(flat, meta, out)
 
     def payload_nbytes(self, meta) -> int:
         return self.codec.nbytes(meta.numel, self._cols(meta))

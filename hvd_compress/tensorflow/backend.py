@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..core.backend import selection_sample
+from ..core.layout import OUT_LAST
 from . import fused_ops
 
 _DTYPES = {
@@ -55,6 +56,8 @@ class TensorFlowBackend:
     (``kth_largest``, ``compact``) where no GPU is visible."""
 
     name = "tensorflow"
+    #: kernels are stored out-channels last, ``(in, out)``, ``(kh, kw, cin, cout)`` (core.layout)
+    layout = OUT_LAST
 
     # -- dtypes and construction -------------------------------------------
     def dtype_name(self, x) -> str:

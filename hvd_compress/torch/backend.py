@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..core.backend import fill_uniform, host_fast_decoders, host_fast_paths, selection_sample
+from ..core.layout import OUT_FIRST
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -37,6 +38,8 @@ class TorchBackend:
     """Backend on torch tensors (CPU or CUDA)."""
 
     name = "torch"
+    #: weights are stored out-channels first, ``(out, in)``, ``(cout, cin, kh, kw)`` (core.layout)
+    layout = OUT_FIRST
 
     # -- dtypes and construction -------------------------------------------
     def dtype_name(self, x) -> str:

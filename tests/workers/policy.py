@@ -167,7 +167,9 @@ def tf_checks():
     import tensorflow as tf
 
     import hvd_compress.tensorflow as hct
+    from hvd_compress.core import NumpyBackend
     from tests.workers.reference import Reference
+    numpy_tf = NumpyBackend("out_last")  # the reference in TensorFlow's layout
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     res = {}
@@ -209,7 +211,7 @@ def tf_checks():
                     fn = tf.function(lambda *gs: exchange(list(gs))[0])
                 got = fn(*[tf.constant(g) for g in local])
             if refs is None:
-                refs = {s: Reference(s, size) for s in set(specs.values())}
+                refs = {s: Reference(s, size, numpy_tf) for s in set(specs.values())}
             want = _reference_step(refs, specs, every, dict(zip(names, shapes.values())))
             errs += [float(np.linalg.norm(g.numpy() - want[n]) / np.linalg.norm(want[n]))
                      for g, n in zip(got, names)]
@@ -263,7 +265,7 @@ def tf_checks():
         else:
             specs3 = {f"{n}:0": ("topk:ratio=0.1" if int(np.prod(s)) >= 100 else "none")
                       for n, s in shapes.items()}
-            refs3 = {s: Reference(s, size) for s in set(specs3.values())}
+            refs3 = {s: Reference(s, size, numpy_tf) for s in set(specs3.values())}
             want = _reference_step(refs3, specs3, every, dict(zip(names, shapes.values())))
         diffs.append(max(float(np.max(np.abs(g - want[n]))) for g, n in zip(got, names)))
     res["tf_start_step_errs"] = diffs

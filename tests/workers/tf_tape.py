@@ -6,7 +6,10 @@ import os
 
 import numpy as np
 
+from hvd_compress.core import NumpyBackend
 from tests.workers.reference import Reference
+
+NUMPY_TF = NumpyBackend("out_last")  # the reference in TensorFlow's layout (core.layout)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -80,7 +83,7 @@ def aggregate_matches_reference(specs=SPECS, steps=2, traced=False, bpps=1):
     for spec in specs:
         model = _model(tf)
         comp = hct.compressor(spec)
-        ref = Reference(spec, size)
+        ref = Reference(spec, size, NUMPY_TF)
 
         step_fn = tape_step(tf, hct, model, loss_fn, comp, backward_passes_per_step=bpps)
 
