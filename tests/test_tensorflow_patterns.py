@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.harness import run_horovod
+from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
 
@@ -133,7 +134,7 @@ def test_resume_on_one_rank_needs_broadcast_compression_state(broadcast_runs):
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_join_with_uneven_batches_is_horovods(controller):
     """Rank 1 runs one step fewer and joins; rank 0's last exchange completes with rank 1
-    adding zeros, as with Horovod's tape (summed payloads only: see README)."""
+    adding zeros, as with Horovod's tape (summed payloads only: see docs/horovod.md)."""
     runs = run_horovod("tests.workers.tf_patterns:join_uneven", np=2, timeout=600,
                        controller=controller)
     for rank in runs:
@@ -143,3 +144,37 @@ def test_join_with_uneven_batches_is_horovods(controller):
     # rank 0's extra step moved its weights; rank 1 stopped a step earlier
     assert runs[0]["ours:none"]["weights"] != runs[1]["ours:none"]["weights"]
     assert runs[0]["ours:randomk:ratio=0.3"]["last"] == 0
+    # Random-k: each step's average is the numpy reference (rank 1 adding zeros once
+    # joined), and the weights are plain SGD over those averages
+    check_join("randomk:ratio=0.3", [r["ours:randomk:ratio=0.3"] for r in runs], _sgd,
+               key="weights")
+
+
+def _sgd(weights, grads, lr=0.1):
+    """keras.optimizers.SGD(lr) over ``grads`` (per step, one array per variable)."""
+    weights = [np.array(w, np.float32) for w in weights]
+    for g in grads:
+        weights = [w - np.float32(lr) * np.ravel(x) for w, x in zip(weights, g)]
+    return weights
+
+
+PREDIVIDE_REFUSAL = "gradient_predivide_factor not supported with op != Average"
+
+
+def test_gradient_predivide_factor_is_horovods():
+    """``gradient_predivide_factor=f`` in our tape as in Horovod's: with none the
+    allreduce gets prescale 1/f and postscale f (Horovod's tape's weights bit for bit,
+    and f shows in those bits); with a compressor whose output does not scale with its
+    input (threshold) the gradients are divided by f before encoding and the average
+    multiplied by f, so the result differs from f = 1's; op=Sum with f is refused."""
+    f, spec = 3.0, "threshold:tau=0.05"
+    runs = run_horovod("tests.workers.tf_patterns:predivide", np=2, timeout=600,
+                       kwargs={"factor": f, "spec": spec})
+    for rank in runs:
+        assert rank[f"ours:none:{f}"]["weights"] == rank[f"horovod:None:{f}"]["weights"]
+        assert rank[f"horovod:None:{f}"]["weights"] != rank["horovod:None:1.0"]["weights"]
+        for key in ("refused:horovod:None", "refused:ours:none", f"refused:ours:{spec}"):
+            assert rank[key] is not None and PREDIVIDE_REFUSAL in rank[key], (key, rank[key])
+    scaled = check_predivided(spec, f, [r[f"ours:{spec}:{f}"] for r in runs])
+    plain = check_predivided(spec, 1.0, [r[f"ours:{spec}:1.0"] for r in runs])
+    assert max(np.abs(a - b).max() for a, b in zip(scaled[0].values(), plain[0].values())) > 0.01

@@ -232,8 +232,70 @@ def join_uneven(steps=3):
             return (hct.DistributedGradientTape(tape, compression=spec, min_numel=0),
                     model.trainable_variables)
 
-        for step in range(steps - rank):
-            _tape_step(model, opt, *_data(rank, step), wrap)
+        first = _flat(model)
+        log = [_logged_step(model, opt, *_data(rank, step), wrap) for step in range(steps - rank)]
         last = hvd.join()
-        out[f"{kind}:{spec}"] = {"weights": _flat(model), "last": int(last)}
+        out[f"{kind}:{spec}"] = {"weights": _flat(model), "last": int(last), "first": first,
+                                 "steps": log}
+    return out
+
+
+def _logged_step(model, opt, x, y, wrap):
+    """:func:`_tape_step` that returns, by variable name, the local gradients (from a
+    tape of their own) and the ones the wrapped tape gave."""
+    import keras
+    import tensorflow as tf
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y, model(x, training=True))
+    local = tape.gradient(loss, model.trainable_variables)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y, model(x, training=True))
+    tape, sources = wrap(tape)
+    grads = tape.gradient(loss, sources)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    names = [getattr(v, "path", None) or v.name for v in model.trainable_variables]
+    return {"local": {n: np.asarray(g).ravel().tolist() for n, g in zip(names, local)},
+            "got": {n: np.asarray(g).ravel().tolist() for n, g in zip(names, grads)}}
+
+
+def predivide(factor=3.0, spec="threshold:tau=0.05", steps=2):
+    """``gradient_predivide_factor`` in a TF2 custom loop: Horovod's tape and ours with none
+    at ``factor`` and at 1 (the weights after ``steps`` steps); ours with ``spec`` (whose
+    output does not scale with its input) at ``factor`` and at 1, per step the local and
+    the averaged gradients; and the refusals of a factor with op=Sum."""
+    import horovod.tensorflow as hvd
+    import keras
+
+    import hvd_compress.tensorflow as hct
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+    for kind, spec_, f in (("horovod", None, factor), ("horovod", None, 1.0),
+                           ("ours", "none", factor), ("ours", spec, factor), ("ours", spec, 1.0)):
+        model = _dense_model()
+        opt = keras.optimizers.SGD(0.1)
+
+        def wrap(tape, kind=kind, spec_=spec_, f=f, model=model):
+            if kind == "horovod":
+                return (hvd.DistributedGradientTape(tape, gradient_predivide_factor=f),
+                        [v.value for v in model.trainable_variables])
+            return (hct.DistributedGradientTape(tape, compression=spec_, min_numel=0,
+                                                gradient_predivide_factor=f),
+                    model.trainable_variables)
+
+        log = [_logged_step(model, opt, *_data(rank, step), wrap) for step in range(steps)]
+        out[f"{kind}:{spec_}:{f}"] = {"weights": _flat(model), "steps": log}
+    import tensorflow as tf
+    for kind, spec_ in (("horovod", None), ("ours", "none"), ("ours", spec)):
+        try:
+            with tf.GradientTape() as tape:
+                pass
+            if kind == "horovod":
+                hvd.DistributedGradientTape(tape, op=hvd.Sum, gradient_predivide_factor=factor)
+            else:
+                hct.DistributedGradientTape(tape, compression=spec_, op=hvd.Sum,
+                                            gradient_predivide_factor=factor)
+            out[f"refused:{kind}:{spec_}"] = None
+        except ValueError as exc:
+            out[f"refused:{kind}:{spec_}"] = str(exc)
     return out
