@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from . import spec as specmod
 from .core import policy as policymod
+from .core import registry
 from .core.base import TensorMeta
 
 __all__ = ["PolicyFrontend", "format_plan", "resolve"]
@@ -30,7 +31,7 @@ def resolve(compression, min_numel, start_step, frontend_cls, policy_cls, make):
         return choice
     given = choice if isinstance(choice, frontend_cls) else None
     policy = policymod.Policy(given.spec if given is not None else choice, min_numel, start_step)
-    if policy.uniform or (policy.single is not None and policy.single.name == "none"):
+    if policy.uniform or (policy.single is not None and registry.passes_through(policy.single)):
         return given if given is not None else make(policy.single)
     return policy_cls(policy, given)
 
@@ -117,7 +118,7 @@ class PolicyFrontend:
         """The spec ``name`` travels with now (``dense``: in the delayed start or not;
         None: as the step counter says)."""
         spec = self.policy.spec_for(name, shape, dtype)
-        if (self.dense_phase() if dense is None else dense) or spec.name == "none":
+        if (self.dense_phase() if dense is None else dense) or registry.passes_through(spec):
             return self.dense_spec()
         return spec
 
@@ -145,12 +146,12 @@ class PolicyFrontend:
     @property
     def passthrough(self) -> bool:
         """Every tensor uncompressed with the user's op (``none`` throughout)."""
-        return self.policy.fn is None and all(s.name == "none" for s in self.specs())
+        return self.policy.fn is None and all(registry.passes_through(s) for s in self.specs())
 
     def compresses(self, name: str, shape, dtype: str) -> bool:
         """Whether the plan compresses ``name`` once compression has started."""
         spec = self.spec_for(name, shape, dtype, dense=False)
-        return spec.name != "none" and spec != self.dense_spec()
+        return not registry.passes_through(spec) and spec != self.dense_spec()
 
     def passthrough_for(self, name: str, shape, dtype: str) -> bool:
         return self.child(self.spec_for(name, shape, dtype)).passthrough
@@ -196,7 +197,8 @@ def format_plan(rows, start_step: int = 0) -> str:
     for r in rows:
         shape = "x".join(map(str, r["shape"])) or "scalar"
         shown = r["compression"] if r["compressed"] else \
-            "none" + (" (with DGC's momentum)" if r["compression"].startswith("dgc") else "")
+            "none" + (" (with DGC's momentum)" if registry.core_of(r["compression"]).owns_momentum
+                      else "")
         lines.append(f"{r['name']:<{width}}  {shape:<16} {r['bytes']:>11,}  {shown}")
     total = sum(r["bytes"] for r in rows)
     squeezed = sum(1 for r in rows if r["compressed"])

@@ -203,14 +203,14 @@ def _dgc(k, B, comp, g, st, meta):
     touched, the chain runs)."""
     if not ef_sum_host(B, g, None)[1]:
         return None
-    gh, uh, vh = B.host_view(g), B.host_view(st["u"]), B.host_view(st["v"])
+    gh, uh, vh = B.host_view(g), B.host_view(st.u), B.host_view(st.v)
     n, kk = vh.shape[0], comp.k_for(meta)
     m, nesterov = np.float32(comp.params["momentum"]), bool(comp.params["nesterov"])
 
     def new_mag(pos):  # the sampled positions' |v| after the update, as the kernel makes it
         return B.from_host(k.dgc_sample(gh, uh, vh, B.host_view(pos), m, nesterov))
 
-    thr = comp.sample_threshold(new_mag, meta, st["step"], like=g)
+    thr = comp.sample_threshold(new_mag, meta, st.step, like=g)
     tried = []  # the loop's thresholds: thr, then each lowering (a count of 0 lowers)
     last = comp.lowered(thr, kk, lambda t: tried.append(t) or 0)
     ts = np.asarray([np.float32(B.to_numpy(t)) for t in tried + [last]], np.float32)

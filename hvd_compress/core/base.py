@@ -36,20 +36,22 @@ from typing import Any
 import numpy as np
 
 from .backend import NUMPY
+from .state import TensorState, is_shared_key, per_rank_keys
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-#: Per-tensor state that belongs to one rank and never travels: error-feedback residuals,
-#: DGC's momentum ``u`` and accumulation ``v``, Signum's momentum.  Every other key of a
-#: tensor's state (``numel``, the ``step`` counter that keys Random-k's indices and DGC's
-#: samples, PowerSGD's ``Q``) is *shared*: equal on every rank, so a resume or an elastic
-#: sync takes it from one rank.  The one list both frameworks' syncs read.
-PER_RANK_STATE = frozenset({"residual", "u", "v", "momentum"})
+def __getattr__(name):
+    """``PER_RANK_STATE``: every per-rank field name the algorithms' state classes declare
+    (:mod:`.state`), read when asked, so that algorithms registered later count."""
+    if name == "PER_RANK_STATE":
+        return per_rank_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_shared_state(key: str) -> bool:
-    """Whether per-tensor state ``key`` must be equal on every rank (:data:`PER_RANK_STATE`)."""
-    return key not in PER_RANK_STATE
+    """Whether a saved tensor state's key ``key`` must be equal on every rank (no state
+    class declares it per-rank; see :mod:`.state`)."""
+    return is_shared_key(key)
 
 
 _WARNED: set = set()
@@ -164,6 +166,12 @@ class Compressor:
     #: whether the summed payload is integer codes, which Horovod's own averaging
     #: allreduce would truncate (:mod:`.intsum`): ours only
     integer_sum = False
+    #: whether it applies momentum itself (DGC's momentum correction): a wrapper moves the
+    #: wrapped optimizer's momentum into it, and a plan's uncompressed tensors travel
+    #: with that momentum (:func:`.policy.dense_spec`)
+    owns_momentum = False
+    #: what it keeps per tensor (:mod:`.state`): the fields, each shared or per-rank
+    State = TensorState
 
     def __init__(self, params: dict | None = None, backend=NUMPY, rank: int = 0,
                  world_size: int = 1):
@@ -172,7 +180,7 @@ class Compressor:
         self.rank = rank
         self.world_size = world_size
         self.ef = bool(self.params.get("ef", self.ef))
-        self.states: dict[str, dict] = {}
+        self.states: dict[str, TensorState] = {}
 
     # -- public protocol --------------------------------------------------------
     @property
@@ -218,7 +226,7 @@ class Compressor:
         enc = self._encode_fused(g, meta, st, noise)
         if enc is None:
             enc = (self._encode_host if B.is_host(g) else self._encode_device)(g, meta, st, noise)
-        st["step"] = st["step"] + 1
+        st.step = st.step + 1
         return enc
 
     def _flatten(self, x, meta) -> Any:
@@ -233,7 +241,7 @@ class Compressor:
 
     def _encode_host(self, g, meta, st, noise) -> Encoded:
         """Host memory: branch on finiteness and update the residual in place."""
-        v, finite = ef_sum_host(self.B, g, st["residual"] if self.ef else None)
+        v, finite = ef_sum_host(self.B, g, st.residual if self.ef else None)
         if not finite:
             return self._encode_host_nonfinite(g, meta, st, noise)
         enc = self._encode(v, meta, st, noise, None)
@@ -245,21 +253,21 @@ class Compressor:
         """Host memory, NaN/Inf in ``g`` or in its sum with the residual: a payload that
         decodes to NaN, from the finite entries; the state is not touched."""
         B = self.B
-        v = g + st["residual"] if self.ef else g
+        v = g + st.residual if self.ef else g
         clean = B.where(B.isfinite(v), v, 0.0)
         return self._encode(clean, meta, st, noise, B.scalar(float("nan"), like=g))
 
     def _encode_device(self, g, meta, st, noise) -> Encoded:
         """Device memory: no value reaches the host; a 0-d flag carries finiteness."""
         B = self.B
-        v = g + st["residual"] if self.ef else g
+        v = g + st.residual if self.ef else g
         finite = B.all_finite(v)
         clean = zero_nonfinite(B, v, finite)
         flag = nan_flag(B, finite, v)
         enc = self._encode(clean, meta, st, noise, flag)
         if self.ef:
-            old = st["residual"]
-            st["residual"] = B.cond(finite, lambda: self._residual_device(clean, enc), lambda: old)
+            old = st.residual
+            st.residual = B.cond(finite, lambda: self._residual_device(clean, enc), lambda: old)
         return enc
 
     def _residual_device(self, clean, enc: Encoded):
@@ -330,37 +338,37 @@ class Compressor:
         raise NotImplementedError
 
     # -- state ----------------------------------------------------------------------
-    def state(self, meta: TensorMeta, like=None) -> dict:
+    def state(self, meta: TensorMeta, like=None) -> TensorState:
+        """``meta``'s tensor state (:attr:`State`), made on first use or for a new size."""
         st = self.states.get(meta.name)
-        if st is None or st.get("numel") != meta.numel:
-            st = {"numel": meta.numel, "step": 0}
-            if self.ef:
-                st["residual"] = self.B.zeros((meta.numel,), "float32", like=like)
-            st.update(self._init_state(meta, like))
+        if st is None or st.numel != meta.numel:
+            st = self._new_state(meta, like)
             self.states[meta.name] = st
         elif like is not None:  # restored from a checkpoint onto another device
-            for key, value in st.items():
-                st[key] = self.B.align(value, like)
+            st.align(self.B, like)
         return st
 
-    def _init_state(self, meta: TensorMeta, like) -> dict:
-        return {}
+    def _new_state(self, meta: TensorMeta, like) -> TensorState:
+        """A fresh state: step 0, a zero residual with error feedback (subclasses add
+        their own fields)."""
+        residual = self.B.zeros((meta.numel,), "float32", like=like) if self.ef else None
+        return self.State(numel=meta.numel, step=0, residual=residual)
 
     def state_dict(self) -> dict:
-        """Per-tensor state as numpy arrays and Python ints (checkpointable)."""
-        out = {}
-        for name, st in self.states.items():
-            out[name] = {k: (v if isinstance(v, (int, float, dict))
-                             else np.array(self.B.to_numpy(v), copy=True))
-                         for k, v in st.items()}
+        """Per-tensor state as numpy arrays and Python ints (checkpointable): each tensor's
+        fields under their names."""
+        def plain(v):
+            return v if isinstance(v, (int, float, dict)) else np.array(self.B.to_numpy(v), copy=True)
+
+        out = {name: st.to_dict(plain) for name, st in self.states.items()}
         extra = self._extra_state()
         return {"spec": self.params, "tensors": out, **({"extra": extra} if extra else {})}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.states = {}
-        for name, st in sd["tensors"].items():
-            self.states[name] = {k: (v if isinstance(v, (int, float, dict)) else self.B.from_numpy(v))
-                                 for k, v in st.items()}
+        def array(v):
+            return v if isinstance(v, (int, float, dict)) else self.B.from_numpy(v)
+
+        self.states = {name: self.State.from_dict(st, array) for name, st in sd["tensors"].items()}
         if "extra" in sd:
             self._load_extra_state(sd["extra"])
 
@@ -414,13 +422,13 @@ class PayloadFastPath:
         fused = B.fused_encoder(self, 1, like=g)
         if fused is None:
             return None
-        done = fused(g, st["residual"] if self.ef else None, None, None)
+        done = fused(g, st.residual if self.ef else None, None, None)
         if done is None:  # declined for this tensor (a small one): the chain
             return None
         fields, residual, finite = done
         if host_nonfinite(finite):  # the reference step (the state is untouched)
             return self._encode_host_nonfinite(g, meta, st, noise)
         if self.ef:
-            st["residual"] = kept_state(B, finite, residual, st["residual"])
+            st.residual = kept_state(B, finite, residual, st.residual)
         payload = fields["payload"]
         return Encoded(payload, meta, B.shape(payload)[0])

@@ -74,6 +74,8 @@ Where ours differs from the authors' code, and why:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +83,7 @@ from .base import Encoded, kept_state
 from .quantizers import _norm64
 from .sampling import stratified_indices, stream_keys
 from .sparsifiers import PURPOSE_DGC_SAMPLE, Selection, Sparsifier, count_for, topk_indices
+from .state import TensorState, per_rank
 
 ADAPT_ROUNDS = 10
 UPPER, LOWER = 1.3, 0.8
@@ -104,16 +107,48 @@ def sample_size(n: int, density: float, sample_ratio: float) -> int:
     return min(n, max(math.ceil(sample_ratio * n - 1e-9), least))
 
 
+@dataclass(eq=False)
+class DGCState(TensorState):
+    """DGC's memory: the momentum ``u`` and the accumulation ``v`` (no residual)."""
+
+    u: Any = per_rank()
+    v: Any = per_rank()
+
+
 class DGC(Sparsifier):
     """Deep Gradient Compression; see the module docstring."""
 
     name = "dgc"
+    owns_momentum = True
+    State = DGCState
 
     def __init__(self, params=None, backend=None, rank=0, world_size=1, codec=None):
         params = dict(params or {})
         params["ef"] = False  # DGC keeps its own memory (u, v) instead of a residual
         super().__init__(params, backend, rank, world_size, codec)
         self.epoch = 0
+
+    @staticmethod
+    def carried_momentum(params: dict):
+        """``(momentum, nesterov, clip_norm)`` that a plan's uncompressed tensors travel
+        with next to DGC with ``params`` (:func:`.policy.dense_spec`), None without
+        momentum."""
+        m = float(params["momentum"])
+        if m <= 0:
+            return None
+        return m, bool(params["nesterov"]), float(params["clip_norm"])
+
+    @classmethod
+    def dense_with_momentum(cls, carried) -> str:
+        """The spec that sends tensors whole with :meth:`carried_momentum`'s momentum."""
+        m, nesterov, clip = carried
+        return (f"{cls.name}:momentum={m:g},nesterov={str(nesterov).lower()},"
+                f"clip_norm={clip:g},dense=true")
+
+    @staticmethod
+    def with_momentum(params: dict, momentum: float, nesterov: bool) -> dict:
+        """``params`` taking over an optimizer's momentum (Nesterov kept if either has it)."""
+        return {**params, "momentum": momentum, "nesterov": bool(nesterov or params["nesterov"])}
 
     def set_epoch(self, epoch: int) -> bool:
         """Set the epoch for the warm-up schedule (when ``steps_per_epoch`` is 0); returns
@@ -170,12 +205,14 @@ class DGC(Sparsifier):
         if self.whole(meta):
             return meta.numel
         st = self.states.get(meta.name)
-        step = st["step"] if st else 0
+        step = st.step if st is not None else 0
         return count_for(self.density(step), meta.numel)
 
-    def _init_state(self, meta, like):
-        z = self.B.zeros((meta.numel,), "float32", like=like)
-        return {"u": z, "v": self.B.copy(z)}
+    def _new_state(self, meta, like):
+        st = super()._new_state(meta, like)
+        st.u = self.B.zeros((meta.numel,), "float32", like=like)
+        st.v = self.B.copy(st.u)
+        return st
 
     def threshold(self, mag, meta, step):
         """The sampled threshold on magnitudes ``mag`` after the correction loop (0-d),
@@ -224,10 +261,10 @@ class DGC(Sparsifier):
     def _select(self, vacc, meta, st):
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        if self.momentum_only(meta, st["step"]):
+        if self.momentum_only(meta, st.step):
             return B.arange(n, like=vacc), None
         mag = B.abs(vacc)
-        thr, exact = self.threshold(mag, meta, st["step"])
+        thr, exact = self.threshold(mag, meta, st.step)
         if exact:
             return topk_indices(B, mag, k), None
         cap = max(k, math.floor(UPPER * k))
@@ -255,10 +292,10 @@ class DGC(Sparsifier):
         finite)``: new tensors and a 0-d ``finite`` (TensorFlow's op, which sends a
         non-finite step's values as NaN), kept as :func:`~.base.kept_state` says."""
         B = self.B
-        if self.momentum_only(meta, st["step"]) or self._codec is not None \
+        if self.momentum_only(meta, st.step) or self._codec is not None \
                 or float(self.params["clip_norm"]) > 0:
             return None
-        if sample_size(meta.numel, self.density(st["step"]), float(self.params["sample_ratio"])) \
+        if sample_size(meta.numel, self.density(st.step), float(self.params["sample_ratio"])) \
                 == meta.numel:  # selected exactly: the chain
             return None
         fused = B.fused_encoder(self, 1, like=g)
@@ -268,8 +305,8 @@ class DGC(Sparsifier):
         payload, indices, valid, sent, new = done
         if new is not None:
             u, v, finite = new
-            st["u"] = kept_state(B, finite, u, st["u"])
-            st["v"] = kept_state(B, finite, v, st["v"])
+            st.u = kept_state(B, finite, u, st.u)
+            st.v = kept_state(B, finite, v, st.v)
         ctx = Selection(self.k_for(meta), indices, valid, sent=sent)
         return Encoded(payload, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
 
@@ -282,33 +319,33 @@ class DGC(Sparsifier):
             limit = clip / math.sqrt(self.world_size)
             g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
         nesterov = bool(self.params["nesterov"])
-        plain = self.momentum_only(meta, st["step"])
+        plain = self.momentum_only(meta, st.step)
         if flag is None and B.is_host(g):
             return self._encode_in_place(g, meta, st, noise, m, nesterov, plain)
         if nesterov:
-            u = (st["u"] + g) * m
-            vacc = u + g if plain else st["v"] + u + g
+            u = (st.u + g) * m
+            vacc = u + g if plain else st.v + u + g
         else:
-            u = st["u"] * m + g
-            vacc = u if plain else st["v"] + u
+            u = st.u * m + g
+            vacc = u if plain else st.v + u
         enc = super()._encode(vacc, meta, st, noise, flag)
         finite = B.isfinite(flag) if flag is not None else True
-        old_v, old_u = st["v"], st["u"]
+        old_v, old_u = st.v, st.u
         if plain:  # momentum only: nothing is kept back
-            st["u"] = B.cond(finite, lambda: u, lambda: old_u)
+            st.u = B.cond(finite, lambda: u, lambda: old_u)
             return enc
         sent = self._decode_own(enc)
-        st["v"] = B.cond(finite, lambda: vacc - sent, lambda: old_v)
+        st.v = B.cond(finite, lambda: vacc - sent, lambda: old_v)
         if self.params["masking"]:
             hit = B.scatter_add(meta.numel, enc.ctx.indices, B.cast(enc.ctx.valid, "float32")) > 0
             u = B.where(hit, 0.0, u)
-        st["u"] = B.cond(finite, lambda: u, lambda: old_u)
+        st.u = B.cond(finite, lambda: u, lambda: old_u)
         return enc
 
     def _encode_in_place(self, g, meta, st, noise, m, nesterov, plain) -> Encoded:
         """Host memory, finite input: the same arithmetic on the state buffers in place."""
         B = self.B
-        u, vacc = st["u"], st["v"]
+        u, vacc = st.u, st.v
         if nesterov:
             B.iadd(u, g)
             B.imul(u, m)

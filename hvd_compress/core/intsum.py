@@ -105,7 +105,10 @@ def _bias_word(w: int) -> int:
 
 class IntegerSum(Compressor):
     """TernGrad, QSGD or signSGD with codes summed by allreduce; see the module
-    docstring.  ``kind``: ``"terngrad"``, ``"qsgd"`` or ``"signsgd"``."""
+    docstring.  ``kind``: the spec name of a codec with an integer-sum form
+    (``Codec.int_summable``: ``"terngrad"``, ``"qsgd"``, ``"signsgd"``), whose
+    ``int_*`` hooks say what is quantized, against which scales, and what a code is
+    worth; the rounds, the lanes and the state are this class's."""
 
     summable = True
     #: the payload cannot be averaged by Horovod's own allreduce (integers)
@@ -116,13 +119,15 @@ class IntegerSum(Compressor):
         super().__init__(params, backend or NUMPY, rank, world_size)
         self.name = kind
         self.kind = kind
-        self.codec = make_codec(kind, self.params) if kind in ("terngrad", "qsgd") else None
-        self.m = int(self.params["levels"]) if kind == "qsgd" else 1
-        self.vote = kind == "signsgd" and bool(self.params.get("vote", True))
+        self.codec = make_codec(kind, self.params)
+        if not self.codec.int_summable:
+            raise ValueError(f"{kind}: its codes have no integer sum (sum=int)")
+        self.m = int(self.codec.int_max_code)
+        self.vote = bool(self.codec.int_vote)
         self.scale_free = self.vote
         self.w = lane_bits(world_size, self.m)
         self.noise = NoiseSource(self.B, int(self.params["seed"]), rank) \
-            if self.codec is not None else None
+            if self.codec.needs_noise else None
 
     @property
     def max_ranks(self) -> int:
@@ -138,7 +143,7 @@ class IntegerSum(Compressor):
 
     # -- sizes ----------------------------------------------------------------------
     def _scale_count(self, numel: int) -> int:
-        return -(-numel // self.codec.d) if self.kind == "qsgd" else 1
+        return self.codec.int_scale_count(numel)
 
     def _words(self, numel: int) -> int:
         return -(-numel * self.w // 32)
@@ -162,10 +167,10 @@ class IntegerSum(Compressor):
                 noise = B.reshape(B.cast(noise, "float32"), (-1,))
             elif self.noise is not None:
                 key = self.noise.key(like=g)
-            st["step"] = st["step"] + 1
+            st.step = st.step + 1
             return Encoded(scales, meta, 4 * B.shape(scales)[0], round=0,
                            ctx=Pending(g, None, noise, True, fast, key, cap))
-        v = g + st["residual"] if self.ef else g
+        v = g + st.residual if self.ef else g
         finite = B.all_finite(v)
         clean = zero_nonfinite(B, v, finite)
         mag = self._magnitudes(clean)
@@ -177,28 +182,16 @@ class IntegerSum(Compressor):
         # backend may hand out one buffer for every draw: torch's host generator does)
         if self.noise is not None and noise is not None:
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
-        st["step"] = st["step"] + 1
+        st.step = st.step + 1
         return Encoded(scales, meta, 4 * B.shape(scales)[0], round=0,
                        ctx=Pending(clean, mag, noise, finite))
 
     def _magnitudes(self, v):
         """What is quantized: ``|clip(v)|`` (TernGrad), ``|v|`` (QSGD), None (signSGD)."""
-        B = self.B
-        if self.kind == "terngrad":
-            c = self.codec.clip
-            if c > 0:
-                sigma = self.codec.sigma(B, B.sum64(v), B.sumsq64(v), B.shape(v)[0])
-                return B.iminimum(B.abs(v), c * sigma)
-            return B.abs(v)
-        return B.abs(v) if self.kind == "qsgd" else None
+        return self.codec.int_magnitudes(self.B, v)
 
     def _scales(self, v, mag):
-        B = self.B
-        if self.kind == "terngrad":
-            return B.max(mag)
-        if self.kind == "qsgd":
-            return self.codec.scales(B, v)[0]
-        return B.scalar(0.0, like=v)
+        return self.codec.int_scales(self.B, v, mag)
 
     # -- round 1: codes against the shared scale ---------------------------------------------
     def next_round(self, enc: Encoded, reduced) -> Encoded:
@@ -221,34 +214,23 @@ class IntegerSum(Compressor):
             ok = B.all_finite(shared) & finite
             codes = B.cast(level, "float32") * (1.0 - 2.0 * B.cast(neg, "float32"))
             st = self.states[meta.name]
-            old = st["residual"]
-            st["residual"] = B.cond(ok, lambda: v - self._scaled(codes, unit), lambda: old)
+            old = st.residual
+            st.residual = B.cond(ok, lambda: v - self._scaled(codes, unit), lambda: old)
         return Encoded(words, meta, 4 * B.shape(words)[0], round=1, ctx=(shared, unit))
 
     def _unit(self, shared):
         """What a code is worth: TernGrad ``S``, QSGD ``N_b / s`` per bucket, signSGD None."""
-        if self.kind == "terngrad":
-            return self.B.reshape(shared, (1,))
-        return self.codec.factors(self.B, shared) if self.kind == "qsgd" else None
+        return self.codec.int_unit(self.B, shared)
 
     def _levels(self, v, mag, noise, shared):
         """Each value's code magnitude (uint8; signSGD: ``v != 0``) against ``shared``."""
-        B = self.B
-        if self.kind == "terngrad":
-            scale = shared[0]
-            prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))
-            return B.cast(noise < prob, "uint8")
-        if self.kind == "qsgd":
-            scaled = B.bucket_scale(mag, self.codec.inverse(B, shared), self.codec.d)  # s|v|/N_b
-            return B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(self.m)), "uint8")
-        return B.cast(v != 0, "uint8")
+        return self.codec.int_levels(self.B, v, mag, noise, shared)
 
     def _scaled(self, x, unit):
         """Flat float32 code values ``x`` times their unit (a fresh ``x``: in place)."""
         if unit is None:
             return x
-        d = self.codec.d if self.kind == "qsgd" else self.B.shape(x)[0]
-        return self.B.bucket_scale(x, unit, d)
+        return self.B.bucket_scale(x, unit, self.codec.int_bucket(self.B.shape(x)[0]))
 
     def _pack(self, level, neg, n: int):
         """Codes ``c = level * (1 - 2 [v < 0])`` as int32 words of signed digits: the

@@ -40,6 +40,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 
+from . import registry
 from . import spec as specmod
 
 __all__ = ["DEFAULT_MIN_NUMEL", "Policy", "parse_text", "is_mapping_text", "dense_spec", "rewrite"]
@@ -163,24 +164,26 @@ def dense_spec(specs) -> "specmod.Spec":
     """What a plan's uncompressed tensors travel with: ``none``, or DGC's momentum alone
     where the plan holds DGC with momentum (module docstring); raises for a plan that
     mixes DGC carrying momentum with another compressor."""
-    specs = [s for s in specs if s.name != "none"]
-    dgc = [s for s in specs if s.parts[0].name == "dgc"]
-    moms = {(float(s.parts[0].params["momentum"]), bool(s.parts[0].params["nesterov"]),
-             float(s.parts[0].params["clip_norm"]))
-            for s in dgc if float(s.parts[0].params["momentum"]) > 0}
+    specs = [s for s in specs if not registry.passes_through(s)]
+    owners = [s for s in specs if registry.core_of(s).owns_momentum]
+    moms = {}  # (momentum, nesterov, clip_norm) -> the class carrying it
+    for s in owners:
+        cls = registry.core_of(s)
+        carried = cls.carried_momentum(s.parts[0].params)
+        if carried is not None:
+            moms[carried] = cls
     if not moms:
         return NONE
     if len(moms) > 1:
         raise ValueError("DGC specs with different momentum, Nesterov or clip_norm in one plan: "
                          f"{sorted(moms)}")
-    others = [str(s) for s in specs if s.parts[0].name != "dgc"]
+    others = [str(s) for s in specs if not registry.core_of(s).owns_momentum]
     if others:
         raise ValueError(f"a plan mixing DGC (which applies momentum itself) with {others} "
                          "would leave those tensors without momentum; give DGC momentum=0 "
                          "(and the wrapped optimizer its momentum), or use DGC alone")
-    m, nesterov, clip = moms.pop()
-    return specmod.parse(f"dgc:momentum={m:g},nesterov={str(nesterov).lower()},"
-                         f"clip_norm={clip:g},dense=true")
+    (carried, cls), = moms.items()
+    return specmod.parse(cls.dense_with_momentum(carried))
 
 
 def rewrite(policy: Policy, fn) -> Policy:

@@ -28,6 +28,7 @@ from typing import Any
 from . import layout as layouts
 from .base import Compressor, Encoded, nan_flag, zero_nonfinite
 from .sampling import hash_stream, stream_keys
+from .state import TensorState, shared
 
 PURPOSE_Q = 3
 
@@ -49,11 +50,19 @@ def matrix_shape(meta, layout: str = layouts.OUT_FIRST) -> tuple:
     return layouts.matrix_shape(meta.shape, layout)
 
 
+@dataclass(eq=False)
+class PowerSGDState(TensorState):
+    """PowerSGD's ``q`` (cols x r), the same on every rank: the warm start."""
+
+    q: Any = shared()
+
+
 class PowerSGD(Compressor):
     """PowerSGD; see the module docstring."""
 
     name = "powersgd"
     summable = True
+    State = PowerSGDState
 
     def __init__(self, params=None, backend=None, rank=0, world_size=1):
         from .backend import NUMPY
@@ -88,10 +97,11 @@ class PowerSGD(Compressor):
         z = B.sqrt(-2.0 * B.log(u1)) * B.cos((2.0 * math.pi) * u2)
         return B.reshape(z, (cols, self.r))
 
-    def _init_state(self, meta, like):
-        if not self.compressed(meta):
-            return {}
-        return {"q": self._gaussian(meta, 0, like)}
+    def _new_state(self, meta, like):
+        st = super()._new_state(meta, like)
+        if self.compressed(meta):
+            st.q = self._gaussian(meta, 0, like)
+        return st
 
     def encode(self, x, name="", noise=None) -> Encoded:
         meta = self.meta_for(x, name)
@@ -101,14 +111,14 @@ class PowerSGD(Compressor):
             return Encoded(v, meta, self.payload_nbytes(meta), ctx=Rounds(dense=True))
         st = self.state(meta, like=v)
         if self.ef:
-            v = v + st["residual"]
+            v = v + st.residual
         finite = B.all_finite(v)
         flag = nan_flag(B, finite, v)
         rows, cols = self.matrix_shape(meta)
         m = B.reshape(zero_nonfinite(B, v, finite), (rows, cols))
-        q = st["q"]
+        q = st.q
         if not self.params["warm_start"]:
-            q = self._gaussian(meta, st["step"], v)
+            q = self._gaussian(meta, st.step, v)
         p = B.matmul(m, q) * flag
         return Encoded(p, meta, 4 * rows * self.r, round=0,
                        ctx=Rounds(m=m, finite=finite, flag=flag))
@@ -121,8 +131,8 @@ class PowerSGD(Compressor):
         q_w = B.matmul(enc.ctx.m, p_hat, transpose_a=True) * enc.ctx.flag
         if self.ef:  # what this rank's contribution lost; kept unless M or the factors were not finite
             new = B.reshape(B.subtract_product(enc.ctx.m, p_hat, q_w), (-1,))
-            old = st["residual"]
-            st["residual"] = B.cond(B.all_finite(new) & enc.ctx.finite, lambda: new, lambda: old)
+            old = st.residual
+            st.residual = B.cond(B.all_finite(new) & enc.ctx.finite, lambda: new, lambda: old)
         _, cols = self.matrix_shape(meta)
         return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=Rounds(p_hat=p_hat))
 
@@ -134,8 +144,8 @@ class PowerSGD(Compressor):
         st = self.states[meta.name]
         total = B.matmul(enc.ctx.p_hat, received, transpose_b=True)
         q_next = received * (1.0 / self.world_size)
-        st["q"] = B.where(B.all_finite(q_next), q_next, st["q"])
-        st["step"] = st["step"] + 1
+        st.q = B.where(B.all_finite(q_next), q_next, st.q)
+        st.step = st.step + 1
         return self._finish(B.reshape(total, (-1,)), meta, out)
 
     def decode(self, payload, meta, ctx=None, out=None):

@@ -52,6 +52,17 @@ class Codec:
 
     name = "codec"
     needs_noise = False
+    #: whether values are coded column by column of the tensor's matrix view (1-bit's
+    #: per-column means; :func:`columns`)
+    columnwise = False
+    #: whether payloads add up as they are (16-bit floats): a sparsifier whose indices
+    #: every rank shares then sends the coded values by allreduce
+    summable = False
+    #: whether codes can be summed as integers against a scale every rank shares
+    #: (``sum=int``, :mod:`.intsum`): such a codec implements the ``int_*`` hooks below
+    int_summable = False
+    #: the integer sum's aggregate is the sign of the summed codes (a majority vote)
+    int_vote = False
 
     def __init__(self, params: dict):
         self.params = params
@@ -70,11 +81,42 @@ class Codec:
     def nbytes(self, n: int, cols: int = 1) -> int:
         return sum(seg.nbytes for seg in self.layout(n, cols))
 
+    # -- the integer-sum form (``sum=int``; :mod:`.intsum` runs the rounds) ------------------
+    @property
+    def int_max_code(self) -> int:
+        """``m``: codes are integers in ``[-m, m]``."""
+        return 1
+
+    def int_scale_count(self, n: int) -> int:
+        """How many scales ``n`` values share (round 0's payload, float32)."""
+        return 1
+
+    def int_bucket(self, n: int) -> int:
+        """How many consecutive values share one scale."""
+        return n
+
+    def int_magnitudes(self, B, v):
+        """What is quantized (from the finite values ``v``), or None."""
+        raise NotImplementedError(f"{self.name} has no integer sum")
+
+    def int_scales(self, B, v, mag):
+        """This rank's scales (float32), reduced by max over ranks."""
+        raise NotImplementedError(f"{self.name} has no integer sum")
+
+    def int_unit(self, B, shared):
+        """What a code is worth against the ``shared`` scales (None: 1)."""
+        raise NotImplementedError(f"{self.name} has no integer sum")
+
+    def int_levels(self, B, v, mag, noise, shared):
+        """Each value's code magnitude (uint8) against the ``shared`` scales."""
+        raise NotImplementedError(f"{self.name} has no integer sum")
+
 
 class FP16Codec(Codec):
     """IEEE half precision (round to nearest even), as Horovod's ``Compression.fp16``."""
 
     name = "fp16"
+    summable = True
 
     def layout(self, n, cols=1):
         return [Segment("values", "float16", n)]
@@ -90,6 +132,7 @@ class BF16Codec(Codec):
     """bfloat16: the top 16 bits of float32, rounded to nearest even."""
 
     name = "bf16"
+    summable = True
 
     def layout(self, n, cols=1):
         return [Segment("values", "uint16", n)]
@@ -113,6 +156,7 @@ class QSGDCodec(Codec):
 
     name = "qsgd"
     needs_noise = True
+    int_summable = True
 
     def __init__(self, params):
         super().__init__(params)
@@ -153,6 +197,30 @@ class QSGDCodec(Codec):
         """What each bucket's codes minus ``s`` are multiplied by: ``norm / s``."""
         return B.div(norms, float(self.s))
 
+    # -- integer sums: codes against the buckets' norms, the max over ranks -------------------
+    @property
+    def int_max_code(self) -> int:
+        return self.s
+
+    def int_scale_count(self, n):
+        return -(-n // self.d)
+
+    def int_bucket(self, n):
+        return self.d
+
+    def int_magnitudes(self, B, v):
+        return B.abs(v)
+
+    def int_scales(self, B, v, mag):
+        return self.scales(B, v)[0]
+
+    def int_unit(self, B, shared):
+        return self.factors(B, shared)
+
+    def int_levels(self, B, v, mag, noise, shared):
+        scaled = B.bucket_scale(mag, self.inverse(B, shared), self.d)  # s|v|/N_b
+        return B.cast(B.iminimum(B.ifloor(B.iadd(scaled, noise)), float(self.s)), "uint8")
+
     def decode_values(self, B, fields, n, cols=1):
         s = self.s
         return unpack_values(B, fields["codes"], self.bits, n, [float(c - s) for c in range(1 << self.bits)],
@@ -170,6 +238,7 @@ class TernGradCodec(Codec):
 
     name = "terngrad"
     needs_noise = True
+    int_summable = True
 
     @property
     def clip(self) -> float:
@@ -203,6 +272,25 @@ class TernGradCodec(Codec):
         table = B.asarray([0.0, 1.0, -1.0, 0.0], "float32", like=fields["scale"]) * fields["scale"]
         return unpack_values(B, fields["codes"], 2, n, table)
 
+    # -- integer sums: codes against the max over ranks of max|clip(v)| (scaler sharing) --------
+    def int_magnitudes(self, B, v):
+        c = self.clip
+        if c > 0:
+            sigma = self.sigma(B, B.sum64(v), B.sumsq64(v), B.shape(v)[0])
+            return B.iminimum(B.abs(v), c * sigma)
+        return B.abs(v)
+
+    def int_scales(self, B, v, mag):
+        return B.max(mag)
+
+    def int_unit(self, B, shared):
+        return B.reshape(shared, (1,))
+
+    def int_levels(self, B, v, mag, noise, shared):
+        scale = shared[0]
+        prob = B.idiv(mag, B.where(scale > 0, scale, 1.0))
+        return B.cast(noise < prob, "uint8")
+
 
 class OneBitCodec(Codec):
     """1-bit SGD (Seide et al., Interspeech 2014).
@@ -214,6 +302,7 @@ class OneBitCodec(Codec):
     """
 
     name = "onebit"
+    columnwise = True
 
     def layout(self, n, cols=1):
         return [Segment("pos", "float32", cols), Segment("neg", "float32", cols),
@@ -339,7 +428,7 @@ class QuantizerCompressor(Compressor):
             if self.codec.needs_noise else None
 
     def _cols(self, meta):
-        return columns(meta, layouts.layout_of(self.B)) if self.codec.name == "onebit" else 1
+        return columns(meta, layouts.layout_of(self.B)) if self.codec.columnwise else 1
 
     def _flatten(self, x, meta):
         """Column-wise codecs see the values in ``out x in`` order whatever the layout
@@ -384,7 +473,7 @@ class QuantizerCompressor(Compressor):
             return None
         if noise is not None:
             noise = B.reshape(B.cast(noise, "float32"), (-1,))
-        fields, residual, finite = fused(g, st["residual"] if self.ef else None, noise, self.noise)
+        fields, residual, finite = fused(g, st.residual if self.ef else None, noise, self.noise)
         layout = self.codec.layout(meta.numel, cols)
         if host_nonfinite(finite):  # host, NaN/Inf: the state is as the reference leaves it
             return self._encode_host_nonfinite(g, meta, st, noise)
@@ -393,7 +482,7 @@ class QuantizerCompressor(Compressor):
             fields = {seg.name: _flagged(fields[seg.name], flag) if seg.dtype == "float32"
                       else fields[seg.name] for seg in layout}
         if self.ef:
-            st["residual"] = kept_state(B, finite, residual, st["residual"])
+            st.residual = kept_state(B, finite, residual, st.residual)
         return Encoded(join_segments(B, layout, fields), meta, self.payload_nbytes(meta))
 
     def _decode(self, payload, meta, ctx=None):

@@ -33,7 +33,8 @@ from .variable import AdaptiveQuantization, Inceptionn, ThresholdV
 CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, SignumCodec, NaturalCodec, UniformCodec,
                                    EightBitCodec, SketchMLCodec)})
 
-__all__ = ["Param", "Algorithm", "register", "unregister", "get", "algorithms", "defaults", "build"]
+__all__ = ["Param", "Algorithm", "register", "unregister", "get", "algorithms", "defaults", "build",
+           "core_of", "passes_through"]
 
 
 def _in_open_closed(lo, hi):  # (lo, hi]
@@ -104,6 +105,19 @@ def build(spec, backend=NUMPY, rank: int = 0, world_size: int = 1) -> Compressor
     comp = get(first.name).make(first.params, backend, rank, world_size, **extra)
     comp.spec = parsed
     return comp
+
+
+def core_of(spec) -> type:
+    """The core class ``spec`` builds (a composition's: its sparsifier's), whose class
+    flags (``passthrough``, ``owns_momentum``, ...) say what it needs, without building it."""
+    first = parse(spec).parts[0]
+    return IntegerSum if first.params.get("sum") == "int" else get(first.name).core
+
+
+def passes_through(spec) -> bool:
+    """Whether ``spec`` sends tensors as they are, averaged as Horovod does (``none``)."""
+    parsed = parse(spec)
+    return not parsed.composed and bool(core_of(parsed).passthrough)
 
 
 def _randomk_ef(params: dict) -> None:

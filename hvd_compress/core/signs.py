@@ -26,9 +26,13 @@ tie counted as + would push every such coordinate the same way each step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .base import Encoded, nan_flag, zero_nonfinite
 from .bitpack import Segment, join_segments, pack_codes, unpack_values
 from .quantizers import Codec, QuantizerCompressor, _flagged
+from .state import TensorState, per_rank
 
 
 class SignCodec(Codec):
@@ -37,6 +41,7 @@ class SignCodec(Codec):
 
     name = "signsgd"
     scaled = False
+    int_summable = True
 
     def layout(self, n, cols=1):
         return [Segment("scale", "float32", 1), Segment("signs", "uint8", -(-n // 8))]
@@ -53,10 +58,28 @@ class SignCodec(Codec):
         scale = B.reshape(fields["scale"], (1,))
         return unpack_values(B, fields["signs"], 1, n, B.concat([-scale, scale]))
 
+    # -- integer sums: signs summed, then voted (``vote``) or averaged; no scale ---------------
+    @property
+    def int_vote(self) -> bool:
+        return bool(self.params.get("vote", True))
+
+    def int_magnitudes(self, B, v):
+        return None
+
+    def int_scales(self, B, v, mag):
+        return B.scalar(0.0, like=v)  # carries only finiteness
+
+    def int_unit(self, B, shared):
+        return None
+
+    def int_levels(self, B, v, mag, noise, shared):
+        return B.cast(v != 0, "uint8")
+
 
 class EFSignCodec(SignCodec):
     name = "efsignsgd"
     scaled = True
+    int_summable = False
 
 
 class SignumCodec(SignCodec):
@@ -64,10 +87,18 @@ class SignumCodec(SignCodec):
     encoder, which takes the momentum where other codecs take the residual."""
 
     name = "signum"
+    int_summable = False  # its compressor keeps a momentum: no sum=int form
 
     def __init__(self, params):
         super().__init__(params)
         self.beta = float(params["momentum"])
+
+
+@dataclass(eq=False)
+class SignumState(TensorState):
+    """Signum's momentum ``m`` (None for signSGD, which keeps none)."""
+
+    momentum: Any = per_rank()
 
 
 class SignCompressor(QuantizerCompressor):
@@ -77,6 +108,7 @@ class SignCompressor(QuantizerCompressor):
     ``gradient_predivide_factor`` does not apply (``scale_free``)."""
 
     scale_free = True
+    State = SignumState
 
     def __init__(self, codec_name="signsgd", params=None, backend=None, rank=0, world_size=1,
                  name="signsgd", **kw):
@@ -85,12 +117,15 @@ class SignCompressor(QuantizerCompressor):
         self.beta = float(self.params.get("momentum", 0.0))
         self.vote = bool(self.params.get("vote", True))
 
-    def _init_state(self, meta, like):
-        return {"momentum": self.B.zeros((meta.numel,), "float32", like=like)} if self.beta else {}
+    def _new_state(self, meta, like):
+        st = super()._new_state(meta, like)
+        if self.beta:
+            st.momentum = self.B.zeros((meta.numel,), "float32", like=like)
+        return st
 
     def _momentum(self, g, st):
         """``beta * m + (1 - beta) * g`` (a new tensor)."""
-        return st["momentum"] * self.beta + g * (1.0 - self.beta)
+        return st.momentum * self.beta + g * (1.0 - self.beta)
 
     def _encode_fused(self, g, meta, st, noise):
         if not self.beta:
@@ -100,10 +135,10 @@ class SignCompressor(QuantizerCompressor):
         fused = self.B.fused_encoder(self.codec, 1, like=g)
         if fused is None:
             return None
-        fields, momentum, finite = fused(g, st["momentum"], None, None)
+        fields, momentum, finite = fused(g, st.momentum, None, None)
         if finite is not True:  # NaN/Inf: the reference step (the momentum stays)
             return self._encode_momentum(g, meta, st, noise)
-        st["momentum"] = momentum
+        st.momentum = momentum
         payload = join_segments(self.B, self.codec.layout(meta.numel), fields)
         return Encoded(payload, meta, self.payload_nbytes(meta))
 
@@ -124,8 +159,8 @@ class SignCompressor(QuantizerCompressor):
         B = self.B
         m = self._momentum(g, st)
         finite = B.all_finite(m)
-        old = st["momentum"]
-        st["momentum"] = B.cond(finite, lambda: m, lambda: old)
+        old = st.momentum
+        st.momentum = B.cond(finite, lambda: m, lambda: old)
         return self._encode(zero_nonfinite(B, m, finite), meta, st, noise, nan_flag(B, finite, g))
 
     def aggregate(self, received, enc: Encoded, out=None):

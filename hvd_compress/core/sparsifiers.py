@@ -90,7 +90,7 @@ class Sparsifier(Compressor):
 
     @property
     def summable(self):
-        return self.shared_indices and (self._codec is None or self._codec.name in ("fp16", "bf16"))
+        return self.shared_indices and (self._codec is None or self._codec.summable)
 
     # -- sizes -----------------------------------------------------------------------
     def k_for(self, meta, ctx=None) -> int:
@@ -245,18 +245,18 @@ class RandomK(Sparsifier):
         if fused is None:
             return None
         idx, scale = self._select(g, meta, st)  # the indices depend on no value
-        values, residual, finite = fused(g, st["residual"] if self.ef else None, idx, scale)
+        values, residual, finite = fused(g, st.residual if self.ef else None, idx, scale)
         if host_nonfinite(finite):  # the reference step (the state is untouched)
             return self._encode_host_nonfinite(g, meta, st, noise)
         if self.ef:
-            st["residual"] = kept_state(B, finite, residual, st["residual"])
+            st.residual = kept_state(B, finite, residual, st.residual)
         ctx = Selection(self.k_for(meta), idx, idx < meta.numel, sent=values)
         return Encoded(values, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
 
     def _select(self, v, meta, st):
         B = self.B
         k = self.k_for(meta)
-        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, st["step"],
+        key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, st.step,
                                  PURPOSE_RANDOMK, like=v)
         idx, sizes = stratified_indices(B, meta.numel, k, key0, key1, like=v)
         scale = B.cast(sizes, "float32") if self.params["unbiased"] else None

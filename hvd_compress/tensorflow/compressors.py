@@ -17,15 +17,15 @@ from __future__ import annotations
 import contextlib
 import weakref
 
-import numpy as np
 import tensorflow as tf
 
 from .. import spec as specmod
-from ..core.base import Encoded, is_shared_state, warn_once
+from ..core.base import Encoded, TensorMeta, warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
 from ..pertensor import PolicyFrontend, resolve
 from .backend import TensorFlowBackend
+from .tensorstate import VariableState, assign_values, make_variables, shared_values
 
 BACKEND = TensorFlowBackend()
 
@@ -82,37 +82,22 @@ class TFCompressor(tf.Module, CompressorFrontend):
 
     # -- state in variables ------------------------------------------------------------
     def _variables(self, meta) -> dict:
+        """``meta``'s state variables, ``{field: tf.Variable}`` (made on first use)."""
         vs = self.tensor_state.get(meta.name)
         if vs is None:
             core = self.core
             with tf.init_scope():  # made once, eagerly, even when first seen in a trace
                 core.states.pop(meta.name, None)
-                st = core.state(meta)
-                vs = {}
-                for key, value in st.items():
-                    if key == "numel":
-                        vs[key] = value
-                    elif key == "step":
-                        vs[key] = tf.Variable(tf.constant(value, tf.int64), trainable=False,
-                                              name=f"hvdc_step_{len(self.tensor_state)}")
-                    else:
-                        vs[key] = tf.Variable(value, trainable=False,
-                                              name=f"hvdc_{key}_{len(self.tensor_state)}")
+                vs = make_variables(core.state(meta), len(self.tensor_state))
             self.tensor_state[meta.name] = vs
             vs = self.tensor_state[meta.name]
         return vs
 
     @contextlib.contextmanager
     def _bound(self, meta):
-        """The core sees the variables' values as its state; what it changes is assigned back."""
-        vs = self._variables(meta)
-        read = {k: (v.read_value() if isinstance(v, tf.Variable) else v) for k, v in vs.items()}
-        self.core.states[meta.name] = dict(read)
+        """The core's state for ``meta`` is its variables, read and assigned in place."""
+        self.core.states[meta.name] = VariableState(self.core.State, self._variables(meta))
         yield
-        st = self.core.states[meta.name]
-        for key, var in vs.items():
-            if isinstance(var, tf.Variable) and st[key] is not read[key]:
-                var.assign(tf.cast(st[key], var.dtype))
 
     # -- local accumulation (backward_passes_per_step) -------------------------------------
     def accumulator(self, name: str, like):
@@ -194,13 +179,10 @@ class TFCompressor(tf.Module, CompressorFrontend):
         return {"spec": str(self.spec), "tensors": tensors, **({"extra": extra} if extra else {})}
 
     def load_state_dict(self, sd: dict) -> None:
-        from ..core.base import TensorMeta
-        for name, st in sd["tensors"].items():
-            meta = TensorMeta(name, (int(st["numel"]),), "float32")
-            vs = self._variables(meta)
-            for key, value in st.items():
-                if isinstance(vs.get(key), tf.Variable):
-                    vs[key].assign(np.asarray(value))
+        for name, saved in sd["tensors"].items():
+            loaded = self.core.State.from_dict(saved, lambda value: value)
+            vs = self._variables(TensorMeta(name, (int(loaded.numel),), "float32"))
+            assign_values(vs, dict(loaded.present()))
         if "extra" in sd:
             self.core._load_extra_state(sd["extra"])
 
@@ -397,9 +379,7 @@ def _take_shared_state(comp, pairs, process_set) -> None:
     counting = comp._given if isinstance(comp, TFPolicy) and comp._given is not None else comp
     mine = None
     if hvd.rank() == root:
-        mine = {"tensors": {k: {key: v.numpy() for key, v in vs.items()
-                                if is_shared_state(key) and isinstance(v, tf.Variable)}
-                            for k, (_, vs) in held.items()},
+        mine = {"tensors": {k: shared_values(h.core.State, vs) for k, (h, vs) in held.items()},
                 "epochs": {k: getattr(h.core, "epoch", None) for k, (h, _) in held.items()},
                 "counters": {k: int(v.numpy())
                              for k, v in counting.__dict__.get("_counters", {}).items()}}
@@ -407,8 +387,7 @@ def _take_shared_state(comp, pairs, process_set) -> None:
                                process_set=process_set)
     for k, values in got["tensors"].items():
         holder, vs = held[k]
-        for key, value in values.items():
-            vs[key].assign(value)
+        assign_values(vs, values)
         epoch = got["epochs"][k]
         if epoch is not None and getattr(holder.core, "epoch", None) != epoch:
             holder.core.set_epoch(epoch)  # (the step being traced has the new sizes)

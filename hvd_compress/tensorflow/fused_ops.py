@@ -286,10 +286,10 @@ def _dgc(lib, comp):
     from ..core.sparsifiers import index_dtype
 
     def encode(g, st, meta, _):
-        pos, want = comp.sample_plan(meta, st["step"], like=g)
+        pos, want = comp.sample_plan(meta, st.step, like=g)
         p = comp.params
         idx, values, valid, u, v, finite = lib.hvdc_dgc_encode(
-            g, st["u"], st["v"], tf.cast(pos, tf.int64), k=comp.k_for(meta), want=want,
+            g, st.u, st.v, tf.cast(pos, tf.int64), k=comp.k_for(meta), want=want,
             momentum=float(p["momentum"]), nesterov=bool(p["nesterov"]), masking=bool(p["masking"]))
         fields = {"indices": tf.cast(idx, tf.int32 if index_dtype(meta.numel) == "int32" else tf.int64),
                   "values": values}

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import spec as specmod
+from ..core import registry
 from ..core.base import warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
@@ -212,12 +213,17 @@ def as_compressor(compression) -> TorchCompressor:
     return compressor(horovod_builtin_spec(compression))
 
 
+def _owns_momentum(spec) -> bool:
+    return bool(registry.core_of(spec).owns_momentum)
+
+
 def pair_dgc_with_momentum(optimizer, comp, entries=()):
-    """DGC applies momentum itself (momentum correction): move the wrapped optimizer's
-    momentum into it, so that it is not applied twice (a policy: over ``entries``)."""
+    """DGC applies momentum itself (momentum correction; its class ``owns_momentum``):
+    move the wrapped optimizer's momentum into it, so that it is not applied twice (a
+    policy: over ``entries``)."""
     if isinstance(comp, TorchPolicy):
         return _pair_policy(optimizer, comp, entries)
-    if comp.spec.parts[0].name != "dgc":
+    if not _owns_momentum(comp.spec):
         return
     found = _optimizer_momentum(optimizer)
     if found is None:
@@ -256,7 +262,7 @@ def _pair_policy(optimizer, comp: TorchPolicy, entries):
     uncompressed tensors then carry it too)."""
     from ..core import policy as policymod
     chosen = [comp.policy.spec_for(*e) for e in entries] + comp.policy.known_specs()
-    if not any(s.parts[0].name == "dgc" for s in chosen):
+    if not any(_owns_momentum(s) for s in chosen):
         return
     found = _optimizer_momentum(optimizer)
     if found is None:
@@ -264,16 +270,16 @@ def _pair_policy(optimizer, comp: TorchPolicy, entries):
     m, nesterov = found
 
     def give(spec):
-        if spec.parts[0].name != "dgc":
+        if not _owns_momentum(spec):
             return spec
-        first = specmod.CompressorSpec("dgc", {**spec.parts[0].params, "momentum": m,
-                                                "nesterov": nesterov or
-                                                spec.parts[0].params["nesterov"]})
+        part = spec.parts[0]
+        first = specmod.CompressorSpec(part.name, registry.core_of(spec).with_momentum(
+            part.params, m, nesterov))
         return specmod.Spec((first, *spec.parts[1:]))
 
     comp.policy = policymod.rewrite(comp.policy, give)
     comp.reset_plan()
-    if comp._given is not None and comp._given.spec.parts[0].name == "dgc":
+    if comp._given is not None and _owns_momentum(comp._given.spec):
         comp._given.with_param(0, "momentum", m)
         if nesterov:
             comp._given.with_param(0, "nesterov", True)
