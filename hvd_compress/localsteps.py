@@ -26,7 +26,7 @@ so the collective of step ``i`` overlaps the compute of the next ``D`` steps.
 
 from __future__ import annotations
 
-__all__ = ["LocalSGDSchedule", "check_local_args", "check_wrapper_args"]
+__all__ = ["LocalSGDSchedule", "check_local_args", "check_wrapper_args", "check_horovod_args"]
 
 
 class LocalSGDSchedule:
@@ -78,6 +78,16 @@ def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_a
                              "Sum (other ops only with compression='none')")
     for s in specs or [None]:
         check_local_args(local_sgd, backward_passes_per_step, warmup, delay, op_is_average, s)
+
+
+def check_horovod_args(hvd, wrapper: str, horovods: str, op, gradient_predivide_factor: float,
+                       backward_passes_per_step: int, local_sgd: bool, warmup: int, delay: int,
+                       spec, start_step: int = 0) -> None:
+    """:func:`check_wrapper_args` for Horovod's reduction ``op`` of module ``hvd``
+    (``horovod.torch`` or ``horovod.tensorflow``)."""
+    check_wrapper_args(wrapper, horovods, op == hvd.Average, op == hvd.Adasum,
+                       gradient_predivide_factor, backward_passes_per_step, local_sgd, warmup,
+                       delay, spec, op_sums=op in (hvd.Average, hvd.Sum), start_step=start_step)
 
 
 def check_local_args(local_sgd: bool, backward_passes_per_step: int, warmup: int, delay: int,

@@ -28,8 +28,8 @@ One exchange of tensors ``x_1 .. x_n`` named ``n_1 .. n_n`` on ``p`` ranks::
 
 ``none`` given the user's ``op`` is Horovod's own: the collective reduces
 (``op``, prescale ``1/f``, postscale ``f``) and nothing is decoded, so the
-result is bit for bit what Horovod's ``DistributedOptimizer`` computes.  The account adds to a ``stats``
-dict (:func:`new_stats`): the bytes this rank sends (every round), the
+result is bit for bit what Horovod's ``DistributedOptimizer`` computes.  The account adds to a
+:class:`~.stats.Stats` (:func:`new_stats`): the bytes this rank sends (every round), the
 collectives started, and encode / communicate / decode milliseconds.
 
 :meth:`Exchange.send` starts the collectives and returns a :class:`Batch`;
@@ -45,21 +45,14 @@ import time
 from contextlib import nullcontext
 
 from . import agreement
+from .stats import Stats, new_stats
 
-__all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "new_stats",
-           "MAX"]
+__all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "Stats",
+           "new_stats", "MAX"]
 
 #: the ``op`` of an extra round whose payloads combine by element-wise maximum (the
 #: scales integer-summed quantizers share, :mod:`.intsum`); every Collectives honours it
 MAX = "max"
-
-
-def new_stats() -> dict:
-    """One step's account of bytes sent and milliseconds spent.  ``bytes_sent``: the
-    payloads this rank sends (every round); ``local_bytes``: what the hierarchical
-    exchange moves inside the node, dense (:mod:`.hierarchy`; 0 otherwise)."""
-    return {"bytes_sent": 0, "encode_ms": 0.0, "comm_ms": 0.0, "decode_ms": 0.0, "collectives": 0,
-            "local_bytes": 0}
 
 
 class Collectives:

@@ -339,25 +339,28 @@ def broadcast_compression_state(root_rank: int = 0) -> None:
 
 
 @tf.autograph.experimental.do_not_convert
-def prepare_exchange(comp, grads, names, process_set) -> None:
+def prepare_exchange(comp, grads, names, process_set) -> bool:
     """What a wrapper does before it exchanges ``grads`` (named ``names``) over
     ``process_set``: bind ``comp`` to this rank and the set's size, and, after
     :func:`broadcast_compression_state`, take the root's shared state for these tensors
-    (once per tensor; every rank reaches it at the same exchange)."""
+    (once per tensor; every rank reaches it at the same exchange).  Returns whether a
+    new sync began: the wrapper's ranks must check their plan again (new ranks may
+    have joined)."""
     import horovod.tensorflow as hvd
     comp.bind(hvd.rank(), process_set.size())
     generation = _SYNC["generation"]
     if generation == 0:
-        return
+        return False
     done = comp.__dict__.get("_synced")
-    if done is None or done[0] != generation:
-        comp.__dict__.get("_agreed_plans", set()).clear()  # new ranks must check with us
+    again = done is None or done[0] != generation
+    if again:
         done = comp.__dict__["_synced"] = (generation, set())
     todo = [(g, n) for g, n in zip(grads, names) if n not in done[1]]
     if todo:
         with tf.init_scope():
             _take_shared_state(comp, todo, process_set)
         done[1].update(n for _, n in todo)
+    return again
 
 
 def _holder(comp, grad, name):

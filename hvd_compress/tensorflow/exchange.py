@@ -1,5 +1,6 @@
-"""Horovod's TensorFlow collectives as the exchange engine takes them, and the names
-that key a variable's compressor state and collectives.
+"""Horovod's TensorFlow collectives as the exchange engine takes them, the names that
+key a variable's compressor state and collectives, and the tape's and Keras
+optimizer's :class:`~hvd_compress.session.Session` (:func:`session`).
 
 A Horovod TF collective completes inside the op that runs it, eagerly or in a
 ``tf.function``: :meth:`HorovodTF.allreduce` returns the result itself and
@@ -9,13 +10,15 @@ must be valid TF op names, so collective names are sanitised here.
 
 from __future__ import annotations
 
+import weakref
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .. import nodes
 from ..core import agreement
 from ..core.exchange import MAX, Exchange, ProcessSetCollectives
 from ..core.hierarchy import Hierarchical
+from ..session import Session
 
 
 def variable_name(var, default: str = "") -> str:
@@ -99,53 +102,30 @@ def _eager_sizes(engine, tensors, names) -> None:
                 "model.compile(..., run_eagerly=True); a tape: outside tf.function)")
 
 
-def engine(compression, op=hvd.Average, gradient_predivide_factor=1.0,
-           process_set=hvd.global_process_set, hierarchical=None) -> Exchange:
-    """The exchange engine of a tape or Keras optimizer (``compression``: a TFCompressor,
-    whose methods bind its variables as the core's state).  The plans the ranks agreed
-    on are kept with the compressor: a tape is made anew every step, its state is not.
-    ``hierarchical``: as :func:`hvd_compress.torch.DistributedOptimizer`'s (None: where
-    the node process sets are registered; the engine is then a :class:`TFHierarchical`)."""
-    sets = None if hierarchical is False else nodes.node_sets(hvd, process_set)
-    if hierarchical and sets is None:
-        raise ValueError(nodes.MISSING)
-    average = op == hvd.Average
-    if sets is None:
-        e = TFExchange(compression, HorovodTF(process_set), average=average,
-                       predivide=gradient_predivide_factor, op=op)
-    else:
-        nodes.finish_together(hvd)
-        e = TFHierarchical(compression, HorovodTF(process_set), HorovodTF(sets[0]),
-                           HorovodTF(sets[1]), sets[2], average=average,
-                           predivide=gradient_predivide_factor, op=op)
-    e.agreed = compression.__dict__.setdefault("_agreed_plans", set())
-    return e
+#: the plans each compressor's ranks agreed on: a tape is made anew every step, the
+#: compressor (and the state it holds for the variables) is not
+_AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def exchange_tensors(engine, grads, names, stats) -> list:
-    """One exchange of a tape's or Keras optimizer's gradients: each tensor in a
-    collective of its own, except a per-tensor plan's uncompressed tensors, which go
-    together in one (in the delayed start, every tensor)."""
-    from .compressors import TFPolicy
-    comp = engine.comp
-    if not isinstance(comp, TFPolicy):
-        return engine.run_each(grads, names, stats)
+def session(op=hvd.Average, gradient_predivide_factor=1.0, process_set=hvd.global_process_set,
+            hierarchical=None, local_sgd=False, period=1, warmup=0, delay=0) -> Session:
+    """The session of a tape or Keras optimizer: the engine (:class:`TFExchange`, or
+    :class:`TFHierarchical` where the node process sets are registered; ``hierarchical``
+    as :func:`hvd_compress.torch.DistributedOptimizer`'s) is made by :func:`bind`."""
+    return Session(hvd, process_set, HorovodTF, op=op, predivide=gradient_predivide_factor,
+                   hierarchical=hierarchical, flat=TFExchange, tiered=TFHierarchical,
+                   local_sgd=local_sgd, period=period, warmup=warmup, delay=delay)
 
-    def run():
-        dense = comp.dense_spec()
-        together = [i for i, (g, n) in enumerate(zip(grads, names))
-                    if comp.spec_for(n, tuple(g.shape), tf.as_dtype(g.dtype).name) == dense]
-        alone = [i for i in range(len(grads)) if i not in set(together)]
-        order = ([together] if together else []) + [[i] for i in alone]
-        batches = [engine.send([grads[i] for i in ix], [names[i] for i in ix], stats)
-                   for ix in order]
-        out = [None] * len(grads)
-        for ix, res in zip(order, engine.receive(batches, stats)):
-            for i, r in zip(ix, res):
-                out[i] = r
-        return out
 
-    return comp.phased(run)
+def bind(s: Session, compression):
+    """``s``'s engine for ``compression`` (a TFCompressor or TFPolicy, whose methods bind
+    its variables as the core's state), sharing the plans agreed with that compressor."""
+    return s.make_engine(compression, agreed=_AGREED.setdefault(compression, set()))
+
+
+def describe(x) -> tuple:
+    """A tensor's ``(shape, dtype name)`` as a per-tensor policy takes them."""
+    return tuple(x.shape), tf.as_dtype(x.dtype).name
 
 
 def plan_rows(comp, variables) -> list:
@@ -153,16 +133,6 @@ def plan_rows(comp, variables) -> list:
     bytes per step (see :meth:`hvd_compress.pertensor.PolicyFrontend.plan`)."""
     return comp.plan([(variable_name(v), tuple(int(d) for d in v.shape), _dtype(v))
                       for v in variables])
-
-
-def is_hierarchical(engine) -> bool:
-    """Whether an engine is the hierarchical exchange (the wrappers' ``hierarchical``)."""
-    return isinstance(engine, Hierarchical)
-
-
-def hierarchy_of(engine) -> str:
-    """How an engine crosses nodes, as a plan shows it."""
-    return f"nodes of {engine.local_size}" if is_hierarchical(engine) else "off"
 
 
 def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_step,
@@ -182,7 +152,6 @@ def plan(wrapper: str, comp, op, gradient_predivide_factor, backward_passes_per_
 def _shape(x) -> list:
     shape = tf.TensorShape(x.shape)
     return shape.as_list() if shape.rank is not None else [None]
-
 
 
 def _dtype(x) -> str:

@@ -25,14 +25,14 @@ import functools
 import horovod.tensorflow as hvd
 
 from ..core.policy import DEFAULT_MIN_NUMEL
-from ..frontend import new_stats
-from ..localsteps import check_wrapper_args
-from ..processset import check_process_set, exchanges
+from ..localsteps import check_horovod_args
+from ..processset import check_process_set
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
-from .compressors import TFPolicy, as_compression, prepare_exchange
-from .exchange import engine, exchange_tensors, hierarchy_of, is_hierarchical, plan, plan_rows, variable_name
+from .compressors import as_compression
+from .exchange import bind, describe, plan, plan_rows, session, variable_name
 from .localsteps import strategy
+from .wrapper import before_exchange
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
 
@@ -49,42 +49,40 @@ def __getattr__(name):
 
 class _DistributedOptimizer:
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if not exchanges(hvd, self._hvdc_process_set):  # outside the set: its own gradients
+        s, local = self._hvdc_session, self._hvdc_local
+        if not s.exchanges():  # outside the set: its own gradients
             return super(self.__class__, self)._backend_update_step(grads, trainable_variables,
                                                                     learning_rate)
-        stats = new_stats()
+        s.begin_step()
         names = [variable_name(v) for v in trainable_variables]
-        local = self._hvdc_local
         have = [i for i, g in enumerate(grads) if g is not None]
         sent, sent_names = [grads[i] for i in have], [names[i] for i in have]
-        if isinstance(self._hvdc_engine.comp, TFPolicy):
-            self._hvdc_engine.comp.settle([(n, tuple(g.shape), g.dtype.name)
-                                           for g, n in zip(sent, sent_names)])
-        prepare_exchange(self._hvdc_engine.comp, sent, sent_names, self._hvdc_process_set)
-        self._hvdc_engine.agree(lambda: self._hvdc_plan(sent, sent_names))  # once per set
+        before_exchange(s, sent, sent_names, lambda: self._hvdc_plan(sent, sent_names))
         if local is not None:
-            new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names, stats)
+            new = local.gradients(sent, [trainable_variables[i] for i in have], sent_names,
+                                  s.stats)
         else:
-            new = exchange_tensors(self._hvdc_engine, sent, sent_names, stats)
+            new = s.exchange(sent, sent_names, describe)
         grads = list(grads)
         for i, g in zip(have, new):
             grads[i] = g
         out = super(self.__class__, self)._backend_update_step(grads, trainable_variables,
                                                                learning_rate)
         if local is not None:
-            local.after_update(list(trainable_variables), names, stats)
-        self.last_stats = stats
+            local.after_update(list(trainable_variables), names, s.stats)
+        s.close_step()
         return out
 
     def average_parameters(self, variables):
         """Local SGD: average ``variables`` (e.g. ``model.trainable_variables``) and the
         buffers over the ranks now, e.g. before evaluating after the last local step."""
-        stats = new_stats()
+        s = self._hvdc_session
         if self._hvdc_local is None or not hasattr(self._hvdc_local, "average"):
             raise RuntimeError("average_parameters() is for local_sgd=True")
-        self._hvdc_local.average(list(variables),
-                                 [variable_name(v) for v in variables], stats)
-        self.last_stats = stats
+        s.begin_step()
+        self._hvdc_local.average(list(variables), [variable_name(v) for v in variables],
+                                 s.stats)
+        s.close_step()
 
     def drain(self):
         """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
@@ -93,12 +91,17 @@ class _DistributedOptimizer:
 
     @property
     def compression(self):
-        return self._hvdc_engine.comp
+        return self._hvdc_session.engine.comp
+
+    @property
+    def last_stats(self):
+        """The last update's account (:class:`~hvd_compress.core.stats.Stats`)."""
+        return self._hvdc_session.last
 
     def plan(self, variables):
         """Per variable (e.g. ``model.trainable_variables``): name, shape, dtype, the
         compressor it travels with (once compression has started), payload bytes per step."""
-        return plan_rows(self._hvdc_engine.comp, variables)
+        return plan_rows(self._hvdc_session.engine.comp, variables)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -124,12 +127,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     among themselves; a rank outside applies its own gradients.  ``hierarchical``:
     compressed between nodes only, as :func:`hvd_compress.torch.DistributedOptimizer`'s."""
     comp = as_compression(compression, min_numel, start_step)
-    check_wrapper_args("hvd_compress.tensorflow.keras.DistributedOptimizer",
-                       "horovod.tensorflow.keras.DistributedOptimizer", op == hvd.Average,
-                       op == hvd.Adasum, gradient_predivide_factor, backward_passes_per_step,
-                       local_sgd, local_sgd_warmup_steps, delay, comp.specs(),
-                       op_sums=op in (hvd.Average, hvd.Sum),
-                       start_step=getattr(getattr(comp, "policy", None), "start_step", 0))
+    check_horovod_args(hvd, "hvd_compress.tensorflow.keras.DistributedOptimizer",
+                       "horovod.tensorflow.keras.DistributedOptimizer", op,
+                       gradient_predivide_factor, backward_passes_per_step, local_sgd,
+                       local_sgd_warmup_steps, delay, comp.specs(),
+                       getattr(getattr(comp, "policy", None), "start_step", 0))
     check_process_set(hvd, process_set)
     config = optimizer.get_config()
     if backward_passes_per_step > 1 and not local_sgd:
@@ -140,16 +142,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
-    opt._hvdc_process_set = process_set
-    opt._hvdc_engine = engine(comp, op, gradient_predivide_factor, process_set, hierarchical)
+    opt._hvdc_session = s = session(op, gradient_predivide_factor, process_set, hierarchical,
+                                    local_sgd, backward_passes_per_step, local_sgd_warmup_steps,
+                                    delay)
+    bind(s, comp)
     #: whether compressed gradients go by the hierarchical exchange (as the torch wrapper's)
-    opt.hierarchical = is_hierarchical(opt._hvdc_engine)
-    opt._hvdc_local = strategy(opt._hvdc_engine, local_sgd, backward_passes_per_step,
-                               local_sgd_warmup_steps, delay, buffers)
+    opt.hierarchical = s.hierarchical
+    opt._hvdc_local = strategy(s, tuple(buffers))
     opt._hvdc_plan = functools.partial(
         plan, "tensorflow.keras.DistributedOptimizer", comp, op, gradient_predivide_factor,
         backward_passes_per_step, local_sgd=local_sgd, warmup=local_sgd_warmup_steps,
-        delay=delay, buffers=tuple(buffers), hierarchy=hierarchy_of(opt._hvdc_engine))
+        delay=delay, buffers=tuple(buffers), hierarchy=s.hierarchy())
     opt.hvd_compressor = comp  # tracked for checkpoints
-    opt.last_stats = new_stats()
     return opt

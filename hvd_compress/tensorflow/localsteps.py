@@ -21,32 +21,61 @@ update, and the average waits in a ring of variables until step i + D.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..frontend import new_stats
-from ..localsteps import LocalSGDSchedule
-from .exchange import HorovodTF, TFExchange, variable_name
+from ..core.stats import Stats
+from .exchange import variable_name
 
 
-def strategy(engine, local_sgd=False, period=1, warmup=0, delay=0, buffers=()):
-    """The wrapper's :class:`LocalSGD` or :class:`DelayedAveraging`, or None (synchronous)."""
-    if local_sgd:
-        return LocalSGD(engine, period, warmup, buffers)
-    if delay:
-        return DelayedAveraging(engine, delay)
+def strategy(session, buffers=()):
+    """The :class:`LocalSGD` or :class:`DelayedAveraging` that ``session`` (its schedule,
+    its delay) asks for around its current engine, or None (synchronous)."""
+    if session.schedule is not None:
+        return LocalSGD(session, buffers)
+    if session.delay:
+        return DelayedAveraging(session)
     return None
 
 
-class _Strategy:
-    """What both strategies share: the engine, its compressor and the step counter."""
+def accumulate(comp, grads, names, passes: int, exchange):
+    """``backward_passes_per_step`` for the tape: sum ``grads`` locally into ``comp``'s
+    accumulators; every ``passes``-th call ``exchange(sums)`` and return the averages,
+    zeros in between.  Returns ``(results, exchanged)`` (``exchanged``: a bool eagerly,
+    a boolean tensor when traced)."""
+    accs = [comp.accumulator(name, g) for g, name in zip(grads, names)]
+    updates = [acc.assign_add(g) for acc, g in zip(accs, grads)]
+    with tf.control_dependencies(updates):
+        count = comp.pass_counter().assign_add(1)
+    do = tf.equal(count % passes, 0)
 
-    def __init__(self, engine):
-        self.engine = engine
-        self.comp = engine.comp
+    def sync():
+        outs = exchange([acc.read_value() for acc in accs])
+        with tf.control_dependencies(outs):
+            resets = [acc.assign(tf.zeros_like(acc)) for acc in accs]
+        with tf.control_dependencies(resets):
+            return [tf.identity(o) for o in outs]
+
+    def skip():
+        return [tf.zeros_like(g) for g in grads]
+
+    if tf.executing_eagerly():
+        did = bool(do)
+        return (sync() if did else skip()), did
+    return tf.cond(do, sync, skip), do
+
+
+class _Strategy:
+    """What both strategies share: the session, its engine and compressor, and the step
+    counter."""
+
+    def __init__(self, session):
+        self.session = session
+        self.engine = session.engine
+        self.comp = self.engine.comp
 
     def counter(self):
         """Optimizer steps taken (a variable kept with the compressor)."""
@@ -64,11 +93,10 @@ class LocalSGD(_Strategy):
     workers average their variables -- compressed, their change since the anchors --
     and their floating-point ``buffers``."""
 
-    def __init__(self, engine, period, warmup=0, buffers=()):
-        super().__init__(engine)
-        self.schedule = LocalSGDSchedule(period, warmup)
+    def __init__(self, session, buffers=()):
+        super().__init__(session)
+        self.schedule = session.schedule
         self.buffers = list(buffers)
-        self._dense = None
 
     @tf.autograph.experimental.do_not_convert
     def gradients(self, grads, variables, names, stats):
@@ -121,12 +149,10 @@ class LocalSGD(_Strategy):
 
     def _average_in_place(self, variables, names, stats):
         """``variables`` replaced by their mean over the ranks, uncompressed."""
-        if self._dense is None:
-            from .compressors import TFCompressor
-            self._dense = TFExchange(TFCompressor("none"),
-                                     HorovodTF(self.engine.coll.process_set), op=hvd.Average)
-        means = self._dense.run_each([tf.convert_to_tensor(v) for v in variables],
-                                     [f"local.{n}" for n in names], stats)
+        from .compressors import TFCompressor
+        dense = self.session.dense_engine(lambda: TFCompressor("none"))
+        means = dense.run_each([tf.convert_to_tensor(v) for v in variables],
+                               [f"local.{n}" for n in names], stats)
         for v, mean in zip(variables, means):
             v.assign(mean)
 
@@ -135,9 +161,9 @@ class DelayedAveraging(_Strategy):
     """DGA: step i's gradients are sent at once and their average is applied at step
     i + D, as ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for i < D)."""
 
-    def __init__(self, engine, delay):
-        super().__init__(engine)
-        self.delay = delay
+    def __init__(self, session):
+        super().__init__(session)
+        self.delay = session.delay
 
     @tf.autograph.experimental.do_not_convert
     def gradients(self, grads, variables, names, stats):
@@ -168,14 +194,11 @@ class DelayedAveraging(_Strategy):
     def _eager(self, grads, names, stats):
         """Eagerly: the exchange of step i runs on the compressor's exchange thread and
         is collected at step i + D (tensors are immutable: no copies needed)."""
-        comp = self.comp
-        if getattr(comp, "_dga_thread", None) is None:
-            comp._dga_thread = ThreadPoolExecutor(1, thread_name_prefix="hvdc-dga")
-            comp._dga_inflight = {}
+        ring = _ring(self.comp)
         grads = list(grads)
         fn, sent = self._traced_exchange(tuple(names))
-        inflight = comp._dga_inflight.setdefault(tuple(names), deque())  # per set of tensors
-        inflight.append((comp._dga_thread.submit(fn, grads), grads))
+        inflight = ring.inflight.setdefault(tuple(names), deque())  # per set of tensors
+        inflight.append((ring.thread.submit(fn, grads), grads))
         self.counter().assign_add(1)
         if len(inflight) <= self.delay:
             return grads
@@ -192,11 +215,11 @@ class DelayedAveraging(_Strategy):
         """The exchange of gradients ``names`` as a ``tf.function``: eager Horovod ops all
         carry one name (their op type), so two could not be in flight at once; traced
         ones carry ours.  Returns the function and the bytes/collectives one call sends."""
-        fns = self.comp.__dict__.setdefault("_dga_fns", {})
+        fns = _ring(self.comp).fns
         e = self.engine
         key = (names, e.average, e.predivide, e.op, id(e.coll.process_set))
         if key not in fns:
-            sent = new_stats()
+            sent = Stats()
 
             @tf.function
             def exchange(grads):
@@ -210,9 +233,31 @@ class DelayedAveraging(_Strategy):
     def drain(self):
         """Wait for the exchanges still running on the exchange thread (their averages
         are not applied)."""
-        for inflight in getattr(self.comp, "_dga_inflight", {}).values():
+        ring = _RINGS.get(self.comp)
+        for inflight in (ring.inflight if ring is not None else {}).values():
             while inflight:
                 inflight.popleft()[0].result()
+
+
+class _EagerRing:
+    """Eager DGA's exchanges in flight for one compressor: its thread (exchanges keep
+    their order), the futures per set of tensors, the traced exchanges."""
+
+    def __init__(self):
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="hvdc-dga")
+        self.inflight = {}
+        self.fns = {}
+
+
+#: the eager rings, by compressor: a tape is made anew every step, the compressor is not
+_RINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _ring(comp) -> _EagerRing:
+    ring = _RINGS.get(comp)
+    if ring is None:
+        ring = _RINGS[comp] = _EagerRing()
+    return ring
 
 
 def _when(condition, fn):

@@ -1,53 +1,32 @@
 """The PyTorch optimizer's exchange plan, which the ranks check at its first exchange
-(see :mod:`hvd_compress.core.agreement`)."""
+(see :mod:`hvd_compress.core.agreement`; the session runs the check)."""
 
 from __future__ import annotations
 
 import horovod.torch as hvd
 
 from ..core import agreement
-from .elastic import sync_compressor_state
 
 
-def ready_engine(opt):
-    """``opt``'s exchange engine, driving the compressor's current core (rebuilt by
-    ``bind()``/``with_param()``), once the ranks agreed on the optimizer's plan: one
-    small allgather at its first exchange (its tensors never change).
-
-    Right after that agreement every rank also takes the set's first rank's *shared*
-    compressor state (step counters, PowerSGD's ``Q``, the step count; see
-    :mod:`.elastic`): Horovod's resume pattern loads a checkpoint on rank 0 only and
-    ``broadcast_optimizer_state`` carries only the wrapped optimizer's state, so
-    without this the ranks would draw Random-k's indices or PowerSGD's ``Q`` for
-    different steps.  Each rank keeps its own residuals (zero where it loaded none)."""
-    engine = opt._engine
-    engine.comp = opt._compression.core
-    first = "optimizer" not in engine.agreed
-    engine.agree(lambda: optimizer_plan(opt), key="optimizer")
-    if first and engine.size > 1:
-        sync_compressor_state(opt, root_rank=min(opt.process_set.ranks or [0]))
-    return engine
-
-
-def optimizer_plan(opt) -> dict:
-    """Compressor, op, settings, groups, and the parameters in the order they travel."""
-    names, local = opt._parameter_names, opt._local
-    comp = opt._compression
+def optimizer_plan(session, comp, names, groups, rows, backward_passes_per_step,
+                   sparse_as_dense, buffers) -> dict:
+    """Compressor, op, settings, groups, and the parameters in the order they travel.
+    ``names``: parameter -> name; ``rows``: the per-tensor plan (:meth:`plan`'s rows) or
+    None; ``buffers``: local SGD's ``(name, buffer)`` pairs."""
+    schedule = session.schedule
     per_tensor = {}
-    if hasattr(comp, "policy"):  # each tensor's own compressor
-        per_tensor["plan"] = [r["compression"] for r in opt.plan()]
+    if rows is not None:  # each tensor's own compressor
+        per_tensor["plan"] = [r["compression"] for r in rows]
     return agreement.plan(
-        "torch.DistributedOptimizer", comp.describe(), agreement.op_name(opt.op, hvd),
-        opt.gradient_predivide_factor, opt.backward_passes_per_step,
-        [(names[p], p.shape, _dtype(p)) for group in opt._groups for p in group],
-        groups=[len(group) for group in opt._groups],
-        local_sgd=agreement.local_sgd(local is not None, local and local.schedule.period,
-                                      local and local.schedule.warmup),
-        delay=opt._dga.delay if opt._dga is not None else 0,
-        buffers=[[k, list(b.shape), _dtype(b)] for k, b in local.buffers] if local else [],
-        sparse_as_dense=bool(opt.sparse_as_dense),
-        hierarchy=f"nodes of {opt._engine.local_size}" if opt.hierarchical else "off",
-        **per_tensor)
+        "torch.DistributedOptimizer", comp.describe(), agreement.op_name(session.op, hvd),
+        session.predivide, backward_passes_per_step,
+        [(names[p], p.shape, _dtype(p)) for group in groups for p in group],
+        groups=[len(group) for group in groups],
+        local_sgd=agreement.local_sgd(schedule is not None, schedule and schedule.period,
+                                      schedule and schedule.warmup),
+        delay=session.delay,
+        buffers=[[k, list(b.shape), _dtype(b)] for k, b in buffers],
+        sparse_as_dense=bool(sparse_as_dense), hierarchy=session.hierarchy(), **per_tensor)
 
 
 def _dtype(t) -> str:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import os
 
-import horovod.torch as hvd
 import torch
 from horovod.torch.elastic import state as _hvd_state
 
@@ -75,33 +74,10 @@ def is_ours(opt) -> bool:
 
 def follow_world(opt, reset: bool = False) -> None:
     """Bind ``opt`` to Horovod's current rank and size if they changed since it last
-    looked (called before each exchange; cheap when nothing changed).  ``reset``: a
-    sync after an elastic reset, on every rank at once -- also forget the plan the
-    ranks agreed on (a worker may have joined) and any exchange in flight."""
-    ps = opt.process_set
-    if not ps.included():
-        return
-    world = (hvd.rank(), ps.size())
-    if world != opt._world:
-        resized = opt._world is None or world[1] != opt._world[1]
-        opt._compression.bind(*world)
-        opt._world = world
-        if resized:  # every rank sees a new size at the same exchange
-            _forget_agreement(opt)
-    if world[1] > 1 and not opt._hooks:
-        opt._register_hooks()
-    if reset:
-        _forget_agreement(opt)
-        opt._pending.clear()
-        opt._ready.clear()
-        opt._reset_passes()
-        opt._synchronized = False
-
-
-def _forget_agreement(opt) -> None:
-    opt._engine.agreed.clear()
-    if opt._dense is not None:
-        opt._dense.agreed.clear()
+    looked (its session does; called before each exchange, cheap when nothing changed).
+    ``reset``: a sync after an elastic reset, on every rank at once -- also forget the
+    plan the ranks agreed on (a worker may have joined) and any exchange in flight."""
+    opt.hvd_compress_session.follow_world(opt.compression, reset)
 
 
 def shared_state(sd: dict) -> dict:
@@ -140,16 +116,8 @@ def merge_state(shared: dict, mine: dict) -> dict:
 def sync_compressor_state(opt, root_rank: int = 0) -> None:
     """Every rank takes rank ``root_rank``'s shared compressor state and step count,
     keeping its own per-rank state (module docstring).  Collective: all ranks call it."""
-    comp = opt._compression
-    mine = comp.state_dict()
-    sent = None
-    if hvd.rank() == root_rank:
-        sent = {"shared": shared_state(mine), "optimizer_steps": opt._optimizer_steps}
-    got = hvd.broadcast_object(sent, root_rank, name="hvd_compress.elastic.state",
-                               process_set=opt.process_set)
-    comp.load_state_dict(merge_state(got["shared"], mine))
-    opt._optimizer_steps = int(got["optimizer_steps"])
-    opt._step_unsure = False  # equal on every rank now
+    opt.hvd_compress_session.take_shared_state(opt.compression, root_rank, shared_state,
+                                               merge_state)
 
 
 class OptimizerStateHandler(_hvd_state.OptimizerStateHandler):
@@ -159,7 +127,8 @@ class OptimizerStateHandler(_hvd_state.OptimizerStateHandler):
 
     def sync(self):
         opt = self.value
-        if opt._local is not None or opt._dga is not None:
+        session = opt.hvd_compress_session
+        if session.schedule is not None or session.delay:
             raise NotImplementedError("hvd_compress: elastic training with local_sgd=True or "
                                       "delay>0 is not supported (their state is not elastic)")
         follow_world(opt, reset=True)

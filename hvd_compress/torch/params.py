@@ -76,3 +76,19 @@ def called_by_broadcast_optimizer_state(frames: int = 6) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+@torch.no_grad()
+def state_init_step(param_groups, base_step, closure):
+    """The step Horovod's ``broadcast_optimizer_state`` takes, with zero gradients, on the
+    ranks that have no state, only to make it: local (``base_step``: the wrapped
+    optimizer's own), and the parameters are put back as they were.  (Horovod's leaves
+    that step's change: weight decay -- AdamW, ASGD, Muon -- moves those ranks'
+    parameters after ``broadcast_parameters``, and the ranks train apart by it.)"""
+    params = [p for g in param_groups for p in g["params"]]
+    kept = [p.detach().clone() for p in params]
+    try:
+        return base_step(closure)
+    finally:
+        for p, k in zip(params, kept):
+            p.copy_(k)

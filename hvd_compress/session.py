@@ -1,0 +1,339 @@
+"""The wrapper session: what every wrapper does around the exchange engine, written once.
+
+The PyTorch optimizer, the TensorFlow tape and the Keras optimizer are shells around
+one :class:`Session` each.  The shell turns its framework's gradients into tensors
+and names and applies the averages; the session owns the decisions they share:
+
+* the engine: the flat :class:`~.core.exchange.Exchange`, or the hierarchical one
+  (:mod:`.core.hierarchy`) where the node process sets are registered
+  (:func:`.nodes.node_sets`);
+* the world it is bound to (rank, size), followed after an elastic reset, and the
+  plan the ranks agreed on (:mod:`.core.agreement`), checked again when it changes;
+* grouping: which tensors share a collective (a per-tensor plan's uncompressed
+  tensors travel together), the backward passes counted before a group is sent,
+  and the batches in flight;
+* the optimizer step count, which the ranks agree on before a delayed start, and
+  the local-SGD / DGA phase it puts a step in (:mod:`.localsteps`);
+* the account: this step's :class:`~.core.stats.Stats`, the last step's, the totals.
+
+It imports no framework: Horovod's module (``horovod.torch`` or
+``horovod.tensorflow``), the collectives class (:class:`~.torch.collectives.HorovodTorch`,
+:class:`~.tensorflow.exchange.HorovodTF`) and the engine classes come in as arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import nodes
+from .core.exchange import MAX, Exchange
+from .core.hierarchy import Hierarchical
+from .core.stats import Stats
+from .localsteps import LocalSGDSchedule
+from .processset import check_process_set, exchanges
+
+__all__ = ["Session", "fuse_uncompressed", "TOO_MANY_PASSES"]
+
+TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before "
+                   "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                   "locally.")
+
+
+def fuse_uncompressed(groups, uncompressed, least: int = 2) -> list:
+    """``groups`` (tuples of tensors) with every one-tensor group that ``uncompressed``
+    says travels uncompressed merged into one group, first (one allreduce per step for
+    them all), the others as they were; unchanged when fewer than ``least`` would merge."""
+    dense, rest = [], []
+    for group in groups:
+        (dense if len(group) == 1 and uncompressed(group[0]) else rest).append(group)
+    if len(dense) < max(least, 1):
+        return list(groups)
+    return [tuple(x for (x,) in dense)] + rest
+
+
+class Session:
+    """One wrapper's exchange session over ``process_set`` (module docstring).
+
+    ``hvd``: Horovod's framework module; ``collectives``: a class taking a process set
+    (the engine's :class:`~.core.exchange.Collectives`); ``op``,
+    ``predivide`` (``gradient_predivide_factor``) and ``hierarchical`` as the wrappers
+    take them; ``flat`` / ``tiered``: the engine classes (TensorFlow runs its own
+    outside AutoGraph); ``local_sgd``, ``period``, ``warmup``, ``delay``: the local
+    steps (:mod:`.localsteps`); ``on_world(size, reset)``: what the shell does once
+    bound to a world (the torch optimizer registers its gradient hooks)."""
+
+    def __init__(self, hvd, process_set, collectives, *, op, predivide: float = 1.0,
+                 hierarchical=None, flat=Exchange, tiered=Hierarchical, local_sgd: bool = False,
+                 period: int = 1, warmup: int = 0, delay: int = 0, on_world=None):
+        check_process_set(hvd, process_set)
+        self.hvd, self.process_set, self.collectives = hvd, process_set, collectives
+        self.op, self.predivide = op, float(predivide)
+        self._sets = None if hierarchical is False else nodes.node_sets(hvd, process_set)
+        if hierarchical and self._sets is None:
+            raise ValueError(nodes.MISSING)
+        self._flat, self._tiered, self._on_world = flat, tiered, on_world
+        self.schedule = LocalSGDSchedule(period, warmup) if local_sgd else None
+        self.delay = int(delay)
+        self.engine = self._dense = self.comp = None
+        self._plan = self._on_first = None
+        self.world = None        # (rank, size) the compressor is bound to
+        self.steps = 0           # optimizer steps taken
+        self._step_unsure = True  # (see agree_on_step)
+        self.stats, self.last, self.totals = Stats(), Stats(), Stats()
+        self.groups, self.pending = [], {}  # group -> Batch in flight
+        self._group_of, self._left, self._ready, self._passes = {}, {}, {}, 1
+
+    # -- the engine ------------------------------------------------------------------------
+    @property
+    def hierarchical(self) -> bool:
+        """Whether compressed gradients go by the hierarchical exchange."""
+        return self._sets is not None
+
+    @property
+    def average(self) -> bool:
+        return self.op == self.hvd.Average
+
+    def make_engine(self, comp, agreed=None, wrap=None):
+        """The engine for compressor ``comp`` (kept as :attr:`engine`); ``agreed``: a set
+        of agreed plans to share (TensorFlow keeps it with the compressor); ``wrap``:
+        what the shell puts around it (the torch optimizer's sparse-gradient path)."""
+        kw = dict(average=self.average, predivide=self.predivide, op=self.op)
+        if self._sets is None:
+            engine = self._flat(comp, self.collectives(self.process_set), **kw)
+        else:
+            nodes.finish_together(self.hvd)
+            node, cross, index = self._sets
+            engine = self._tiered(comp, self.collectives(self.process_set),
+                                  self.collectives(node), self.collectives(cross), index, **kw)
+        if agreed is not None:
+            engine.agreed = agreed
+        self.engine = engine if wrap is None else wrap(engine)
+        return self.engine
+
+    def dense_engine(self, make):
+        """A plain averaging engine for tensors that are not gradients (local SGD's
+        parameters and buffers); ``make()``: the ``none`` compressor.  Made once."""
+        if self._dense is None:
+            self._dense = self._flat(make(), self.collectives(self.process_set),
+                                     op=self.hvd.Average)
+        return self._dense
+
+    def hierarchy(self) -> str:
+        """How the engine crosses nodes, as a plan shows it."""
+        return f"nodes of {self.engine.local_size}" if self.hierarchical else "off"
+
+    # -- the world -------------------------------------------------------------------------
+    def exchanges(self) -> bool:
+        """Whether this rank takes part (:func:`.processset.exchanges`)."""
+        return exchanges(self.hvd, self.process_set)
+
+    def communicates(self) -> bool:
+        """Whether this rank exchanges with at least one other."""
+        return self.exchanges() and self.process_set.size() > 1
+
+    def follow_world(self, comp, reset: bool = False) -> bool:
+        """Bind ``comp`` to Horovod's current rank and the set's size if they changed
+        (cheap when nothing did); a new size makes the ranks check their plan again.
+        ``reset``: after an elastic reset, on every rank at once -- forget the agreed
+        plans and the batches in flight too.  Returns whether this rank is in the set."""
+        if not self.process_set.included():
+            return False
+        world = (self.hvd.rank(), self.process_set.size())
+        if world != self.world:
+            resized = self.world is None or world[1] != self.world[1]
+            comp.bind(*world)
+            self.world = world
+            if resized:  # every rank sees a new size at the same exchange
+                self.forget_agreement()
+        if reset:
+            self.forget_agreement()
+            self.clear_pending()
+            self.reset_passes()
+        if self._on_world is not None:
+            self._on_world(world[1], reset)
+        return True
+
+    def forget_agreement(self) -> None:
+        for engine in (self.engine, self._dense):
+            if engine is not None:
+                engine.agreed.clear()
+
+    def agree(self, plan, key=None, on_first=None) -> None:
+        """The ranks check ``plan`` (a dict or a callable making one) once per ``key``
+        (:meth:`~.core.exchange.Exchange.agree`); ``on_first()`` runs right after the
+        first agreement among two or more ranks (the torch optimizer takes the root's
+        shared compressor state there)."""
+        first = key is None or key not in self.engine.agreed
+        self.engine.agree(plan, key=key)
+        if first and on_first is not None and self.engine.size > 1:
+            on_first()
+
+    def agree_on_step(self) -> None:
+        """With a delayed start, every rank must be on the same side of it: at the first
+        exchange (and after a load) the ranks take the largest step count any of them
+        has (Horovod's resume pattern loads the checkpoint on rank 0 only)."""
+        if not self._step_unsure:
+            return
+        self._step_unsure = False
+        B, coll = self.engine.comp.B, self.collectives(self.process_set)
+        mine = B.from_numpy(np.array([self.steps], dtype=np.int64))
+        got = coll.wait(coll.allreduce(mine, "hvd_compress.policy_step", op=MAX))
+        self.steps = int(B.to_numpy(got).reshape(-1)[0])
+
+    def set_steps(self, steps: int, sure: bool) -> None:
+        """The step count from a checkpoint (``sure`` False: the ranks agree on it again
+        before a delayed start) or from the root (``sure``: equal on every rank)."""
+        self.steps = int(steps)
+        self._step_unsure = not sure
+
+    def take_shared_state(self, comp, root_rank: int, shared, merge) -> None:
+        """Every rank takes ``root_rank``'s shared compressor state (``shared(sd)``: a
+        ``state_dict()`` without its per-rank part) and step count, keeping its own
+        per-rank state (``merge(shared, mine)``).  Collective: all ranks call it."""
+        mine = comp.state_dict()
+        sent = None
+        if self.hvd.rank() == root_rank:
+            sent = {"shared": shared(mine), "optimizer_steps": self.steps}
+        got = self.hvd.broadcast_object(sent, root_rank, name="hvd_compress.elastic.state",
+                                        process_set=self.process_set)
+        comp.load_state_dict(merge(got["shared"], mine))
+        self.set_steps(got["optimizer_steps"], sure=True)
+
+    # -- local steps -----------------------------------------------------------------------
+    def local_phase(self) -> bool:
+        """Whether the current step is a worker's own (local SGD, past its warm-up)."""
+        return self.schedule is not None and not self.schedule.synchronous(self.steps)
+
+    def averages_now(self, step: int) -> bool:
+        """Whether local SGD averages after step ``step``."""
+        return bool(self.schedule.averages_after(step))
+
+    # -- a wrapper that sends by groups (the torch optimizer) ------------------------------
+    def attach(self, comp, plan, on_first=None, wrap=None):
+        """Drive compression ``comp`` (a frontend whose ``core`` ``bind()`` rebuilds): make
+        the engine (``wrap``: see :meth:`make_engine`); ``plan()``: the wrapper's exchange
+        plan, which the ranks check before its first exchange (:meth:`ready_engine`);
+        ``on_first``: see :meth:`agree`."""
+        self.comp, self._plan, self._on_first = comp, plan, on_first
+        return self.make_engine(comp.core, wrap=wrap)
+
+    def ready_engine(self):
+        """The engine, driving the compressor's current core, once the ranks agreed on the
+        plan (one small allgather at the first exchange; again after a new world)."""
+        self.engine.comp = self.comp.core
+        self.agree(self._plan, key="optimizer", on_first=self._on_first)
+        return self.engine
+
+    def send(self, group, grads, names, tag: str = "") -> None:
+        """Start ``group``'s exchange of ``grads`` (named ``names``; ``tag`` sets DGA's
+        steps in flight apart), after following the world and, before a per-tensor
+        policy's delayed start, agreeing on the step count; the batch waits in
+        :attr:`pending`."""
+        comp = self.comp
+        self.follow_world(comp)  # (after an elastic reset: a new rank or size)
+        policy = getattr(comp, "policy", None)
+        if policy is not None:  # the delayed start counts these
+            if policy.start_step:
+                self.agree_on_step()
+            comp.policy_step = self.steps
+        self.pending[group] = self.ready_engine().send(grads, names, self.stats, tag)
+
+    def send_missing(self, launch) -> None:
+        """``launch(group)`` for every group not yet sent this step (hooks that did not
+        fire: a parameter without a gradient on this rank)."""
+        for group in self.groups:
+            if group not in self.pending:
+                launch(group)
+
+    def synchronize(self, launch, collect) -> None:
+        """Finish the step: send what is missing, ``collect(pending)`` every batch in
+        flight, start the passes afresh and close the account."""
+        self.send_missing(launch)
+        collect(self.pending)
+        self.clear_pending()
+        self.reset_passes()
+        self.close_step()
+
+    # -- grouping and passes ---------------------------------------------------------------
+    def set_groups(self, groups, passes: int) -> None:
+        """The groups that travel together, and the backward passes summed before one is
+        sent (Horovod's ``backward_passes_per_step``; 1 per local step in local SGD)."""
+        self.groups = list(groups)
+        self._group_of = {x: g for g in self.groups for x in g}
+        self._passes = int(passes)
+        self.reset_passes()
+
+    def set_passes(self, passes: int) -> None:
+        self._passes = int(passes)
+        self.reset_passes()
+
+    def reset_passes(self) -> None:
+        self._left = {x: self._passes for x in self._group_of}
+
+    def ready(self, x):
+        """A backward pass produced ``x``'s gradient; returns its group once every
+        member has had all its passes (the group to send), else None."""
+        if self._left[x] <= 0:
+            raise AssertionError(TOO_MANY_PASSES)
+        self._left[x] -= 1
+        if self._left[x] == 0:
+            group = self._group_of[x]
+            ready = self._ready.setdefault(group, set())
+            ready.add(x)
+            if len(ready) == len(group):
+                return group
+        return None
+
+    def clear_pending(self) -> None:
+        self.pending.clear()
+        self._ready.clear()
+
+    def take_pending(self) -> dict:
+        """The batches in flight (group -> Batch), handed over and forgotten here."""
+        pending = dict(self.pending)
+        self.clear_pending()
+        return pending
+
+    def exchange(self, grads, names, describe) -> list:
+        """One exchange of ``grads`` (named ``names``) with the engine, into this step's
+        account: each tensor in a collective of its own, except a per-tensor plan's
+        uncompressed tensors, which go together in one (in the delayed start, every
+        tensor); ``describe(x)``: a tensor's ``(shape, dtype name)``."""
+        engine, stats = self.engine, self.stats
+        comp = engine.comp
+        phased = getattr(comp, "phased", None)  # a per-tensor policy's delayed start
+        if phased is None:
+            return engine.run_each(grads, names, stats)
+
+        def run():
+            dense = comp.dense_spec()
+            groups = fuse_uncompressed(
+                [(i,) for i in range(len(grads))],
+                lambda i: comp.spec_for(names[i], *describe(grads[i])) == dense, least=1)
+            batches = [engine.send([grads[i] for i in g], [names[i] for i in g], stats)
+                       for g in groups]
+            out = [None] * len(grads)
+            for group, res in zip(groups, engine.receive(batches, stats)):
+                for i, r in zip(group, res):
+                    out[i] = r
+            return out
+
+        return phased(run)
+
+    # -- the account -----------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Start this step's account afresh."""
+        self.stats = Stats()
+
+    def reopen_step(self) -> None:
+        """The last step's account continues (TensorFlow's local SGD: the averaging after
+        the update belongs to the step whose gradients it follows)."""
+        for key in self.last:
+            self.totals[key] -= self.last[key]
+        self.stats, self.last = self.last, Stats()
+
+    def close_step(self) -> None:
+        """This step's account becomes :attr:`last` and is added to :attr:`totals`."""
+        self.last = self.stats
+        self.totals.add(self.stats)
+        self.stats = Stats()
