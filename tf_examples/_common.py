@@ -66,6 +66,7 @@ def epoch_callback(keras, comp, eager=False):
     class Epochs(hct.keras.CompressionWarmupCallback):
         steps = 0
         sized = 0  # sum over batches of the payload bytes per update in force (DGC's warm-up)
+        split = dict.fromkeys(runtools.SPLIT_KEYS, 0.0)  # eager: summed over the batches
 
         def on_epoch_begin(self, epoch, logs=None):
             super().on_epoch_begin(epoch, logs)
@@ -75,6 +76,9 @@ def epoch_callback(keras, comp, eager=False):
             self.steps += 1
             self.sized += int(self.model.optimizer.last_stats["bytes_sent"]) if eager \
                 else self.per_update
+            if eager:  # the engine's own clock ran in this step
+                for key in self.split:
+                    self.split[key] += float(self.model.optimizer.last_stats[key])
 
         def mean_per_update(self) -> float:
             return self.sized / max(1, self.steps)
@@ -112,6 +116,37 @@ def curve_callback(keras, xte, yte, epochs: int, stop=None):
     return Curve()
 
 
+#: exchanges the split of a traced run is measured on (after one untimed), eagerly
+SAMPLE_EXCHANGES = 5
+
+
+def sample_split(tf, hct, args, variables, loss_of, hierarchical=None,
+                 exchanges: int = SAMPLE_EXCHANGES) -> tuple[dict, str]:
+    """The encode / communicate / decode milliseconds of one exchange of a traced run,
+    where the engine's clock (Python, run at trace time) cannot see the steps: measured
+    on ``exchanges`` eager exchanges (after one untimed) of the gradients of
+    ``loss_of()`` with respect to ``variables``, by a tape with a compressor of its own
+    (the run's state is not touched), past DGC's warm-up.  Eager dispatch costs more per
+    op than a traced step, so the figures are an upper bound.  Every worker calls it.
+    Returns (per-exchange ms by key, or {} when not measured; how they were measured,
+    or why not)."""
+    if args.local_sgd:  # averages of parameters, on a schedule: not one exchange per step
+        return {}, "not measured: local SGD averages the parameters on its own schedule"
+    comp = hct.as_compression(args.compression, args.min_numel, 0)  # (the compressed phase)
+    runtools.past_warmup(comp)
+    total = dict.fromkeys(runtools.SPLIT_KEYS, 0.0)
+    for i in range(exchanges + 1):
+        with tf.GradientTape() as tape:
+            loss = loss_of()
+        tape = hct.DistributedGradientTape(tape, compression=comp, hierarchical=hierarchical)
+        tape.gradient(loss, variables)
+        if i:
+            for key in total:
+                total[key] += float(tape.last_stats[key])
+    return ({k: v / exchanges for k, v in total.items()},
+            f"eager sample: {exchanges} exchanges of the model's gradients after training")
+
+
 def compression(hct, args):
     """The compressor, or per-tensor policy, the flags ask for."""
     return hct.as_compression(args.compression, args.min_numel, args.start_step)
@@ -143,15 +178,17 @@ def bytes_sent(args, comp, variables, buffers, updates, final=True, per_update=N
 
 
 def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
-           per_update=None, final_average=True, **extra) -> None:
+           per_update=None, final_average=True, split=None, **extra) -> None:
     """Print and (with --json) write the summary; rank 0 only calls it.
     ``final_average``: whether local SGD's last average before evaluating may have run
-    (not when ``--stop-at`` ended training)."""
+    (not when ``--stop-at`` ended training); ``split``: the encode / comm / decode ms
+    summed over the updates (missing keys: not measured)."""
     updates = max(1, batches // runtools.passes_per_step(args))
     sent = bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
                       updates, final=final_average, per_update=per_update)
     doc = runtools.summary("tensorflow", example, args.compression, size, updates,
-                           batches * args.batch_size * size, train_s, {"bytes_sent": sent},
+                           batches * args.batch_size * size, train_s,
+                           {"bytes_sent": sent, **(split or {})},
                            accuracy, wall_s, **runtools.local_fields(args),
                            hierarchical=bool(getattr(model.optimizer, "hierarchical", False)),
                            **extra)
@@ -160,8 +197,11 @@ def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
 
 def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start):
     """Compile, broadcast the initial weights, fit (evaluating after every epoch: the
-    summary's curve), evaluate, and write the summary."""
+    summary's curve), evaluate, and write the summary (with the time split: see
+    :func:`sample_split`)."""
     import time
+
+    import tensorflow as tf
 
     rank, size = hvd.rank(), hvd.size()
     opt = keras_optimizer(keras, hct, args, comp, model)
@@ -188,9 +228,21 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
         train_s = time.perf_counter() - curve.t0 - curve.eval_s
         acc = float(model.evaluate(xte, yte, verbose=0)[1])
         points = curve.points + [runtools.curve_point(args.epochs, train_s, acc)]
+    updates = max(1, epochs.steps // runtools.passes_per_step(args))
+    if eager:  # the engine timed every step itself
+        split, how = epochs.split, "every step (eager)"
+    else:  # a traced step: timed on a sample, after training (every worker)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        xs, ys = xtr[:args.batch_size], ytr[:args.batch_size]
+        per, how = sample_split(
+            tf, hct, args, model.trainable_variables,
+            lambda: loss_fn(ys, model(xs, training=False)),
+            runtools.HIERARCHICAL[args.hierarchical])
+        split = {k: v * updates for k, v in per.items()}
     if rank == 0:
         if not args.quiet:
             print(f"test accuracy {acc:.4f} after {len(points)} epochs", flush=True)
         finish(args, example, comp, model, epochs.steps, size, train_s, acc,
                time.perf_counter() - t_start, per_update=epochs.mean_per_update(),
-               epochs=len(points), curve=points, final_average=not curve.stopped)
+               epochs=len(points), curve=points, final_average=not curve.stopped,
+               split=split, split_measured=how)

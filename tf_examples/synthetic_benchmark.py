@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from _common import broadcast_initial, bytes_sent, compression, init
+from _common import broadcast_initial, bytes_sent, compression, init, sample_split
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -94,12 +94,20 @@ def main(argv=None):
         rates.append(args.batch_size * args.num_batches_per_iter / dt)
         progress.update(it + 1, f"{rates[-1]:.1f} img/s per worker")
     mean, conf = float(np.mean(rates)), 1.96 * float(np.std(rates))
+    steps = args.num_iters * args.num_batches_per_iter
+    if args.horovod_tape:
+        split, how = {}, "not measured: Horovod's own tape keeps no account"
+    else:  # the traced step's split, timed on a sample (every worker)
+        per, how = sample_split(tf, hct, args, model.trainable_variables,
+                                lambda: loss_fn(target, model(data, training=False)),
+                                runtools.HIERARCHICAL[args.hierarchical])
+        updates = steps if args.local_sgd else steps // bpps
+        split = {k: v * updates for k, v in per.items()}
     if rank == 0:
         if not args.quiet:
             print(f"img/sec per worker: {mean:.1f} +-{conf:.1f}", flush=True)
             print(f"total img/sec on {size} workers: {size * mean:.1f} +-{size * conf:.1f}",
                   flush=True)
-        steps = args.num_iters * args.num_batches_per_iter
         # bytes of the timed steps: all steps' minus the untimed warm-up steps'
         sent = bytes_sent(args, comp, model.trainable_variables, model.non_trainable_variables,
                           args.num_warmup_batches + steps, final=False) - \
@@ -109,12 +117,12 @@ def main(argv=None):
             sent //= bpps  # an update every bpps passes
         doc = runtools.summary("tensorflow", "synthetic_benchmark", args.compression, size, steps,
                                steps * args.batch_size * size, train_s,
-                               {"bytes_sent": sent}, None,
+                               {"bytes_sent": sent, **split}, None,
                                time.perf_counter() - t_start, **runtools.local_fields(args),
                                parameters=nparams,
                                hierarchical=bool(made and made[0].hierarchical),
                                img_sec_per_worker_mean=round(mean, 2),
-                               img_sec_per_worker_conf=round(conf, 2))
+                               img_sec_per_worker_conf=round(conf, 2), split_measured=how)
         runtools.write_summary(args.json, doc)
 
 

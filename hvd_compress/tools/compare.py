@@ -28,7 +28,8 @@ reaches A (a time-to-accuracy matrix need not train on).  Into ``--out`` go:
   every epoch), ``best_accuracy`` and, with ``--target-accuracy A``,
   ``target_accuracy``, ``time_to_target_s`` and ``epochs_to_target`` (blank
   when the run never reached A);
-* ``results.md``: the same as a Markdown table, with the speed-up over
+* ``results.md``: the same as a Markdown table (a time split the run did not measure,
+  blank in the CSV, shows ``n/m``), with the speed-up over
   ``none`` (in sync mode) at the same worker count and bandwidth, the best
   method per setting and, with a target, the fastest method to it per setting;
 * ``throughput.png``, ``bytes_per_step.png``, ``time_split.png`` and, when the

@@ -223,6 +223,8 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
 
         def num(key, fmt="{:.1f}"):
             v = number(r, key)
+            if okay and v is None and key in runtools.SPLIT_KEYS:
+                return "n/m"  # the run did not measure this part of its step (never 0.0)
             return fmt.format(v) if (okay and v is not None) else ""
         s = sp.get(run_key(r))
         bw = r["bandwidth"] + (f" +{r['latency']}" if r.get("latency") else "")

@@ -286,23 +286,29 @@ class Progress:
             self.stream.flush()
 
 
+#: the step's time split: each None (JSON null) in a summary where it was not measured
+SPLIT_KEYS = ("encode_ms", "comm_ms", "decode_ms")
+
+
 def summary(framework: str, example: str, compression: str, np_: int, steps: int,
             images: int, train_s: float, stats: dict, test_accuracy, wall_s: float,
             strategy: str = "horovod", **extra) -> dict:
-    """The run summary; ``stats`` holds summed bytes_sent/encode_ms/comm_ms/decode_ms;
+    """The run summary; ``stats`` holds summed bytes_sent/encode_ms/comm_ms/decode_ms
+    over the ``steps`` steps -- a split it lacks (or holds as None) was not measured and
+    is null, never 0 (``compute_ms`` is then the step time less the split measured);
     ``strategy``: what exchanged the gradients (Horovod, or TensorFlow's ``mwms``)."""
     steps = max(1, steps)
-    per_step = {k: stats.get(k, 0.0) / steps for k in ("encode_ms", "comm_ms", "decode_ms")}
+    per_step = {k: None if stats.get(k) is None else stats[k] / steps for k in SPLIT_KEYS}
     step_ms = 1e3 * train_s / steps
-    compute = max(0.0, step_ms - sum(per_step.values()))
+    compute = max(0.0, step_ms - sum(v for v in per_step.values() if v is not None))
     ips = images / train_s if train_s > 0 else 0.0
     out = {
         "framework": framework, "example": example, "compression": compression, "np": np_,
         "steps": steps, "images_per_sec": round(ips, 2),
         "images_per_sec_per_worker": round(ips / max(1, np_), 2),
         "bytes_per_step": int(round(stats.get("bytes_sent", 0) / steps)),
-        "compute_ms": round(compute, 3), "encode_ms": round(per_step["encode_ms"], 3),
-        "comm_ms": round(per_step["comm_ms"], 3), "decode_ms": round(per_step["decode_ms"], 3),
+        "compute_ms": round(compute, 3), "step_ms": round(step_ms, 3),
+        **{k: None if v is None else round(v, 3) for k, v in per_step.items()},
         "local_bytes_per_step": int(round(stats.get("local_bytes", 0) / steps)),
         "test_accuracy": None if test_accuracy is None else round(float(test_accuracy), 4),
         "wall_s": round(wall_s, 3), "strategy": strategy,
