@@ -53,6 +53,12 @@ def test_dga_eager_thread_and_traced_ring_agree_with_a_compressor():
             assert np.abs(np.array(a["params"]) - b["params"]).max() < 1e-6, step
         for entry in eager[:2]:  # the first D steps are the worker's own
             assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5
+        # every step, past D too: g_i - g_{i-D} + the top-k exchange's average of g_{i-D}
+        # (numpy, the residuals carried in step order), eagerly and traced
+        for step, entry in enumerate(eager):
+            assert np.abs(np.array(entry["params"]) - entry["hand_compressed"]).max() < 1e-5, step
+        for step, entry in enumerate(traced):
+            assert np.abs(np.array(entry["params"]) - entry["hand_compressed"]).max() < 1e-5, step
         assert np.abs(np.array(eager[-1]["params"]) - eager[-1]["hand"]).max() > 1e-4  # compressed
 
 

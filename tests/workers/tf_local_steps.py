@@ -120,12 +120,18 @@ def dga(api="tape", spec="none", delay=2, steps=8, traced=False):
     sync_model = TinyTF(bn=False)
     sync_fn, _ = _runner(api, sync_model, spec, traced)
     hand = HandDGA(W0, B0, size, delay)
+    # the same by hand with the compressor's exchange (numpy), named as the tape names
+    exact = HandDGA(W0, B0, size, delay, spec=spec,
+                    layout=[(getattr(v, "path", None) or v.name, tuple(v.shape))
+                            for v in model.trainable_variables])
     log = []
     for step in range(steps):
         step_fn(*data(rank, step))
         sync_fn(*data(rank, step))
         hand.step(step)
+        exact.step(step)
         log.append({"params": model.flat().tolist(), "hand": hand.hands[rank].flat.tolist(),
+                    "hand_compressed": exact.hands[rank].flat.tolist(),
                     "sync": sync_model.flat().tolist()})
     drain()
     return log
