@@ -153,17 +153,41 @@ def horovod_own_tape(specs=("fp16", "randomk:ratio=0.1", "powersgd:rank=2")):
     for spec in specs:
         model = _model(tf)
         comp = hct.compressor(spec)
-        x, y = _batch(tf, rank, 0)
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x))
-        local = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x))
-        got = [g.numpy() for g in hvd.DistributedGradientTape(tape, compression=comp).gradient(
-            loss, model.trainable_variables)]
+        lowrank = spec.startswith("powersgd")
+        if lowrank:  # the names Horovod's traced subgraph gives the tensors key their Q
+            names, encode = {}, comp.encode
+
+            def capture(tensor, name, noise=None, encode=encode, names=names):
+                names[tuple(int(d) for d in tensor.shape)] = name
+                return encode(tensor, name, noise=noise)
+            comp.encode = capture
+            ref, worst = Reference(spec, size, NUMPY_TF), 0.0
+        for step in range(2 if lowrank else 1):  # PowerSGD: Q's warm start, step 2
+            x, y = _batch(tf, rank, step)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x))
+            local = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x))
+            got = [g.numpy() for g in hvd.DistributedGradientTape(tape, compression=comp).gradient(
+                loss, model.trainable_variables)]
+            everyone = hvd.allgather_object(local)
+            if lowrank:  # the numpy core's replay of every rank, as torch's test does
+                assert len(names) == len(local), names  # (the shapes tell the tensors apart)
+                expect = ref.step([{names[g.shape]: g for g in grads} for grads in everyone],
+                                  [{} for _ in everyone])
+                for g in got:
+                    value = expect[names[g.shape]]
+                    diff = float(np.max(np.abs(g.astype(np.float64) - value)))
+                    worst = max(worst, diff / max(1e-6, float(np.max(np.abs(value)))))
+            if step == 0:
+                first_local, first_got = local, got
+        local, got = first_local, first_got
         mean = [sum(g[i] for g in hvd.allgather_object(local)) / size for i in range(len(local))]
         same_on_ranks = all(np.array_equal(a, b) for a, b in zip(*hvd.allgather_object(got)))
         info = {"ranks_agree": same_on_ranks}
+        if lowrank:
+            info["err"] = worst
         if spec == "fp16":
             info["err"] = max(float(np.max(np.abs(a - b))) for a, b in zip(got, mean))
         elif spec.startswith("randomk"):
