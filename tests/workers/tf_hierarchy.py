@@ -46,7 +46,26 @@ def tape_matches_definition(specs=SPECS, steps=2):
                     diff = float(np.max(np.abs(g.numpy().astype(np.float64) - value)))
                     worst = max(worst, diff / max(1e-6, float(np.max(np.abs(value)))))
             engine = tapes[-1]._engine
+            stats = tapes[-1].last_stats
             report[f"{spec}|{'traced' if traced else 'eager'}"] = {
                 "hierarchical": type(engine).__name__ == "TFHierarchical", "rel_err": worst,
-                "bytes_sent": int(tapes[-1].last_stats.get("bytes_sent", 0)) if not traced else None}
+                "bytes_sent": int(stats["bytes_sent"]) if not traced else None,
+                "local_bytes": int(stats["local_bytes"]) if not traced else None,
+                "formula_bytes": _formula_bytes(spec, model, per)}
     return {"rank": rank, "report": report}
+
+
+def _formula_bytes(spec, model, per):
+    """What a worker sends in one step by the definition: between nodes, each sharded
+    tensor's shard payload (a ``(ceil(n/L), 1)`` matrix for 2+ dimensions, as in
+    tests/workers/torch_hierarchy.py); a tensor that goes flat, its whole payload."""
+    from hvd_compress.core.hierarchy import shard_length, sharded
+    comp = build(spec)
+    want = 0
+    for v in model.trainable_variables:
+        shape = tuple(int(d) for d in v.shape)
+        if sharded(comp):
+            k = shard_length(int(np.prod(shape)), per)
+            shape = (k, 1) if len(shape) >= 2 else (k,)
+        want += comp.payload_nbytes(comp.meta_for(np.zeros(shape, np.float32), v.name))
+    return int(want)
