@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 
 from .base import Encoded, kept_state
-from .quantizers import _norm64
+from .codec import _norm64
 from .sampling import stratified_indices, stream_keys
 from .sparsifiers import PURPOSE_DGC_SAMPLE, Selection, Sparsifier, count_for, topk_indices
 from .state import TensorState, per_rank

@@ -53,8 +53,8 @@ from typing import Any
 
 from .base import Compressor, Encoded, nan_flag, zero_nonfinite
 from .bitpack import pack_codes, packed_nbytes, unpack_values
+from .codec import NoiseSource, make_codec
 from .exchange import MAX
-from .quantizers import NoiseSource, make_codec
 
 __all__ = ["IntegerSum", "lane_bits", "LANE_BITS"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bitpack import Segment, pack_codes, unpack_values
-from .quantizers import Codec, _flagged
+from .codec import Codec, _flagged
 
 
 def _by_bucket(B, v, d: int, fn, *per_bucket):

@@ -19,7 +19,7 @@ from typing import Any
 
 from .base import Compressor, Encoded, PayloadFastPath, host_nonfinite, kept_state
 from .bitpack import Segment, join_segments, split_segments
-from .quantizers import make_codec
+from .codec import NoiseSource, make_codec
 from .sampling import stratified_indices, stream_keys
 
 PURPOSE_RANDOMK = 1
@@ -80,7 +80,6 @@ class Sparsifier(Compressor):
         self.codec = codec  # (name, params) of a quantizer for the kept values, or None
         self._codec = make_codec(codec[0], codec[1]) if codec else None
         if self._codec is not None:
-            from .quantizers import NoiseSource
             cparams = codec[1]
             self.noise = NoiseSource(self.B, int(cparams.get("seed", 0)), rank) \
                 if self._codec.needs_noise else None
