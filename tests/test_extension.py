@@ -122,8 +122,7 @@ def _steps(spec, xs, fused, monkeypatch):
             enc = comp.encode(x, "w")
             decoded = comp.aggregate([enc.payload], enc)
         out.append((np.asarray(enc.payload).tobytes(), np.asarray(decoded).tobytes(),
-                    None if comp.states["w"].get("residual") is None
-                    else comp.states["w"].get("residual").tobytes()))
+                    None if comp.states["w"].residual is None else comp.states["w"].residual.tobytes()))
     return out
 
 

@@ -13,8 +13,9 @@ import functools
 
 import numpy as np
 
-from ..core.quantizers import OneBitCodec, ThresholdCodec
+from ..core.onebit import OneBitCodec
 from ..core.signs import EFSignCodec, SignCodec, SignumCodec
+from ..core.threshold import ThresholdCodec
 from .host import code_buffer, ef_encoder, register
 
 

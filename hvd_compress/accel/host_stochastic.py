@@ -19,9 +19,10 @@ from ..core.backend import NUMPY
 from ..core.base import ef_sum_host
 from ..core.bitpack import pack_codes
 from ..core.intsum import _HostPasses
-from ..core.quantizers import QSGDCodec, TernGradCodec
+from ..core.qsgd import QSGDCodec
 from ..core.sampling import Stratified
 from ..core.signs import SignCodec
+from ..core.terngrad import TernGradCodec
 from .host import code_buffer, register, whole_step
 from .host_signs import two_bit_decode
 from .registry import ByClass

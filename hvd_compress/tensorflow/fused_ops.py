@@ -58,9 +58,12 @@ from pathlib import Path
 
 from ..accel.registry import ByClass, requested
 from ..core.dgc import DGC
-from ..core.quantizers import OneBitCodec, QSGDCodec, TernGradCodec, ThresholdCodec
+from ..core.onebit import OneBitCodec
+from ..core.qsgd import QSGDCodec
 from ..core.sampling import Stratified
 from ..core.sparsifiers import RandomK, TopK
+from ..core.terngrad import TernGradCodec
+from ..core.threshold import ThresholdCodec
 
 SOURCE = Path(__file__).with_name("fused") / "quantize_ops.cc"
 #: every source of the one library: the quantizers' ops, the sparsifiers' and PowerSGD's products
