@@ -89,7 +89,7 @@ class Pending:
 
 class _HostPasses:
     """What :meth:`~.backend.NumpyBackend.fused_encoder` is asked for: the host passes of
-    the integer sums (``hvd_compress.fastpaths.IntSumHost``), or None."""
+    the integer sums (``hvd_compress.accel.host_stochastic.IntSumHost``), or None."""
 
     name = "intsum"
 
@@ -118,7 +118,6 @@ class IntegerSum(Compressor):
         from .backend import NUMPY
         super().__init__(params, backend or NUMPY, rank, world_size)
         self.name = kind
-        self.kind = kind
         self.codec = make_codec(kind, self.params)
         if not self.codec.int_summable:
             raise ValueError(f"{kind}: its codes have no integer sum (sum=int)")
