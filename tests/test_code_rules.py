@@ -187,20 +187,10 @@ def _part(module: str) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else "top"
 
 
-#: the circles other parts of issue 37 break: part -> who (the xfail's reason)
-PENDING_CIRCLES = {
-    "tensorflow": "issue 37: SESSION (tensorflow/compressors.py <-> tensorflow/exchange.py)",
-}
-
-
-@pytest.mark.parametrize("part", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=PENDING_CIRCLES[p]))
-    if p in PENDING_CIRCLES else p
-    for p in ("core", "accel", "top", "torch", "tensorflow", "tools")])
+@pytest.mark.parametrize("part", ["core", "accel", "top", "torch", "tensorflow", "tools"])
 def test_no_import_circle(part):
-    """No module of ``part`` is in an import circle (today's were the core codecs with the
-    spec grammar, the numba kernels with their wrappers, TF's compressors with its
-    exchange, and the tools' launchers)."""
+    """No module of ``part`` is in an import circle: modules in a circle can only be read,
+    tested and loaded together, and nothing says which stands on which."""
     found = [c for c in circles(import_graph()) if any(_part(m) == part for m in c)]
     assert not found, found
 
@@ -265,8 +255,7 @@ def test_no_source_file_above_600_lines():
     assert long == {}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37: SESSION (torch/optimizer.py 470 lines, "
-                                       "tensorflow/tape.py 255)")
+@pytest.mark.xfail(strict=True, reason="issue 37: SESSION (torch/optimizer.py 321 lines)")
 def test_the_wrappers_are_thin_shells():
     """The torch optimizer, the TF tape and the Keras optimizer hand their gradients to the
     framework-neutral session; each is at most 200 lines."""
