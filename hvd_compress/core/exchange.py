@@ -306,8 +306,10 @@ class Exchange:
         summable = comp.summable
         payloads = [self.wired(e.payload, comp) if summable else e.payload for e in part.encs]
         part.shapes = [B.shape(p) for p in payloads]
-        flat = B.reshape(payloads[0], (-1,)) if len(payloads) == 1 else \
-            B.concat([B.reshape(p, (-1,)) for p in payloads])
+        if len(payloads) > 1:
+            flat = B.concat([B.reshape(p, (-1,)) for p in payloads])
+        else:  # one payload, flat already: as it is (an eager op fewer per tensor)
+            flat = payloads[0] if len(part.shapes[0]) == 1 else B.reshape(payloads[0], (-1,))
         name = f"hvd_compress.{part.encs[0].meta.name}.{part.round}{part.tag}"
         stats["bytes_sent"] += sum(e.nbytes for e in part.encs)
         stats["collectives"] += 1
@@ -357,6 +359,9 @@ class Exchange:
             offsets.append(offsets[-1] + _numel(shape))
         spans = list(zip(offsets, offsets[1:]))
         if part.comp.summable or part.more:
+            if len(part.shapes) == 1 and len(part.shapes[0]) == 1 and \
+                    _shape_of(B, out) == part.shapes[0]:
+                return [out]  # one flat payload: the collective's result is it (no slice)
             return [B.reshape(out[a:b], shape) for (a, b), shape in zip(spans, part.shapes)]
         if isinstance(out, (list, tuple)):  # the collectives split the ranks' rows already
             rows = out
@@ -402,6 +407,14 @@ class Exchange:
         inputs by f would leave the vote as it is, and the postscale would multiply it
         by f)."""
         return 1.0 if comp.scale_free else self.predivide
+
+
+def _shape_of(B, x):
+    """``x``'s shape, or None where a traced tensor's is not fully known."""
+    try:
+        return tuple(B.shape(x))
+    except (TypeError, ValueError):
+        return None
 
 
 def _numel(shape) -> int:
