@@ -118,6 +118,7 @@ class IntegerSum(Compressor):
         from .backend import NUMPY
         super().__init__(params, backend or NUMPY, rank, world_size)
         self.name = kind
+        self.kind = kind  # the spec name (tests' models of the codes read it; nothing dispatches on it)
         self.codec = make_codec(kind, self.params)
         if not self.codec.int_summable:
             raise ValueError(f"{kind}: its codes have no integer sum (sum=int)")
