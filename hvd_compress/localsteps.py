@@ -26,6 +26,9 @@ so the collective of step ``i`` overlaps the compute of the next ``D`` steps.
 
 from __future__ import annotations
 
+from .core.registry import chains_rounds, passes_through
+from .core.spec import parse
+
 __all__ = ["LocalSGDSchedule", "check_local_args", "check_wrapper_args", "check_horovod_args"]
 
 
@@ -73,7 +76,7 @@ def check_wrapper_args(wrapper: str, horovods: str, op_is_average: bool, op_is_a
                          "or delay")
     specs = [s for s in (spec if isinstance(spec, (list, tuple)) else [spec]) if s is not None]
     for s in specs:
-        if not op_sums and s.name != "none":
+        if not op_sums and not passes_through(s):
             raise ValueError(f"compression {str(s)!r} averages or sums; op must be Average or "
                              "Sum (other ops only with compression='none')")
     for s in specs or [None]:
@@ -106,7 +109,7 @@ def check_local_args(local_sgd: bool, backward_passes_per_step: int, warmup: int
         raise ValueError("local_sgd and delay need op=Average")
     if delay and backward_passes_per_step != 1:
         raise ValueError("delay (Delayed Gradient Averaging) needs backward_passes_per_step=1")
-    if delay and spec is not None and any(part.name == "powersgd" for part in spec.parts):
+    if delay and spec is not None and chains_rounds(spec):
         raise ValueError("delay (Delayed Gradient Averaging) needs a one-round compressor; "
-                         "PowerSGD's second round depends on its first, so its exchange "
+                         f"{parse(spec).name}'s second round depends on its first, so its exchange "
                          "cannot be left in flight across steps")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hvd_compress import spec as specmod
-from hvd_compress.localsteps import LocalSGDSchedule, check_local_args
+from hvd_compress.localsteps import LocalSGDSchedule, check_local_args, check_wrapper_args
 from tests.harness import run_horovod
 from tests.workers.local_hand import check_local_log
 
@@ -44,6 +44,24 @@ def test_bad_combinations_are_clear_errors(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         check_local_args(**args)
+
+
+@pytest.mark.parametrize("spec", ["none", "qsgd:sum=int", "terngrad:sum=int,ef=true",
+                                  "signsgd:sum=int", "topk:ratio=0.1+qsgd", "randomk+fp16",
+                                  "dgc:ratio=0.01+onebit", "dgc:dense=true", "onebit"])
+def test_delay_takes_every_compressor_whose_rounds_are_not_chained(spec):
+    """Only PowerSGD's rounds are chained; the integer sums' two rounds, compositions and
+    the dense DGC a per-tensor plan sends its small tensors with go with DGA."""
+    check_local_args(False, 1, 0, 2, True, specmod.parse(spec))
+
+
+def test_ops_other_than_average_or_sum_go_with_none_only():
+    args = ("w", "h", False, False, 1.0, 1, False, 0, 0)
+    check_wrapper_args(*args, [specmod.parse("none")], op_sums=False)
+    check_wrapper_args(*args, [specmod.parse("topk")], op_sums=True)
+    for spec in ("fp16", "topk", "powersgd", "qsgd:sum=int", "dgc:dense=true", "randomk+fp16"):
+        with pytest.raises(ValueError, match="op must be Average or Sum"):
+            check_wrapper_args(*args, [specmod.parse("none"), specmod.parse(spec)], op_sums=False)
 
 
 def test_torch_optimizer_rejects_bad_combinations():

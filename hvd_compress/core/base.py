@@ -170,6 +170,11 @@ class Compressor:
     #: wrapped optimizer's momentum into it, and a plan's uncompressed tensors travel
     #: with that momentum (:func:`.policy.dense_spec`)
     owns_momentum = False
+    #: whether a later round is computed from an earlier round's sum and the next step
+    #: starts from the last round's (PowerSGD: ``Q = M^T orth(sum P)``, warm-starting the
+    #: next step's ``Q``), so an exchange cannot be left in flight across steps (Delayed
+    #: Gradient Averaging refuses it); the integer sums' first round only shares a scale
+    chained_rounds = False
     #: what it keeps per tensor (:mod:`.state`): the fields, each shared or per-rank
     State = TensorState
 

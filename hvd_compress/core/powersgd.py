@@ -62,6 +62,7 @@ class PowerSGD(Compressor):
 
     name = "powersgd"
     summable = True
+    chained_rounds = True
     State = PowerSGDState
 
     def __init__(self, params=None, backend=None, rank=0, world_size=1):

@@ -34,7 +34,7 @@ CODECS.update({c.name: c for c in (SignCodec, EFSignCodec, SignumCodec, NaturalC
                                    EightBitCodec, SketchMLCodec)})
 
 __all__ = ["Param", "Algorithm", "register", "unregister", "get", "algorithms", "defaults", "build",
-           "core_of", "passes_through"]
+           "core_of", "passes_through", "summable", "chains_rounds"]
 
 
 def _in_open_closed(lo, hi):  # (lo, hi]
@@ -78,8 +78,10 @@ class Algorithm:
 
     @property
     def summable(self) -> bool:
-        """Whether payloads add up (allreduce; usable in Horovod's own wrappers)."""
-        return bool(self.core.summable)
+        """Whether payloads add up (allreduce; usable in Horovod's own wrappers) at the
+        default parameters.  Some answers depend on the parameters (DGC's ``dense``, the
+        quantizer after Random-k, ``sum=int``): :func:`summable` answers for a spec."""
+        return summable(self.name)
 
     def make(self, params: dict, backend=NUMPY, rank: int = 0, world_size: int = 1,
              **extra) -> Compressor:
@@ -107,17 +109,34 @@ def build(spec, backend=NUMPY, rank: int = 0, world_size: int = 1) -> Compressor
     return comp
 
 
+def _core_of_part(part) -> type:
+    return IntegerSum if part.params.get("sum") == "int" else get(part.name).core
+
+
 def core_of(spec) -> type:
     """The core class ``spec`` builds (a composition's: its sparsifier's), whose class
     flags (``passthrough``, ``owns_momentum``, ...) say what it needs, without building it."""
-    first = parse(spec).parts[0]
-    return IntegerSum if first.params.get("sum") == "int" else get(first.name).core
+    return _core_of_part(parse(spec).parts[0])
 
 
 def passes_through(spec) -> bool:
     """Whether ``spec`` sends tensors as they are, averaged as Horovod does (``none``)."""
     parsed = parse(spec)
     return not parsed.composed and bool(core_of(parsed).passthrough)
+
+
+def chains_rounds(spec) -> bool:
+    """Whether an exchange of ``spec`` computes a round from an earlier one's sum and starts
+    the next step from it (``chained_rounds``: PowerSGD), so that it cannot be left in
+    flight across steps."""
+    return any(_core_of_part(part).chained_rounds for part in parse(spec).parts)
+
+
+def summable(spec) -> bool:
+    """Whether ``spec``'s payloads add up (allreduce).  A class cannot always say: Random-k
+    sums its values unless a quantizer's codes follow, DGC only with ``dense=true``, so
+    the answer is read from a fresh compressor (nothing is encoded)."""
+    return bool(build(spec).summable)
 
 
 def _randomk_ef(params: dict) -> None:
