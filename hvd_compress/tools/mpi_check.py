@@ -29,7 +29,9 @@ import numpy as np
 
 from ..core import spec as specmod
 from ..core.exchange import MAX, Collectives, Exchange, new_stats
+from ..core.powersgd import Rounds
 from ..core.registry import build
+from ..core.sparsifiers import Sparsifier
 
 DEFAULT_SPECS = ("none", "fp16", "bf16", "topk:ratio=0.01", "randomk:ratio=0.01",
                  "randomk:ratio=0.05,unbiased=true", "dgc:ratio=0.001", "qsgd:levels=7",
@@ -144,11 +146,11 @@ def check(specs=DEFAULT_SPECS, steps: int = 3, seed: int = 0, scale: float = 1e-
                     digests = comm.allgather(total.tobytes())
                     if any(d != digests[0] for d in digests):
                         failures.append(f"{name} step {step}: ranks hold different aggregates")
-                    if comp.spec.parts[0].name == "randomk":
+                    if isinstance(comp, Sparsifier) and comp.shared_indices:  # Random-k
                         idx = comm.allgather(enc.ctx.indices.tobytes())
                         if any(i != idx[0] for i in idx):
                             failures.append(f"{name} step {step}: ranks chose different indices")
-                    if comp.spec.name == "none":
+                    if comp.passthrough:  # none
                         exact = sum((np.random.default_rng([seed, r, step, t]).standard_normal(shape)
                                      * scale).astype(np.float32) for r in range(size))
                         if not np.allclose(total, exact, rtol=1e-6, atol=1e-7):
@@ -173,10 +175,10 @@ def _reference(comp, payloads, enc) -> np.ndarray:
     """Sum over ranks of each payload decoded on its own (float64); for a majority vote
     (signSGD, Signum), the number of ranks times the sign of that sum."""
     meta = enc.meta
-    if comp.spec.name == "powersgd" and enc.ctx.p_hat is not None:
-        p_hat = enc.ctx.p_hat.astype(np.float64)
-        return sum(p_hat @ q.astype(np.float64).T for q in payloads).reshape(meta.shape)
-    if comp.spec.name == "powersgd":
+    if isinstance(enc.ctx, Rounds):  # PowerSGD: Q against the P-hat all ranks share, or dense
+        if enc.ctx.p_hat is not None:
+            p_hat = enc.ctx.p_hat.astype(np.float64)
+            return sum(p_hat @ q.astype(np.float64).T for q in payloads).reshape(meta.shape)
         return sum(p.astype(np.float64) for p in payloads).reshape(meta.shape)
     total = sum(comp.decode(p, meta, enc.ctx).astype(np.float64) for p in payloads)
     return np.sign(total) * len(payloads) if getattr(comp, "vote", False) else total

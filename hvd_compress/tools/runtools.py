@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+from ..core.registry import core_of
 from ..localsteps import LocalSGDSchedule, check_local_args
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
@@ -56,8 +57,13 @@ def print_plan(rows, args, rank: int) -> None:
         print(format_plan(rows, args.start_step), flush=True)
 
 
-def uses_dgc(comp) -> bool:
-    return any(s.parts[0].name == "dgc" for s in comp.specs())
+def owns_momentum(comp) -> bool:
+    """Whether one of ``comp``'s compressors keeps the momentum itself (DGC's momentum
+    correction): the wrapped optimizer then runs without one."""
+    return any(core_of(s).owns_momentum for s in comp.specs())
+
+
+uses_dgc = owns_momentum  # the name the examples import
 
 
 def past_warmup(comp) -> None:
