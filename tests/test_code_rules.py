@@ -261,3 +261,70 @@ def test_the_wrappers_are_thin_shells():
     framework-neutral session; each is at most 200 lines."""
     sizes = {name: _lines(ROOT / name) for name in WRAPPERS}
     assert {k: n for k, n in sizes.items() if n > MAX_WRAPPER_LINES} == {}, sizes
+
+
+# -- no dispatch on an algorithm's name (issue 37, part 2) --------------------------------------
+#: where an algorithm's name may be compared: the registry and the spec grammar (the codec
+#: modules that define ``name = "<algorithm>"`` are left out as well, by :func:`_defines_one`)
+NAME_TABLES = ("hvd_compress/core/registry.py", "hvd_compress/core/spec.py")
+
+
+def _algorithm_names() -> set:
+    from hvd_compress.core import registry
+    return {a.name for a in registry.algorithms()}
+
+
+def _defines_one(tree, names) -> bool:
+    """Whether a class in ``tree`` says ``name = "<algorithm>"`` (a codec module)."""
+    return any(isinstance(node, ast.ClassDef) and any(
+        isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and st.value.value in names
+        and any(isinstance(t, ast.Name) and t.id == "name" for t in st.targets) for st in node.body)
+        for node in ast.walk(tree))
+
+
+def name_comparisons(tree, names) -> list[int]:
+    """Lines comparing a ``.name`` with an algorithm's name: ``x.name == "dgc"``,
+    ``"dgc" != x.name``, ``x.name in ("topk", "dgc")``, any comparison of the kind."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        literals = set()
+        for o in operands:
+            for e in (o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o]):
+                if isinstance(e, ast.Constant) and isinstance(e.value, str):
+                    literals.add(e.value)
+        if literals & names and any(isinstance(o, ast.Attribute) and o.attr == "name"
+                                    for o in operands):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_name_rule_finds_comparisons_with_an_algorithms_name():
+    names = {"none", "dgc", "powersgd", "randomk"}
+    source = ("a = s.name != 'none'\n"
+              "b = any(p.name == 'powersgd' for p in s.parts)\n"
+              "c = comp.spec.parts[0].name in ('randomk', 'x')\n"
+              "d = 'dgc' == s.name\n"
+              "e = r['compression'] == 'none'\n"       # a row's label, no .name
+              "f = t.name == 'fc.weight'\n"            # a tensor's name
+              "class Mine:\n    name = 'dgc'\n")
+    tree = ast.parse(source)
+    assert name_comparisons(tree, names) == [1, 2, 3, 4]
+    assert _defines_one(tree, names) and not _defines_one(ast.parse(source[:-25]), names)
+
+
+def test_nothing_dispatches_on_an_algorithms_name():
+    """Outside the registry, the spec grammar and the codec modules, what an algorithm needs
+    is asked of its class (``passes_through``, ``core_of(spec).owns_momentum``,
+    ``chains_rounds``, ...), never read from its name."""
+    names = _algorithm_names()
+    found = []
+    for path in _package_modules().values():
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text())
+        if rel in NAME_TABLES or _defines_one(tree, names):
+            continue
+        found += [f"{rel}:{line}" for line in name_comparisons(tree, names)]
+    assert found == [], found
