@@ -268,6 +268,7 @@ def test_tf_given_compressor_keeps_the_wrappers_counters(tf_results):
     tests/conftest.py.)"""
     for r in tf_results:
         assert r["given_is_policy"] and r["given_passes"] == 2 and r["given_accs"]
+        assert r["given_checkpointed"]
         assert "start_step" in r["given_refused"]
 
 

@@ -155,11 +155,12 @@ class CompressionWarmupCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         comp = self.compression
         holders = [comp, *getattr(comp, "children", {}).values()]  # (a per-tensor policy's)
-        traced = {id(c): c.__dict__.pop("_traced", False) for c in holders}  # no warning here
+        traced = {id(c): c.traced for c in holders}
+        for c in holders:
+            c.traced = False  # (no warning from set_epoch: the step is traced again here)
         if comp.set_epoch(epoch):
             if any(traced.values()):
                 self.model.make_train_function(force=True)
         else:
             for c in holders:
-                if traced[id(c)]:
-                    c.__dict__["_traced"] = True
+                c.traced = traced[id(c)]

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from dataclasses import dataclass
 
 import tensorflow as tf
 
 from .. import spec as specmod
-from ..core.base import Encoded, TensorMeta, warn_once
+from ..core.base import Encoded, warn_once
 from ..frontend import CompressorFrontend, class_names, horovod_builtin_spec, named_class
 from ..frontend import compressor as _compressor
 from ..pertensor import PolicyFrontend, resolve
 from .backend import TensorFlowBackend
 from .tensorstate import VariableState, assign_values, make_variables, shared_values
+from .wrapperstate import wrapper_state
 
 BACKEND = TensorFlowBackend()
 
@@ -36,10 +38,11 @@ __all__ = ["TFCompressor", "TFPolicy", "compressor", "as_compressor", "as_compre
 class TFCompressor(tf.Module, CompressorFrontend):
     """A compressor spec bound to the TensorFlow backend.
 
-    A ``tf.Module``: its per-tensor state variables (made on first use) and its
-    noise generator are tracked, so ``tf.train.Checkpoint(compressor=comp)``
-    (or a model checkpoint holding the tape or optimizer) saves and restores them;
-    restoring before first use is deferred until the variables exist.
+    A ``tf.Module``: its per-tensor state variables (made on first use), its noise
+    generator and the state of the wrappers that run it (:meth:`carry`) are tracked, so
+    ``tf.train.Checkpoint(compressor=comp)`` (or a model checkpoint holding the
+    optimizer) saves and restores them; restoring before first use is deferred until
+    the variables exist.
     """
 
     BACKEND = BACKEND
@@ -99,32 +102,30 @@ class TFCompressor(tf.Module, CompressorFrontend):
         self.core.states[meta.name] = VariableState(self.core.State, self._variables(meta))
         yield
 
-    # -- local accumulation (backward_passes_per_step) -------------------------------------
-    def accumulator(self, name: str, like):
-        """The variable summing ``name``'s gradients between exchanges."""
-        accs = self.__dict__.setdefault("_accs", {})
-        if name not in accs:
-            with tf.init_scope():
-                accs[name] = tf.Variable(tf.zeros(like.shape, like.dtype), trainable=False,
-                                         name=f"hvdc_acc_{len(accs)}")
-            self.accumulators = dict(accs)  # tracked for checkpoints
-        return accs[name]
+    # -- the wrappers' state, checkpointed with the compressor --------------------------
+    @property
+    def state_keeper(self) -> "TFCompressor":
+        """The compressor whose checkpoints hold the state of the wrappers that run this
+        one (:func:`~.wrapperstate.wrapper_state`): itself."""
+        return self
 
-    def counter(self, key: str):
-        """An int64 counter kept with the compressor (made once, outside any trace, and
-        checkpointed with it): ``"passes"`` (backward passes, for
-        ``backward_passes_per_step``), ``"local_steps"`` (local SGD / DGA steps)."""
-        counters = self.__dict__.setdefault("_counters", {})
-        if key not in counters:
-            with tf.init_scope():
-                counters[key] = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                            name=f"hvdc_{key}")
-            self.counters = dict(counters)  # tracked for checkpoints
-        return counters[key]
+    def carry(self, name: str, part) -> None:
+        """Checkpoint ``part`` (a trackable: a wrapper's counters or accumulators, see
+        :mod:`.wrapperstate`) with this compressor, as its dependency ``name``.  A tape
+        is made anew each step; the compressor the tapes share is what a checkpoint
+        holds."""
+        setattr(self, name, part)
 
-    def pass_counter(self):
-        """Backward passes seen (one increment per DistributedGradientTape.gradient call)."""
-        return self.counter("passes")
+    @property
+    def traced(self) -> bool:
+        """Whether a ``tf.function`` traced this compressor's encode: that trace keeps the
+        payload sizes it was traced with.  Set by :meth:`encode`; a caller that traces the
+        step again (:class:`~.callbacks.CompressionWarmupCallback`) clears it."""
+        return bool(self.__dict__.get("_traced"))
+
+    @traced.setter
+    def traced(self, value: bool) -> None:
+        self.__dict__["_traced"] = bool(value)  # (not a tracked tf.Module attribute)
 
     # -- the protocol, with state bound --------------------------------------------------
     def set_epoch(self, epoch: int) -> bool:
@@ -132,7 +133,7 @@ class TFCompressor(tf.Module, CompressorFrontend):
         before keeps the sizes it was traced with, so it must be traced again (Keras:
         :class:`hvd_compress.tensorflow.keras.CompressionWarmupCallback` does it); warns otherwise."""
         changed = CompressorFrontend.set_epoch(self, epoch)
-        if changed and self.__dict__.get("_traced"):
+        if changed and self.traced:
             warn_once(f"retrace-{id(self)}",
                       f"{self.spec}: the density changed at epoch {epoch}, but a tf.function "
                       "traced before keeps the payload sizes of its trace; trace the step again "
@@ -142,7 +143,7 @@ class TFCompressor(tf.Module, CompressorFrontend):
     @tf.autograph.experimental.do_not_convert
     def encode(self, tensor, name: str, noise=None) -> Encoded:
         if not tf.executing_eagerly():
-            self.__dict__["_traced"] = True  # (not a tracked tf.Module attribute)
+            self.traced = True
         if self.core.passthrough:  # no state to bind
             return self.core.encode(tensor, name, noise=noise)
         meta = self.core.meta_for(tensor, name)
@@ -179,10 +180,18 @@ class TFCompressor(tf.Module, CompressorFrontend):
         return {"spec": str(self.spec), "tensors": tensors, **({"extra": extra} if extra else {})}
 
     def load_state_dict(self, sd: dict) -> None:
+        """``state_dict()``'s form back into the variables: those a tensor has are assigned;
+        a tensor without them yet gets them made from the saved fields (every field with
+        its saved shape, PowerSGD's Q included: the tensor's own shape is not saved)."""
         for name, saved in sd["tensors"].items():
             loaded = self.core.State.from_dict(saved, lambda value: value)
-            vs = self._variables(TensorMeta(name, (int(loaded.numel),), "float32"))
-            assign_values(vs, dict(loaded.present()))
+            vs = self.tensor_state.get(name)
+            if vs is None:
+                with tf.init_scope():
+                    vs = make_variables(loaded, len(self.tensor_state))
+                self.tensor_state[name] = vs
+            else:
+                assign_values(vs, dict(loaded.present()))
         if "extra" in sd:
             self.core._load_extra_state(sd["extra"])
 
@@ -214,9 +223,9 @@ class TFCompressor(tf.Module, CompressorFrontend):
 class TFPolicy(PolicyFrontend, TFCompressor):
     """A per-tensor policy on TensorFlow tensors (:mod:`hvd_compress.pertensor`): one
     :class:`TFCompressor` per spec, tracked (a checkpoint of the tape's or optimizer's
-    holder saves them all), plus the accumulators and counters a wrapper keeps.  The
-    delayed start's step counter is a variable: :meth:`phased` picks the uncompressed
-    or the compressed exchange by it (``tf.cond`` inside a traced step)."""
+    holder saves them all).  The delayed start's step counter is a variable of the
+    wrappers' state: :meth:`phased` picks the uncompressed or the compressed exchange
+    by it (``tf.cond`` inside a traced step)."""
 
     def __init__(self, policy, given=None):
         tf.Module.__init__(self, name="hvd_compress")
@@ -241,25 +250,21 @@ class TFPolicy(PolicyFrontend, TFCompressor):
     def core(self):
         raise AttributeError("a per-tensor policy has one core per compressor: see .children")
 
-    def accumulator(self, name: str, like):
-        """With a compressor object given, its accumulators (so a checkpoint of that object
-        holds them, as before the policy existed); else the policy's own."""
-        if self._given is not None:
-            return self._given.accumulator(name, like)
-        return TFCompressor.accumulator(self, name, like)
-
-    def counter(self, key: str):
-        if self._given is not None:
-            return self._given.counter(key)
-        return TFCompressor.counter(self, key)
+    @property
+    def state_keeper(self) -> TFCompressor:
+        """With a compressor object given, that object (a checkpoint of it holds the
+        wrappers' accumulators and counters, as before the policy existed); else the
+        policy itself."""
+        return self._given if self._given is not None else self
 
     def phased(self, exchange):
         """``exchange()`` (a list of tensors), or, for the first ``start_step`` calls, the
-        same with every tensor uncompressed; counts the calls."""
+        same with every tensor uncompressed; counts the calls (in the wrappers' state:
+        :attr:`~.wrapperstate.WrapperState.policy_steps`)."""
         n = self.policy.start_step
         if n == 0:
             return exchange()
-        step = self.counter("policy_steps")
+        step = wrapper_state(self).policy_steps
 
         def dense():
             self.force_dense = True
@@ -281,12 +286,12 @@ class TFPolicy(PolicyFrontend, TFCompressor):
 
     def state_dict(self) -> dict:
         sd = self.policy_state()
-        sd["step"] = int(self.counter("policy_steps").numpy())
+        sd["step"] = int(wrapper_state(self).policy_steps.numpy())
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
         self.load_policy_state(sd)
-        self.counter("policy_steps").assign(int(sd.get("step", 0)))
+        wrapper_state(self).policy_steps.assign(int(sd.get("step", 0)))
 
 
 def as_compression(compression, min_numel: int, start_step: int):
@@ -320,7 +325,15 @@ def _horovod_rank_size():
 #: indices and DGC's samples are drawn from them) and PowerSGD's Q are taken from the root;
 #: residuals, DGC's momentum and accumulation, Signum's momentum -- and the accumulators of
 #: ``backward_passes_per_step`` -- are each rank's own and never travel.
-_SYNC = {"generation": 0, "root": 0}
+@dataclass
+class _Sync:
+    """The last :func:`broadcast_compression_state`: how many calls so far, and its root."""
+
+    generation: int = 0
+    root: int = 0
+
+
+_SYNC = _Sync()
 
 
 def broadcast_compression_state(root_rank: int = 0) -> None:
@@ -334,8 +347,8 @@ def broadcast_compression_state(root_rank: int = 0) -> None:
     than the rest.  The elastic states (:mod:`hvd_compress.tensorflow.elastic`) call it at
     every reset and sync.  Inside ``tf.function`` the exchange happens at trace time: a
     step traced before the call must be traced again."""
-    _SYNC["generation"] += 1
-    _SYNC["root"] = int(root_rank)
+    _SYNC.generation += 1
+    _SYNC.root = int(root_rank)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -348,7 +361,7 @@ def prepare_exchange(comp, grads, names, process_set) -> bool:
     have joined)."""
     import horovod.tensorflow as hvd
     comp.bind(hvd.rank(), process_set.size())
-    generation = _SYNC["generation"]
+    generation = _SYNC.generation
     if generation == 0:
         return False
     done = comp.__dict__.get("_synced")
@@ -372,20 +385,19 @@ def _holder(comp, grad, name):
 
 def _take_shared_state(comp, pairs, process_set) -> None:
     import horovod.tensorflow as hvd
-    root = _SYNC["root"]
+    root = _SYNC.root
     held = {}  # key -> (holder, its variables for the tensor)
     for grad, name in pairs:
         holder = _holder(comp, grad, name)
         if holder.core.passthrough:
             continue
         held[f"{holder.spec}|{name}"] = (holder, holder._variables(holder.core.meta_for(grad, name)))
-    counting = comp._given if isinstance(comp, TFPolicy) and comp._given is not None else comp
+    counters = wrapper_state(comp)
     mine = None
     if hvd.rank() == root:
         mine = {"tensors": {k: shared_values(h.core.State, vs) for k, (h, vs) in held.items()},
                 "epochs": {k: getattr(h.core, "epoch", None) for k, (h, _) in held.items()},
-                "counters": {k: int(v.numpy())
-                             for k, v in counting.__dict__.get("_counters", {}).items()}}
+                "counters": counters.counts()}
     got = hvd.broadcast_object(mine, root_rank=root, name="hvd_compress.shared_state",
                                process_set=process_set)
     for k, values in got["tensors"].items():
@@ -394,8 +406,7 @@ def _take_shared_state(comp, pairs, process_set) -> None:
         epoch = got["epochs"][k]
         if epoch is not None and getattr(holder.core, "epoch", None) != epoch:
             holder.core.set_epoch(epoch)  # (the step being traced has the new sizes)
-    for key, value in got["counters"].items():
-        counting.counter(key).assign(value)
+    counters.set_counts(got["counters"])
 
 
 def __getattr__(name):

@@ -20,8 +20,6 @@ state is saved with ``tf.train.Checkpoint(model=model, optimizer=opt)``.
 
 from __future__ import annotations
 
-import functools
-
 import horovod.tensorflow as hvd
 
 from ..core.policy import DEFAULT_MIN_NUMEL
@@ -30,9 +28,10 @@ from ..processset import check_process_set
 from . import callbacks  # noqa: F401  (hvd_compress.tensorflow.keras.callbacks, as Horovod's)
 from .callbacks import CompressionWarmupCallback  # noqa: F401
 from .compressors import as_compression
-from .exchange import bind, describe, plan, plan_rows, session, variable_name
+from .exchange import bind, describe, plan_rows, variable_name
 from .localsteps import strategy
-from .wrapper import before_exchange
+from .wrapper import Settings, before_exchange
+from .wrapperstate import wrapper_state
 
 __all__ = ["DistributedOptimizer", "CompressionWarmupCallback", "callbacks"]
 
@@ -142,16 +141,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
-    opt._hvdc_session = s = session(op, gradient_predivide_factor, process_set, hierarchical,
-                                    local_sgd, backward_passes_per_step, local_sgd_warmup_steps,
-                                    delay)
+    settings = Settings(op, gradient_predivide_factor, process_set, hierarchical, local_sgd,
+                        backward_passes_per_step, local_sgd_warmup_steps, delay, tuple(buffers))
+    opt._hvdc_session = s = settings.session()
     bind(s, comp)
     #: whether compressed gradients go by the hierarchical exchange (as the torch wrapper's)
     opt.hierarchical = s.hierarchical
-    opt._hvdc_local = strategy(s, tuple(buffers))
-    opt._hvdc_plan = functools.partial(
-        plan, "tensorflow.keras.DistributedOptimizer", comp, op, gradient_predivide_factor,
-        backward_passes_per_step, local_sgd=local_sgd, warmup=local_sgd_warmup_steps,
-        delay=delay, buffers=tuple(buffers), hierarchy=s.hierarchy())
-    opt.hvd_compressor = comp  # tracked for checkpoints
+    # the optimizer's accumulators and counters, checkpointed with its compressor
+    opt._hvdc_local = strategy(s, wrapper_state(comp), settings.buffers)
+    opt._hvdc_plan = lambda grads, names: settings.plan(
+        "tensorflow.keras.DistributedOptimizer", comp, grads, names, hierarchy=s.hierarchy())
+    opt.hvd_compressor = comp  # tracked for checkpoints (with the wrapper state it carries)
     return opt

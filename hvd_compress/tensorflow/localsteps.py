@@ -6,8 +6,8 @@ engine, named as PyTorch's (:mod:`hvd_compress.torch.localsteps`), with
 ``gradients`` (what to apply this step), ``after_update``, ``average`` and
 ``drain``.  The step counter, the anchors (parameters
 after the last average) and DGA's ring of the last ``D`` local and averaged
-gradients are ``tf.Variable``s kept with the compressor, so they are
-checkpointed with it.
+gradients are ``tf.Variable``s of the wrapper's state
+(:class:`~.wrapperstate.WrapperState`), checkpointed with the compressor.
 
 DGA's collectives: a Horovod TF collective is an op that completes within the
 call that runs it.  Eagerly, step i's exchange therefore runs on a background
@@ -16,12 +16,12 @@ step i + D: it overlaps the next D steps' compute, as in PyTorch.  Inside a
 ``tf.function`` (Keras ``fit``) a step cannot leave an op running past its
 end: step i's collective runs during step i, overlapping only that step's
 update, and the average waits in a ring of variables until step i + D.
+The state passed around is the wrapper's (:func:`~.wrapperstate.wrapper_state`).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,25 +31,26 @@ from ..core.stats import Stats
 from .exchange import variable_name
 
 
-def strategy(session, buffers=()):
+def strategy(session, state, buffers=()):
     """The :class:`LocalSGD` or :class:`DelayedAveraging` that ``session`` (its schedule,
-    its delay) asks for around its current engine, or None (synchronous)."""
+    its delay) asks for around its current engine, keeping its counter and variables in
+    ``state`` (the wrapper's), or None (synchronous)."""
     if session.schedule is not None:
-        return LocalSGD(session, buffers)
+        return LocalSGD(session, state, buffers)
     if session.delay:
-        return DelayedAveraging(session)
+        return DelayedAveraging(session, state)
     return None
 
 
-def accumulate(comp, grads, names, passes: int, exchange):
-    """``backward_passes_per_step`` for the tape: sum ``grads`` locally into ``comp``'s
-    accumulators; every ``passes``-th call ``exchange(sums)`` and return the averages,
-    zeros in between.  Returns ``(results, exchanged)`` (``exchanged``: a bool eagerly,
-    a boolean tensor when traced)."""
-    accs = [comp.accumulator(name, g) for g, name in zip(grads, names)]
+def accumulate(state, grads, names, passes: int, exchange):
+    """``backward_passes_per_step`` for the tape: sum ``grads`` locally into ``state``'s
+    sums; every ``passes``-th call ``exchange(sums)`` and return the averages, zeros in
+    between.  Returns ``(results, exchanged)`` (``exchanged``: a bool eagerly, a boolean
+    tensor when traced)."""
+    accs = [state.sum(name, g) for g, name in zip(grads, names)]
     updates = [acc.assign_add(g) for acc, g in zip(accs, grads)]
     with tf.control_dependencies(updates):
-        count = comp.pass_counter().assign_add(1)
+        count = state.passes.assign_add(1)
     do = tf.equal(count % passes, 0)
 
     def sync():
@@ -69,17 +70,18 @@ def accumulate(comp, grads, names, passes: int, exchange):
 
 
 class _Strategy:
-    """What both strategies share: the session, its engine and compressor, and the step
-    counter."""
+    """What both strategies share: the session, its engine and compressor, and the
+    wrapper's state (``state.local_steps``: the optimizer steps taken)."""
 
-    def __init__(self, session):
+    def __init__(self, session, state):
         self.session = session
         self.engine = session.engine
         self.comp = self.engine.comp
+        self.state = state
 
     def counter(self):
-        """Optimizer steps taken (a variable kept with the compressor)."""
-        return self.comp.counter("local_steps")
+        """Optimizer steps taken (a variable of the wrapper's state)."""
+        return self.state.local_steps
 
     def after_update(self, variables, names, stats):
         return tf.constant(False)
@@ -93,8 +95,8 @@ class LocalSGD(_Strategy):
     workers average their variables -- compressed, their change since the anchors --
     and their floating-point ``buffers``."""
 
-    def __init__(self, session, buffers=()):
-        super().__init__(session)
+    def __init__(self, session, state, buffers=()):
+        super().__init__(session, state)
         self.schedule = session.schedule
         self.buffers = list(buffers)
 
@@ -116,7 +118,7 @@ class LocalSGD(_Strategy):
         return tf.cond(self.schedule.synchronous(step), sync, lambda: [tf.identity(g) for g in grads])
 
     def _anchors(self, variables, names):
-        return [self.comp.accumulator(f"{n}/anchor", v) for v, n in zip(variables, names)]
+        return [self.state.anchor(n, v) for v, n in zip(variables, names)]
 
     @tf.autograph.experimental.do_not_convert
     def after_update(self, variables, names, stats):
@@ -161,8 +163,8 @@ class DelayedAveraging(_Strategy):
     """DGA: step i's gradients are sent at once and their average is applied at step
     i + D, as ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for i < D)."""
 
-    def __init__(self, session):
-        super().__init__(session)
+    def __init__(self, session, state):
+        super().__init__(session, state)
         self.delay = session.delay
 
     @tf.autograph.experimental.do_not_convert
@@ -177,8 +179,7 @@ class DelayedAveraging(_Strategy):
         late = step >= D
         out = []
         for g, name in zip(grads, names):
-            local_ring = self.comp.accumulator(f"{name}/dga_local", tf.zeros([D, *g.shape], g.dtype))
-            avg_ring = self.comp.accumulator(f"{name}/dga_avg", tf.zeros([D, *g.shape], g.dtype))
+            local_ring, avg_ring = self.state.ring(name, g, D)
             old_local = tf.gather(local_ring, slot)
             old_avg = tf.gather(avg_ring, slot)
             corrected = tf.where(late, g - old_local + old_avg, g)
@@ -192,9 +193,9 @@ class DelayedAveraging(_Strategy):
         return out
 
     def _eager(self, grads, names, stats):
-        """Eagerly: the exchange of step i runs on the compressor's exchange thread and
+        """Eagerly: the exchange of step i runs on the wrapper state's exchange thread and
         is collected at step i + D (tensors are immutable: no copies needed)."""
-        ring = _ring(self.comp)
+        ring = self._in_flight()
         grads = list(grads)
         fn, sent = self._traced_exchange(tuple(names))
         inflight = ring.inflight.setdefault(tuple(names), deque())  # per set of tensors
@@ -206,25 +207,24 @@ class DelayedAveraging(_Strategy):
         t0 = time.perf_counter()
         avgs = future.result()
         waited = (time.perf_counter() - t0) * 1e3
-        for key in ("bytes_sent", "collectives"):
-            stats[key] += sent[key]
-        stats["comm_ms"] += waited  # what this step waited for, not the thread's time
+        stats.bytes_sent += sent.bytes_sent
+        stats.collectives += sent.collectives
+        stats.comm_ms += waited  # what this step waited for, not the thread's time
         return [g - o + a for g, o, a in zip(grads, old, avgs)]
 
     def _traced_exchange(self, names):
         """The exchange of gradients ``names`` as a ``tf.function``: eager Horovod ops all
         carry one name (their op type), so two could not be in flight at once; traced
         ones carry ours.  Returns the function and the bytes/collectives one call sends."""
-        fns = _ring(self.comp).fns
+        fns = self._in_flight().fns
         e = self.engine
-        key = (names, e.average, e.predivide, e.op, id(e.coll.process_set))
+        key = (names, id(e.comp), e.average, e.predivide, e.op, id(e.coll.process_set))
         if key not in fns:
             sent = Stats()
 
             @tf.function
             def exchange(grads):
-                for key in sent:
-                    sent[key] = 0
+                sent.bytes_sent = sent.collectives = 0  # (what the trace counts)
                 return self.engine.run_each(grads, names, sent, tag=".dga")
 
             fns[key] = (exchange, sent)
@@ -233,31 +233,27 @@ class DelayedAveraging(_Strategy):
     def drain(self):
         """Wait for the exchanges still running on the exchange thread (their averages
         are not applied)."""
-        ring = _RINGS.get(self.comp)
+        ring = self.state.in_flight
         for inflight in (ring.inflight if ring is not None else {}).values():
             while inflight:
                 inflight.popleft()[0].result()
 
+    def _in_flight(self) -> "_EagerRing":
+        """The wrapper state's exchanges in flight (a tape is made anew every step, the
+        state is not)."""
+        if self.state.in_flight is None:
+            self.state.in_flight = _EagerRing()
+        return self.state.in_flight
+
 
 class _EagerRing:
-    """Eager DGA's exchanges in flight for one compressor: its thread (exchanges keep
+    """Eager DGA's exchanges in flight for one wrapper state: its thread (exchanges keep
     their order), the futures per set of tensors, the traced exchanges."""
 
     def __init__(self):
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="hvdc-dga")
         self.inflight = {}
         self.fns = {}
-
-
-#: the eager rings, by compressor: a tape is made anew every step, the compressor is not
-_RINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _ring(comp) -> _EagerRing:
-    ring = _RINGS.get(comp)
-    if ring is None:
-        ring = _RINGS[comp] = _EagerRing()
-    return ring
 
 
 def _when(condition, fn):

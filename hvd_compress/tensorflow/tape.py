@@ -20,9 +20,10 @@ from ..frontend import choice_of
 from ..localsteps import check_horovod_args
 from ..processset import check_process_set, exchanges
 from .compressors import TFCompressor
-from .exchange import bind, describe, plan, plan_rows, session, variable_name
+from .exchange import bind, describe, plan_rows, variable_name
 from .localsteps import LocalSGD, accumulate, strategy
-from .wrapper import before_exchange, state_holder
+from .wrapper import Settings, before_exchange, state_holder
+from .wrapperstate import wrapper_state
 
 __all__ = ["DistributedGradientTape"]
 
@@ -38,12 +39,12 @@ class _DistributedGradientTape(tf.GradientTape):
         # compression: a compressor or policy object, or a choice the variables own the state of
         self._tape, self._compression, self._rule = tape, compression, (min_numel, start_step)
         self._sparse_as_dense, self._process_set = sparse_as_dense, process_set
-        self._bpps, self._buffers = backward_passes_per_step, tuple(buffers)
-        self._settings = dict(op=op, gradient_predivide_factor=gradient_predivide_factor,
-                              process_set=process_set, hierarchical=hierarchical,
-                              local_sgd=local_sgd, period=backward_passes_per_step,
-                              warmup=local_sgd_warmup_steps, delay=delay)
-        self._session = self._local = self._seen = None  # (made at the first exchange)
+        self._bpps = backward_passes_per_step
+        self._settings = Settings(op, gradient_predivide_factor, process_set, hierarchical,
+                                  local_sgd, backward_passes_per_step, local_sgd_warmup_steps,
+                                  delay, tuple(buffers))
+        # (made at the first exchange; the state: the accumulators and counters, see _bind)
+        self._session = self._state = self._local = self._seen = None
         #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
         self.exchanged = True
 
@@ -68,13 +69,15 @@ class _DistributedGradientTape(tf.GradientTape):
         return self._session.engine if self._session is not None else None
 
     def _bind(self, variables):
-        """The engine and local-step strategy for the compressor that holds the state."""
+        """The engine, wrapper state and local-step strategy for the compressor that
+        holds the state."""
         comp = state_holder(self._compression, variables, *self._rule)
         if self._session is None:
-            self._session = session(**self._settings)
+            self._session = self._settings.session()
         if self._engine is None or self._engine.comp is not comp:
             bind(self._session, comp)
-            self._local = strategy(self._session, self._buffers)
+            self._state = wrapper_state(comp)
+            self._local = strategy(self._session, self._state, self._settings.buffers)
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         grads = super(self.__class__, self).gradient(target, sources, output_gradients)
@@ -97,7 +100,7 @@ class _DistributedGradientTape(tf.GradientTape):
                 grad = tf.convert_to_tensor(grad)
             pairs.append((i, grad, variable_name(var, f"grad_{i}")))
         self._bind(list(flat_vars))  # all sources: which have a gradient may vary
-        s, comp = self._session, self._engine.comp
+        s = self._session
         grads_, names = [g for _, g, _ in pairs], [n for _, _, n in pairs]
         before_exchange(s, grads_, names, lambda: self._plan(grads_, names))
         s.begin_step()
@@ -109,7 +112,7 @@ class _DistributedGradientTape(tf.GradientTape):
             results = s.exchange(grads_, names, describe)
         else:
             results, self.exchanged = accumulate(
-                comp, grads_, names, self._bpps, lambda gs: s.exchange(gs, names, describe))
+                self._state, grads_, names, self._bpps, lambda gs: s.exchange(gs, names, describe))
         out = list(flat)
         for (i, _, _), value in zip(pairs, results):
             out[i] = value
@@ -123,12 +126,9 @@ class _DistributedGradientTape(tf.GradientTape):
         return plan_rows(self._engine.comp, sources)
 
     def _plan(self, grads, names):
-        st = self._settings
-        return plan("tensorflow.DistributedGradientTape", self._engine.comp, st["op"],
-                    st["gradient_predivide_factor"], self._bpps, grads, names, st["local_sgd"],
-                    st["warmup"], st["delay"], self._buffers,
-                    sparse_as_dense=bool(self._sparse_as_dense),
-                    hierarchy=self._session.hierarchy())
+        return self._settings.plan("tensorflow.DistributedGradientTape", self._engine.comp,
+                                   grads, names, sparse_as_dense=bool(self._sparse_as_dense),
+                                   hierarchy=self._session.hierarchy())
 
     def drain(self):
         """DGA in eager mode: wait for exchanges still in flight (call before the end)."""
@@ -140,7 +140,7 @@ class _DistributedGradientTape(tf.GradientTape):
         ``backward_passes_per_step``-th local step it averages the variables that
         ``gradient()`` saw (and ``buffers``) over the ranks.  Returns whether it
         averaged (a boolean tensor); without local SGD, False."""
-        if not self._settings["local_sgd"] or not self._process_set.included():
+        if not self._settings.local_sgd or not self._process_set.included():
             return False
         if self._seen is None or not isinstance(self._local, LocalSGD):
             raise RuntimeError("finish_step() comes after gradient()")
@@ -169,7 +169,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     themselves; a rank outside gets its own gradients back, as from Horovod's tape.
 
     ``backward_passes_per_step=N``: each ``gradient()`` adds the local gradients into
-    accumulators kept with the compressor; every N-th call exchanges the sums and
+    accumulators (kept with the compressor, :mod:`.wrapperstate`); every N-th call exchanges the sums and
     returns their average, the calls in between return zeros (``tape.exchanged`` tells
     which, a boolean tensor inside ``tf.function``: apply the gradients only then).
 

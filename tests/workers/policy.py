@@ -168,6 +168,7 @@ def tf_checks():
 
     import hvd_compress.tensorflow as hct
     from hvd_compress.core import NumpyBackend
+    from hvd_compress.tensorflow.wrapperstate import wrapper_state
     from tests.workers.reference import Reference
     numpy_tf = NumpyBackend("out_last")  # the reference in TensorFlow's layout
     hvd.init()
@@ -242,7 +243,7 @@ def tf_checks():
     tf.train.Checkpoint(c=second).read(path)
     a, b = train(first, va, 2, 2), train(second, fresh(), 2, 2)
     res["tf_resume_identical"] = all(np.array_equal(x, y) for x, y in zip(a, b))
-    res["tf_policy_steps"] = int(second.counter("policy_steps").numpy())
+    res["tf_policy_steps"] = int(wrapper_state(second).policy_steps.numpy())
 
     # start_step=2 inside tf.function (tf.cond on the counter): two exchanges equal `none`,
     # the third is a fresh top-k's first
@@ -280,8 +281,13 @@ def tf_checks():
         tape = hct.DistributedGradientTape(tape, compression=comp, backward_passes_per_step=2)
         tape.gradient(loss, v)
     res["given_is_policy"] = isinstance(tape.compression, hct.TFPolicy)
-    res["given_passes"] = int(comp.pass_counter().numpy())
-    res["given_accs"] = sorted(comp.__dict__["_accs"]) == sorted([v[0].name, v[1].name])
+    res["given_passes"] = int(wrapper_state(comp).passes.numpy())
+    res["given_accs"] = sorted(wrapper_state(comp).sums) == sorted([v[0].name, v[1].name])
+    # ... and a checkpoint of that object holds them
+    saved = tf.train.Checkpoint(c=comp).write(tempfile.mkdtemp() + f"/given{rank}")
+    names = [n for n, _ in tf.train.list_variables(saved)]
+    res["given_checkpointed"] = any(n.startswith("c/counters/passes") for n in names) and \
+        sum(n.startswith("c/accumulators/") for n in names) == 2
     try:
         hct.DistributedGradientTape(tf.GradientTape(), compression="topk", start_step=2, delay=1)
         res["given_refused"] = ""
