@@ -4,6 +4,7 @@
     python scripts/bench_wrapper.py                      # np 2, 5 repeats, all three
     python scripts/bench_wrapper.py --repeats 3 --steps 300 --json out.json
     python scripts/bench_wrapper.py --variant ours --variant horovod --mode eager
+    python scripts/bench_wrapper.py --variant local --variant horovod --cycle-time 5
 
 The loop is the MultiWorkerMirroredStrategy baseline's (tf_examples/_mwms.py): the
 digits CNN of tf_examples/train_digits.py, this worker's shard of the 1,437
@@ -14,16 +15,23 @@ exchange, update).  Only the exchange differs:
 * ``mwms``    -- TensorFlow's MultiWorkerMirroredStrategy (its collective all-reduce;
   launched as ``python -m hvd_compress.tools.mwms`` launches it);
 * ``horovod`` -- Horovod's own ``hvd.DistributedGradientTape`` (no compression);
-* ``ours``    -- ``hvd_compress.tensorflow.DistributedGradientTape(compression="none")``.
+* ``ours``    -- ``hvd_compress.tensorflow.DistributedGradientTape(compression="none")``;
+* ``local``   -- no exchange at all (each worker trains its own copy; not run unless
+  named): the step's compute, so a variant's step less this one's is what its exchange
+  costs.
 
-The Horovod variants run under ``horovodrun --gloo -np N`` (``hvd_compress.tools.hvdrun``);
-every worker takes one share of the cores, as the examples do.  Each run times
+The Horovod variants (and ``local``) run under ``horovodrun --gloo -np N``
+(``hvd_compress.tools.hvdrun``); every worker takes one share of the cores, as the
+examples do.  ``--cycle-time MS`` sets Horovod's ``HOROVOD_CYCLE_TIME`` for them (its
+default: 1 ms between the background thread's negotiation cycles).  Each run times
 ``--steps`` steps after ``--warmup`` untimed ones (tracing included there); the runs
 alternate (one of each variant per repeat, the order rotating) so drift falls on
 all alike.  Reported per variant: the median over repeats of each run's median step
-time, images per second, and the ratio to ``mwms`` (``ours/mwms`` is the figure the
-target is stated in: at most 1.3).  ``--mode eager`` runs the Horovod variants' step
-without ``tf.function`` (the wrappers' per-step Python cost; not for ``mwms``).
+time, images per second, the ratio to ``mwms`` (``ours/mwms`` is the figure the
+target is stated in: at most 1.3) and the median of the per-repeat ratios (each
+repeat's runs close together in time: on a shared machine the steadier figure).
+``--mode eager`` runs the Horovod variants' step without ``tf.function`` (the
+wrappers' per-step Python cost; not for ``mwms``).
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-VARIANTS = ("mwms", "horovod", "ours")
+VARIANTS = ("mwms", "horovod", "ours", "local")
+DEFAULT_VARIANTS = VARIANTS[:3]
 RESULT = "bench_wrapper result: "  # the line a worker (rank 0) prints its figures on
 
 
@@ -83,7 +92,12 @@ def _step_function(variant, mode, model, opt, loss_fn, strategy, hvd):
                 return loss
             return strategy.run(replica, args=(x, y))
         return step
-    if variant == "horovod":
+    if variant == "local":
+        sources = variables
+
+        def wrap(tape):
+            return tape
+    elif variant == "horovod":
         # Horovod 0.28.1's tape keys sources by tf.Variable.ref(): Keras 3's tf.Variables
         sources = [v.value for v in variables]
 
@@ -166,7 +180,9 @@ def _command(args, variant: str) -> list[str]:
     if variant == "mwms":
         return [sys.executable, "-m", "hvd_compress.tools.mwms", "-np", str(args.np),
                 "--timeout", str(args.timeout)] + me
-    return [sys.executable, "-m", "hvd_compress.tools.hvdrun", "--gloo", "-np", str(args.np)] + me
+    cycle = [] if args.cycle_time is None else ["--cycle-time-ms", str(args.cycle_time)]
+    return [sys.executable, "-m", "hvd_compress.tools.hvdrun", "--gloo", "-np", str(args.np),
+            *cycle] + me
 
 
 def run_one(args, variant: str, log: Path) -> dict:
@@ -192,8 +208,9 @@ def run_one(args, variant: str, log: Path) -> dict:
 
 
 def summarise(runs: dict) -> dict:
-    """Per variant: the median over runs of their median step times, images/s, and the
-    ratio to mwms's median (where mwms ran)."""
+    """Per variant: the median over runs of their median step times, images/s, the
+    ratio to mwms's median and the median of the per-repeat ratios to mwms's run of the
+    same repeat (where mwms ran; likewise ours to horovod)."""
     out = {}
     for variant, docs in runs.items():
         med = statistics.median(d["median_ms"] for d in docs)
@@ -205,10 +222,21 @@ def summarise(runs: dict) -> dict:
     base = out.get("mwms", {}).get("median_ms")
     for variant, row in out.items():
         row["ratio_to_mwms"] = round(row["median_ms"] / base, 3) if base else None
+        row["paired_ratio_to_mwms"] = _paired(runs, variant, "mwms")
     if "horovod" in out and "ours" in out:
         out["ours"]["ratio_to_horovod"] = round(out["ours"]["median_ms"] /
                                                 out["horovod"]["median_ms"], 3)
+        out["ours"]["paired_ratio_to_horovod"] = _paired(runs, "ours", "horovod")
     return out
+
+
+def _paired(runs: dict, variant: str, base: str):
+    """The median over repeats of ``variant``'s run median over ``base``'s in the same
+    repeat (None without ``base``)."""
+    if base not in runs or not runs[base]:
+        return None
+    ratios = [a["median_ms"] / b["median_ms"] for a, b in zip(runs[variant], runs[base])]
+    return round(statistics.median(ratios), 3)
 
 
 def main(argv=None) -> int:
@@ -216,7 +244,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--variant", action="append", choices=VARIANTS,
-                    help="a variant to run (repeatable; default: all three)")
+                    help="a variant to run (repeatable; default: mwms, horovod and ours)")
     ap.add_argument("--np", type=int, default=2, help="workers (default 2)")
     ap.add_argument("--repeats", type=int, default=5, help="runs of each variant (default 5)")
     ap.add_argument("--steps", type=int, default=300, help="timed steps per run (default 300)")
@@ -227,6 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--mode", choices=("function", "eager"), default="function",
                     help="the Horovod variants' step in a tf.function (default) or eager")
+    ap.add_argument("--cycle-time", type=float, metavar="MS",
+                    help="HOROVOD_CYCLE_TIME for the Horovod variants (default: Horovod's, 1 ms)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run (default 300)")
     ap.add_argument("--logs", metavar="DIR", help="keep each run's output here (default: a "
                     "temporary folder, removed)")
@@ -239,9 +269,11 @@ def main(argv=None) -> int:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.warmup < 0:
         ap.error("--warmup must be at least 0")
+    if args.cycle_time is not None and args.cycle_time <= 0:
+        ap.error("--cycle-time must be above 0")
     if args.worker:
         return worker(args)
-    variants = list(dict.fromkeys(args.variant or VARIANTS))
+    variants = list(dict.fromkeys(args.variant or DEFAULT_VARIANTS))
     if args.mode == "eager" and variants == ["mwms"]:
         ap.error("--mode eager is for the Horovod variants (mwms's step is a tf.function)")
 
@@ -267,14 +299,20 @@ def main(argv=None) -> int:
                           f"{doc['load_average']:.1f})", file=sys.stderr, flush=True)
     figures = summarise(runs)
     result = {"np": args.np, "mode": args.mode, "steps": args.steps, "warmup": args.warmup,
-              "batch_size": args.batch_size, "repeats": args.repeats, "variants": figures}
+              "batch_size": args.batch_size, "repeats": args.repeats,
+              "cycle_time_ms": args.cycle_time, "variants": figures}
     table = sys.stderr if args.json == "-" else sys.stdout  # stdout: the JSON alone
-    print(f"{'variant':10s} {'median step ms':>15s} {'images/s':>10s} {'/ mwms':>8s}  run medians",
-          file=table)
+    print(f"{'variant':10s} {'median step ms':>15s} {'images/s':>10s} {'/ mwms':>8s} "
+          f"{'paired':>8s}  run medians", file=table)
     for variant, row in figures.items():
-        ratio = "--" if row["ratio_to_mwms"] is None else f"{row['ratio_to_mwms']:.2f}x"
-        print(f"{variant:10s} {row['median_ms']:15.3f} {row['images_per_sec']:10.0f} {ratio:>8s}  "
-              f"{row['run_medians_ms']}", file=table)
+        ratio, paired = ("--" if row[k] is None else f"{row[k]:.2f}x"
+                         for k in ("ratio_to_mwms", "paired_ratio_to_mwms"))
+        print(f"{variant:10s} {row['median_ms']:15.3f} {row['images_per_sec']:10.0f} {ratio:>8s} "
+              f"{paired:>8s}  {row['run_medians_ms']}", file=table)
+    if "ratio_to_horovod" in figures.get("ours", {}):
+        row = figures["ours"]
+        print(f"ours / horovod: {row['ratio_to_horovod']:.2f}x (paired "
+              f"{row['paired_ratio_to_horovod']:.2f}x)", file=table)
     if args.json:
         text = json.dumps(result, indent=2)
         if args.json == "-":
