@@ -1,0 +1,25 @@
+"""HorovodTF's eager allreduces: held until the exchange waits, then run as one
+``hvd.grouped_allreduce`` per op, scales and dtype where that keeps each element's bits
+(any maximum, integer sums; float sums over two ranks only), compared with each
+allreduce run alone, bit for bit."""
+
+import pytest
+
+from tests.harness import run_horovod
+from tests.workers.tf_grouped import CASES
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_grouped_eager_allreduces_keep_the_bits(np_):
+    results = run_horovod("tests.workers.tf_grouped:grouped_matches_one_by_one", np=np_,
+                          timeout=600)
+    # np 2: every kind goes grouped -- float32 sum (4), its Average with scales (2), int32
+    # sum (2), max (2), float16 sum (2); np 3: the float sums run at once, one by one
+    expected = [2, 2, 2, 2, 4] if np_ == 2 else [2, 2]
+    assert len(results) == np_
+    for res in results:
+        assert res["equal"] == [True] * len(CASES)
+        assert res["groups"] == expected
+        assert res["held"] == 0
