@@ -267,6 +267,13 @@ class Session:
         self._passes = int(passes)
         self.reset_passes()
 
+    def set_period(self, passes: int) -> None:
+        """Horovod's ``backward_passes_per_step`` changed: local SGD's averaging period
+        (each pass stays a local step), else the passes summed before a group is sent."""
+        if self.schedule is not None:
+            self.schedule.period = int(passes)
+        self.set_passes(1 if self.schedule is not None else passes)
+
     def reset_passes(self) -> None:
         self._left = {x: self._passes for x in self._group_of}
 

@@ -21,7 +21,7 @@ from ..frontend import class_names  # noqa: E402
 from . import compressors  # noqa: E402
 from .backend import TorchBackend  # noqa: E402
 from .compressors import TorchCompressor, as_compressor, compressor  # noqa: E402
-from .optimizer import DistributedOptimizer  # noqa: E402
+from .distributed import DistributedOptimizer  # noqa: E402
 
 __all__ = ["TorchBackend", "TorchCompressor", "compressor", "as_compressor",
            "DistributedOptimizer", *class_names()]

@@ -8,6 +8,12 @@ import horovod.torch as hvd
 from ..core import agreement
 
 
+def entries(params, names) -> list:
+    """``(name, shape, dtype)`` of each parameter in ``params`` (``names``: parameter ->
+    name), as the per-tensor plan reads them."""
+    return [(names[p], tuple(p.shape), _dtype(p)) for p in params]
+
+
 def optimizer_plan(session, comp, names, groups, rows, backward_passes_per_step,
                    sparse_as_dense, buffers) -> dict:
     """Compressor, op, settings, groups, and the parameters in the order they travel.

@@ -217,6 +217,17 @@ def _owns_momentum(spec) -> bool:
     return bool(registry.core_of(spec).owns_momentum)
 
 
+def settle_policy(optimizer, policy, entries, local_sgd: bool) -> list:
+    """A per-tensor ``policy`` once the parameters are named (``entries``: ``(name,
+    shape, dtype)``): DGC's tensors take the wrapped optimizer's momentum (not under
+    local SGD, whose local steps keep their own), each tensor's compressor is fixed;
+    returns the specs chosen, for the argument checks."""
+    if not local_sgd:
+        pair_dgc_with_momentum(optimizer, policy, entries)
+    policy.settle(entries)
+    return [policy.policy.spec_for(*e) for e in entries]
+
+
 def pair_dgc_with_momentum(optimizer, comp, entries=()):
     """DGC applies momentum itself (momentum correction; its class ``owns_momentum``):
     move the wrapped optimizer's momentum into it, so that it is not applied twice (a

@@ -1,6 +1,7 @@
-"""The PyTorch optimizer's gradients on their way out and back: what a parameter sends
-(zeros where it has no gradient, dense where it must be) and where its average lands
-(decoded straight into ``p.grad`` where the shapes allow)."""
+"""The PyTorch optimizer's gradients on their way out and back: the hooks that send a
+group once its backward passes are in, what a parameter sends (zeros where it has no
+gradient, dense where it must be) and where its average lands (decoded straight into
+``p.grad`` where the shapes allow)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,64 @@ import torch
 
 from .sparse import densify
 
-__all__ = ["gradient", "collect"]
+__all__ = ["GradientPath", "gradient", "collect"]
+
+
+class GradientPath:
+    """One optimizer's gradients through its :class:`~hvd_compress.session.Session`.
+
+    ``names``: parameter -> name; ``comp``: the optimizer's compression; ``dga``: set
+    to a :class:`~.localsteps.DelayedAveraging` when gradients are averaged late (it
+    keeps a copy of what is sent and tags the steps in flight)."""
+
+    def __init__(self, session, names, comp, sparse_as_dense: bool):
+        self.session, self.names, self.comp = session, names, comp
+        self.sparse_as_dense, self.hooks, self.dga = sparse_as_dense, [], None
+
+    def register_hooks(self, params) -> None:
+        """Horovod's way: a parameter's hook fires once its gradient is accumulated, and
+        the group goes out when every member has had all its passes (once only)."""
+        if not self.hooks:
+            self.hooks = [p.register_post_accumulate_grad_hook(self._hook(p)) for p in params]
+
+    def _hook(self, p):
+        def hook(param):
+            if not self.session.local_phase():
+                group = self.session.ready(p)
+                if group is not None:
+                    self.launch(group)
+        return hook
+
+    def grad(self, p):
+        """What ``p`` sends (:func:`gradient`)."""
+        return gradient(p, self.names[p], self.comp, self.sparse_as_dense)
+
+    def launch(self, group, src=None) -> None:
+        """Encode and send ``group``'s gradients (or the tensors ``src`` maps them to)."""
+        dga = self.dga
+        grads = [self.grad(p) if src is None else src[p] for p in group]
+        if dga is not None and src is None:
+            grads = dga.keep(group, grads)
+        self.session.send(group, grads, [self.names[p] for p in group],
+                          dga.tag if dga is not None else "")
+
+    def collect(self, pending, dest=None) -> None:
+        """Finish ``pending``'s batches into the gradients (or ``dest``): :func:`collect`."""
+        collect(self.session.engine, pending, self.session.stats, dest)
+
+    def exchange_all(self, src) -> None:
+        """Send every group's tensors in ``src`` and leave their averages there (local
+        SGD's parameter changes)."""
+        s, pending = self.session, {}
+        for group in s.groups:
+            self.launch(group, src=src)
+            pending[group] = s.pending.pop(group)
+        self.collect(pending, dest=src)
+
+    def synchronize(self) -> None:
+        """Send the groups whose hooks did not fire and finish the step's exchange."""
+        if self.session.exchanges():
+            self.session.synchronize(self.launch, self.collect)
 
 
 def gradient(p, name: str, comp, sparse_as_dense: bool):

@@ -93,14 +93,15 @@ class DelayedAveraging:
     """DGA: step i's collectives start from a snapshot of the local gradients and are
     collected at step i + D, where the update uses ``g_i - g_{i-D} + avg(g_{i-D})``.
 
-    ``launch(group)`` sends a group (those whose hooks did not fire); ``grad(p)`` is
-    ``p``'s gradient as sent; ``collect(pending, dest)`` finishes batches into ``dest``;
-    ``base_step(closure)``: the wrapped optimizer's own step."""
+    ``path``: the optimizer's :class:`~.grads.GradientPath` (it sends the groups whose
+    hooks did not fire, gives ``p``'s gradient as sent and finishes batches into a
+    destination); ``base_step(closure)``: the wrapped optimizer's own step."""
 
-    def __init__(self, session, delay: int, launch, grad, collect, base_step):
+    def __init__(self, session, delay: int, path, base_step):
         self.session, self.delay = session, delay
-        self._launch, self._grad, self._collect = launch, grad, collect
+        self._launch, self._grad, self._collect = path.launch, path.grad, path.collect
         self._base_step = base_step
+        path.dga = self
         self.inflight = deque()  # (batches in flight, local gradients) per step
         self.snapshots = {}      # this step's local gradients
         self.tag = ""            # collective names differ between steps in flight

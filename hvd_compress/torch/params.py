@@ -1,12 +1,35 @@
-"""Horovod's rules for naming and grouping an optimizer's parameters (0.28.1), and how its
-helper functions call an optimizer."""
+"""Horovod's rules for an optimizer (0.28.1): naming and grouping its parameters, the
+arguments it takes, its messages, and how its helper functions call an optimizer."""
 
 from __future__ import annotations
 
 import sys
 
+import horovod.torch as hvd
 import torch
 from horovod.common.util import split_list
+
+from ..localsteps import check_horovod_args
+
+#: Horovod's warning for a second synchronize in one step, and its error for zero_grad()
+#: while gradients are in flight (its words)
+SYNCHRONIZED_TWICE = ("optimizer.step() called without optimizer.skip_synchronize() context "
+                      "after optimizer.synchronize(). This can cause training slowdown. You may "
+                      "want to consider using optimizer.skip_synchronize() context if you use "
+                      "optimizer.synchronize() in your code.")
+ZERO_GRAD_IN_FLIGHT = ("optimizer.zero_grad() was called after loss.backward() but before "
+                       "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
+                       "can cause a race condition.")
+
+
+def check_args(specs, op, gradient_predivide_factor, backward_passes_per_step, local_sgd,
+               local_sgd_warmup_steps, delay, start_step) -> None:
+    """The optimizer's argument checks (Horovod's and ours) over ``specs``: those known when
+    it is made, and a per-tensor policy's chosen ones again once the parameters are named."""
+    check_horovod_args(hvd, "hvd_compress.torch.DistributedOptimizer",
+                       "horovod.torch.DistributedOptimizer", op, gradient_predivide_factor,
+                       backward_passes_per_step, local_sgd, local_sgd_warmup_steps, delay, specs,
+                       start_step)
 
 
 def checked_names(param_groups, named_parameters):

@@ -1,0 +1,78 @@
+"""``hvd_compress.torch.DistributedOptimizer``: Horovod's optimizer, with every compressor.
+
+A drop-in replacement for ``horovod.torch.DistributedOptimizer`` (0.28.1): the same
+arguments, defaults and behaviour (gradient hooks start communication during the
+backward pass, ``synchronize()``/``skip_synchronize()``, ``backward_passes_per_step``,
+``op``, ``gradient_predivide_factor``, ``groups``, ``sparse_as_dense``,
+``process_set``).  This module checks the arguments, turns ``compression`` into a
+compressor and makes the optimizer: an instance of the wrapped optimizer's class with
+the shell's methods (:mod:`.optimizer`).
+
+**DGC and momentum.** DGC applies momentum inside the compressor (momentum
+correction), so the wrapped optimizer must not apply it again: use
+``torch.optim.SGD(momentum=0)`` and give the momentum to DGC (``dgc:momentum=0.9``,
+the default).  A wrapped optimizer's ``momentum=m > 0`` is moved into DGC (warning).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import horovod.torch as hvd
+
+from ..core.policy import DEFAULT_MIN_NUMEL
+from .compressors import TorchPolicy, as_compression, pair_dgc_with_momentum
+from .optimizer import _DistributedOptimizer
+from .params import check_args
+
+__all__ = ["DistributedOptimizer"]
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=hvd.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=hvd.global_process_set, *,
+                         local_sgd=False, local_sgd_warmup_steps=0, named_buffers=None, delay=0,
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
+    """Wrap ``optimizer`` so gradients are compressed, exchanged and averaged across ranks.
+
+    Arguments are those of ``horovod.torch.DistributedOptimizer`` 0.28.1, with
+    ``compression`` also taking any hvd_compress compressor or a spec string
+    (``"topk:ratio=0.01"``), or a per-tensor choice (:mod:`hvd_compress.core.policy`):
+    an ordered mapping from parameter-name patterns to specs (first match wins;
+    ``"pattern=spec;..."`` as text) or a callable ``(name, shape, dtype) -> spec``.
+    ``min_numel`` (default 1,024): smaller tensors travel uncompressed, all in one
+    allreduce per step (``0``: off).  ``start_step=N``: the first N steps send every
+    gradient uncompressed.  ``plan()`` / ``print_plan()`` show each tensor's compressor
+    and bytes.  The result is an instance of the wrapped optimizer's class;
+    ``comm_stats`` accumulates the current step's bytes and times, ``last_stats`` holds
+    the last synchronized step's, ``comm_totals`` the sums since creation.
+
+    Beyond Horovod (see :mod:`hvd_compress.localsteps`): ``local_sgd=True``: each
+    backward pass is followed by this worker's own ``step()``, and every
+    ``backward_passes_per_step`` steps the workers average their parameters
+    (compressed: their change since the last average, with error feedback) and the
+    float buffers in ``named_buffers`` (``model.named_buffers()`` for BatchNorm);
+    ``local_sgd_warmup_steps=K`` synchronous steps come first.  ``delay=D``: Delayed
+    Gradient Averaging, step i's average applied at step i + D as ``g_i - g_{i-D} +
+    avg(g_{i-D})`` (a one-round compressor, ``backward_passes_per_step=1``; call
+    ``drain()`` at the end).  ``hierarchical``: dense inside each node, compressed only
+    between nodes (:mod:`hvd_compress.core.hierarchy`); ``None``: wherever the node
+    process sets are registered (:func:`hvd_compress.nodes.node_process_sets`) and the
+    global process set is used; ``True``: required; ``False``: off.
+    """
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in v0.23.0.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    comp = as_compression(compression, min_numel, start_step)
+    check_args(comp.specs(), op, gradient_predivide_factor, backward_passes_per_step, local_sgd,
+               local_sgd_warmup_steps, delay, start_step)
+    if not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
+        pair_dgc_with_momentum(optimizer, comp)  # local steps keep their own momentum
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, local_sgd,
+               local_sgd_warmup_steps, named_buffers, delay, hierarchical)
