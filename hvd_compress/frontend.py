@@ -16,6 +16,7 @@ from . import spec as specmod
 from .core import build, registry
 from .core.base import Encoded
 from .core.exchange import Exchange, new_stats
+from .core.planrow import PlanRow
 
 __all__ = ["CompressorFrontend", "horovod_builtin_spec", "choice_of", "new_stats", "named_class",
            "compressor", "class_names"]
@@ -135,15 +136,18 @@ class CompressorFrontend:
     def passthrough_for(self, name: str, shape, dtype: str) -> bool:
         return self.passthrough
 
-    def plan(self, entries) -> list:
-        """Per tensor (``entries``: ``(name, shape, dtype)``), as a per-tensor policy's
-        :meth:`~hvd_compress.pertensor.PolicyFrontend.plan`: every one with this spec."""
+    def plan(self, entries) -> list[PlanRow]:
+        """Per tensor (``entries``: ``(name, shape, dtype)``) its :class:`PlanRow`, as a
+        per-tensor policy's :meth:`~hvd_compress.pertensor.PolicyFrontend.plan`: every one
+        with this spec."""
         from .core.base import TensorMeta
         core = self.core
-        return [{"name": n, "shape": tuple(int(d) for d in s), "dtype": d,
-                 "compression": str(self.spec), "compressed": not self.passthrough,
-                 "bytes": int(core.payload_nbytes(TensorMeta(n, tuple(int(x) for x in s), d)))}
-                for n, s, d in entries]
+        rows = []
+        for n, s, d in entries:
+            shape = tuple(int(x) for x in s)
+            rows.append(PlanRow(n, shape, d, str(self.spec), not self.passthrough,
+                                int(core.payload_nbytes(TensorMeta(n, shape, d)))))
+        return rows
 
     @property
     def passthrough(self) -> bool:

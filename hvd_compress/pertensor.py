@@ -15,8 +15,9 @@ from . import spec as specmod
 from .core import policy as policymod
 from .core import registry
 from .core.base import TensorMeta
+from .core.planrow import PlanRow
 
-__all__ = ["PolicyFrontend", "format_plan", "resolve"]
+__all__ = ["PlanRow", "PolicyFrontend", "format_plan", "resolve"]
 
 
 def resolve(compression, min_numel, start_step, frontend_cls, policy_cls, make):
@@ -161,19 +162,18 @@ class PolicyFrontend:
         self._epoch = int(epoch)
         return any([bool(c.set_epoch(epoch)) for c in self._children.values()])
 
-    def plan(self, entries) -> list:
-        """Per tensor (``entries``: ``(name, shape, dtype)``): name, shape, the spec it
-        travels with once compression runs, and its payload bytes per step now."""
+    def plan(self, entries) -> list[PlanRow]:
+        """Per tensor (``entries``: ``(name, shape, dtype)``) its :class:`PlanRow`: name,
+        shape, the spec it travels with once compression runs, and its payload bytes per
+        step now."""
         self.settle(entries)
         rows = []
         for name, shape, dtype in entries:
             shape = tuple(int(d) for d in shape)
             spec = self.spec_for(name, shape, dtype, dense=False)
             core = self.child(spec).core
-            rows.append({"name": name, "shape": shape, "dtype": dtype,
-                         "compression": str(spec),
-                         "compressed": self.compresses(name, shape, dtype),
-                         "bytes": int(core.payload_nbytes(TensorMeta(name, shape, dtype)))})
+            rows.append(PlanRow(name, shape, dtype, str(spec), self.compresses(name, shape, dtype),
+                                int(core.payload_nbytes(TensorMeta(name, shape, dtype)))))
         return rows
 
     # -- state ---------------------------------------------------------------------------
@@ -191,17 +191,19 @@ class PolicyFrontend:
 
 
 def format_plan(rows, start_step: int = 0) -> str:
-    """The plan as a table (what the examples print on rank 0)."""
-    width = max([len(r["name"]) for r in rows] + [6])
+    """The plan as a table (what the examples print on rank 0); ``rows``: :class:`PlanRow`
+    objects, or dicts of their fields."""
+    rows = [PlanRow.of(r) for r in rows]
+    width = max([len(r.name) for r in rows] + [6])
     lines = [f"{'tensor':<{width}}  {'shape':<16} {'bytes/step':>11}  compression"]
     for r in rows:
-        shape = "x".join(map(str, r["shape"])) or "scalar"
-        shown = r["compression"] if r["compressed"] else \
-            "none" + (" (with DGC's momentum)" if registry.core_of(r["compression"]).owns_momentum
+        shape = "x".join(map(str, r.shape)) or "scalar"
+        shown = r.compression if r.compressed else \
+            "none" + (" (with DGC's momentum)" if registry.core_of(r.compression).owns_momentum
                       else "")
-        lines.append(f"{r['name']:<{width}}  {shape:<16} {r['bytes']:>11,}  {shown}")
-    total = sum(r["bytes"] for r in rows)
-    squeezed = sum(1 for r in rows if r["compressed"])
+        lines.append(f"{r.name:<{width}}  {shape:<16} {r.bytes:>11,}  {shown}")
+    total = sum(r.bytes for r in rows)
+    squeezed = sum(1 for r in rows if r.compressed)
     lines.append(f"{len(rows)} tensors, {squeezed} compressed, {total:,} bytes/step"
                  + (f"; uncompressed for the first {start_step} steps" if start_step else ""))
     return "\n".join(lines)
