@@ -1,6 +1,7 @@
 """What a comparison runs: the matrix of compressor x mode x worker count x bandwidth.
 
-A run is a dict of :data:`RUN_KEYS` (its CSV row adds :data:`COLUMNS`); the modes
+A run is a :class:`~hvd_compress.tools.runrow.RunRow` holding :data:`RUN_KEYS` (its CSV
+row adds the other :data:`COLUMNS`); the modes
 say how often the workers talk (``sync``, local SGD, DGA, TensorFlow's
 MultiWorkerMirroredStrategy, the flat exchange beside the hierarchical one).
 :func:`plan_runs` turns ``hvd-compress-compare``'s arguments into the runs, which
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from . import netcap, runtools
+from . import netcap, runrow
+from .runrow import RunRow
 
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
             "digits-wide": "train_digits.py", "cifar10": "train_cifar10.py"}
@@ -32,13 +34,10 @@ DEFAULT_EXAMPLE_ARGS = {
     "cifar10": "--epochs 1",
 }
 RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes")
-#: results.csv's columns: the examples' summary keys, then what compare adds (new ones are
-#: appended, so that the older columns keep their places)
-COLUMNS = (list(runtools.SUMMARY_KEYS) + ["bandwidth", "latency", "status", "step_ms",
-                                          "collectives_per_step", "parameters", "log",
-                                          "mode", "target_accuracy", "time_to_target_s",
-                                          "epochs_to_target", "best_accuracy", runtools.CURVE,
-                                          "nodes", "local_bytes_per_step", "hierarchical"])
+#: results.csv's columns (:class:`~hvd_compress.tools.runrow.RunRow`'s fields): the examples'
+#: summary keys, then what compare adds (new ones are appended, so that the older columns
+#: keep their places)
+COLUMNS = runrow.COLUMNS
 UNCAPPED = "uncapped"
 SYNC = "sync"
 #: the baseline without Horovod: TensorFlow's MultiWorkerMirroredStrategy (``--strategy
@@ -134,7 +133,7 @@ def takes_hierarchy(spec: str) -> bool:
     return any(sharded(build(s)) for s in specs_of(spec))
 
 
-def plan_runs(args, capped_ok: bool) -> list[dict]:
+def plan_runs(args, capped_ok: bool) -> list[RunRow]:
     runs = []
     modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
                       getattr(args, "strategy", "horovod"))
@@ -152,11 +151,10 @@ def plan_runs(args, capped_ok: bool) -> list[dict]:
             if not capped_ok:
                 bands = [UNCAPPED]
             for bw in dict.fromkeys(bands):
-                runs.append({"framework": "tensorflow" if mode == MWMS else args.framework,
-                             "example": args.example,
-                             "compression": spec, "np": np_, "bandwidth": bw,
-                             "latency": args.latency if bw != UNCAPPED else "", "mode": mode,
-                             "nodes": nodes if np_ > 1 else 1})
+                runs.append(RunRow(framework="tensorflow" if mode == MWMS else args.framework,
+                                   example=args.example, compression=spec, np=np_, bandwidth=bw,
+                                   latency=args.latency if bw != UNCAPPED else "", mode=mode,
+                                   nodes=nodes if np_ > 1 else 1))
 
     only = getattr(args, "modes_for", None)
     for spec in args.compression:

@@ -1,8 +1,9 @@
 """A comparison's results: ``results.csv``, ``results.md`` (speed-ups over ``none``, the
 best method per setting, the fastest to a target accuracy) and the PNG plots.
 
-Rows are the CSV's: every value may be text (a resumed matrix reads them back), so
-numbers are read with :func:`number`.
+Rows are the CSV's (:class:`~hvd_compress.tools.runrow.RunRow`, or dicts of its
+columns): every value may be text (a resumed matrix reads them back), so numbers are
+read with :func:`number`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ from pathlib import Path
 from ..core.registry import passes_through
 from . import runtools
 from .plan import COLUMNS, MWMS, SYNC, method, mode_of, nodes_of, run_key, specs_of
+from .runrow import RunRow
 
 
-def read_csv(path: Path) -> list[dict]:
+def read_csv(path: Path) -> list[RunRow]:
+    """results.csv's rows, each value its text (a column the file lacks: absent)."""
     if not path.exists():
         return []
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        return [RunRow.of(r) for r in csv.DictReader(f)]
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list) -> None:
+    """``rows`` (RunRow objects or dicts) as results.csv: :data:`COLUMNS`, a blank cell
+    for a column a row lacks or holds as None."""
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
@@ -213,6 +218,7 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
     the time and epochs to it, or "missed" and the best accuracy reached), then the best
     method per setting and, with a target, the fastest to it; ``stopped``: the runs
     ended at the target (``--stop-at-target``), which the heading then says."""
+    rows = [RunRow.of(r) for r in rows]
     sp = speedups(rows)
     modes = any(mode_of(r) != SYNC for r in rows)
     head = (["framework", "example", "compression"] + (["mode"] if modes else [])
@@ -221,7 +227,7 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
             + (["to target s", "epochs to target"] if target is not None else []) + ["wall s", "status"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        okay = r.get("status") == "ok"
+        okay = r.status == "ok"
 
         def num(key, fmt="{:.1f}"):
             v = number(r, key)
@@ -229,7 +235,7 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
                 return "n/m"  # the run did not measure this part of its step (never 0.0)
             return fmt.format(v) if (okay and v is not None) else ""
         s = sp.get(run_key(r))
-        bw = r["bandwidth"] + (f" +{r['latency']}" if r.get("latency") else "")
+        bw = r.bandwidth + (f" +{r.latency}" if r.latency else "")
         reached = []
         if target is not None:
             point = hit(r, target)
@@ -240,13 +246,13 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
             else:
                 reached = ["", ""]
         lines.append("| " + " | ".join(
-            [r["framework"], r["example"], f"`{r['compression']}`"] + ([mode_of(r)] if modes else []) + [
-                str(r["np"]) + (f" ({nodes_of(r)} nodes)" if nodes_of(r) > 1 else ""), bw,
+            [r.framework, r.example, f"`{r.compression}`"] + ([mode_of(r)] if modes else []) + [
+                str(r.np) + (f" ({nodes_of(r)} nodes)" if nodes_of(r) > 1 else ""), bw,
                 num("images_per_sec"), num("images_per_sec_per_worker"),
                 f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
                 num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),
                 num("test_accuracy", "{:.4f}")] + reached + [
-                num("wall_s"), "ok" if okay else r.get("status", "").split(";")[0]]) + " |")
+                num("wall_s"), "ok" if okay else (r.status or "").split(";")[0]]) + " |")
     text = "\n".join(lines) + "\n"
     if target is not None:
         text = (f"Target test accuracy {target:g}: time to target is the training time (evaluation not "
@@ -265,25 +271,25 @@ def plot(out: Path, rows: list[dict], target: float | None = None) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = ok_rows(rows)
+    rows = [RunRow.of(r) for r in ok_rows(rows)]
     if not rows:
         return []
     written = []
     methods = list(dict.fromkeys(method(r) for r in rows))
-    bands = list(dict.fromkeys(r["bandwidth"] for r in rows))
+    bands = list(dict.fromkeys(r.bandwidth for r in rows))
 
     # throughput against worker count, one panel per bandwidth (np 1 is in every panel)
     fig, axes = plt.subplots(1, len(bands), figsize=(5.5 * len(bands), 4.2), squeeze=False)
     for ax, bw in zip(axes[0], bands):
         for name in methods:
-            pts = sorted((int(r["np"]), number(r, "images_per_sec")) for r in rows
-                         if method(r) == name and (r["bandwidth"] == bw or int(r["np"]) == 1))
+            pts = sorted((int(r.np), number(r, "images_per_sec")) for r in rows
+                         if method(r) == name and (r.bandwidth == bw or int(r.np) == 1))
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         ax.set_title(f"links: {bw}")
         ax.set_xlabel("workers (np)")
         ax.set_ylabel("images/s (all workers)")
-        ax.set_xticks(sorted({int(r["np"]) for r in rows}))
+        ax.set_xticks(sorted({int(r.np) for r in rows}))
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
@@ -292,7 +298,7 @@ def plot(out: Path, rows: list[dict], target: float | None = None) -> list[str]:
     # bytes one worker sends per step
     per_spec = {}
     for r in rows:
-        if int(r["np"]) > 1 or method(r) not in per_spec:
+        if int(r.np) > 1 or method(r) not in per_spec:
             per_spec[method(r)] = number(r, "bytes_per_step") or 0.0
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(per_spec) + 1.5))
     names = list(per_spec)
@@ -308,7 +314,7 @@ def plot(out: Path, rows: list[dict], target: float | None = None) -> list[str]:
     # where the step time goes, stacked, one bar per run
     labels, parts = [], {k: [] for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")}
     for r in rows:
-        labels.append(f"{method(r)}\nnp{r['np']} {r['bandwidth']}")
+        labels.append(f"{method(r)}\nnp{r.np} {r.bandwidth}")
         for k in parts:
             parts[k].append(number(r, k) or 0.0)
     fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(labels)), 5))
@@ -331,7 +337,7 @@ def plot(out: Path, rows: list[dict], target: float | None = None) -> list[str]:
             if pts:
                 ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=name)
                 for x, y, r in pts:
-                    ax.annotate(f"np{r['np']} {r['bandwidth']}", (x, y), fontsize=6)
+                    ax.annotate(f"np{r.np} {r.bandwidth}", (x, y), fontsize=6)
         ax.set_xlabel("wall-clock time of the run (s)")
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)

@@ -26,6 +26,7 @@ from .plan import (
     nodes_of,
     run_name,
 )
+from .runrow import RunRow
 
 TOOLS_DIR = Path(__file__).resolve().parent
 
@@ -51,17 +52,19 @@ def examples_dir(framework: str, tools_dir: Path | None = None) -> Path:
         "from its repository or a wheel built from it")
 
 
-def example_command(args, run: dict, json_path: Path) -> list[str]:
-    script = examples_dir(run["framework"]) / EXAMPLES[run["example"]]
+def example_command(args, run, json_path: Path) -> list[str]:
+    """The example's command line for ``run`` (a :class:`RunRow`, or a dict of its keys)."""
+    run = RunRow.of(run)
+    script = examples_dir(run.framework) / EXAMPLES[run.example]
     extra = shlex.split(args.example_args if args.example_args is not None
-                        else DEFAULT_EXAMPLE_ARGS[run["example"]])
+                        else DEFAULT_EXAMPLE_ARGS[run.example])
     for flag in ("min_numel", "start_step"):  # the per-tensor policy's knobs, when given
         if getattr(args, flag, None) is not None:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     extra += mode_flags(mode_of(run))
     if getattr(args, "stop_at_target", False):
         extra += ["--stop-at", f"{args.target_accuracy:g}"]
-    return [sys.executable, str(script), *extra, "--compression", run["compression"],
+    return [sys.executable, str(script), *extra, "--compression", run.compression,
             "--json", str(json_path), "--quiet"]
 
 
@@ -71,8 +74,10 @@ def horovodrun() -> list[str]:
     return hvdrun.command()
 
 
-def execute(args, run: dict, out: Path) -> dict:
-    """Launch one run; returns its CSV row (status ok or failed)."""
+def execute(args, run, out: Path) -> RunRow:
+    """Launch one run (a :class:`RunRow`, or a dict of its keys); returns its CSV row
+    (status ok or failed)."""
+    run = RunRow.of(run)
     name = run_name(run)
     json_path = out / "runs" / f"{name}.json"
     log_path = out / "logs" / f"{name}.log"
@@ -83,14 +88,14 @@ def execute(args, run: dict, out: Path) -> dict:
     cmd = example_command(args, run, json_path)
     t0 = time.perf_counter()
     try:
-        if run["bandwidth"] == UNCAPPED:
+        if run.bandwidth == UNCAPPED:
             if mode_of(run) == MWMS:
-                full = [sys.executable, "-m", "hvd_compress.tools.mwms", "-np", str(run["np"]), *cmd]
+                full = [sys.executable, "-m", "hvd_compress.tools.mwms", "-np", str(run.np), *cmd]
             elif nodes_of(run) > 1:  # Horovod sees the nodes; loopback links
                 full = [sys.executable, "-m", "hvd_compress.tools.nodesrun", "--nodes",
-                        str(nodes_of(run)), "-np", str(run["np"]), *cmd]
+                        str(nodes_of(run)), "-np", str(run.np), *cmd]
             else:
-                full = [*horovodrun(), "-np", str(run["np"]), "-H", f"localhost:{run['np']}",
+                full = [*horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}",
                         "--gloo", *cmd]
             with open(log_path, "w") as log:
                 log.write("$ " + shlex.join(full) + "\n")
@@ -102,16 +107,16 @@ def execute(args, run: dict, out: Path) -> dict:
                 finally:
                     netcap.stop(proc)
         else:
-            latency = netcap.parse_latency(run["latency"]) if run["latency"] else 0.0
+            latency = netcap.parse_latency(run.latency) if run.latency else 0.0
             nodes = nodes_of(run)
-            per = int(run["np"]) // nodes if nodes > 1 else 1  # workers per namespace
-            where = f"{nodes} namespaces of {per} workers" if nodes > 1 else f"{run['np']} namespaces"
+            per = int(run.np) // nodes if nodes > 1 else 1  # workers per namespace
+            where = f"{nodes} namespaces of {per} workers" if nodes > 1 else f"{run.np} namespaces"
             with open(log_path, "w") as log:
-                log.write(f"# {where}, links capped at {run['bandwidth']}"
-                          f"{', latency ' + run['latency'] if latency else ''}\n$ "
+                log.write(f"# {where}, links capped at {run.bandwidth}"
+                          f"{', latency ' + run.latency if latency else ''}\n$ "
                           + shlex.join(cmd) + "\n")
-            with netcap.CappedNetwork(nodes if nodes > 1 else run["np"],
-                                      netcap.parse_rate(run["bandwidth"]), latency) as net:
+            with netcap.CappedNetwork(nodes if nodes > 1 else run.np,
+                                      netcap.parse_rate(run.bandwidth), latency) as net:
                 if mode_of(run) == MWMS:
                     rc = netcap.launch_mwms(net, cmd, log_path=str(log_path), timeout_s=args.timeout)
                 else:
@@ -123,19 +128,19 @@ def execute(args, run: dict, out: Path) -> dict:
             log.write(f"\ncompare: launch failed: {exc!r}\n")
         rc = -1
     wall = time.perf_counter() - t0
-    row = dict(run)
-    row["log"] = str(log_path)
+    row = run.copy()
+    row.log = str(log_path)
     if rc == 0 and json_path.exists():
         doc = json.loads(json_path.read_text())
         for key in COLUMNS:
             if key in doc and key not in RUN_KEYS:
                 row[key] = doc[key]
         if doc.get(runtools.CURVE) is not None:  # one CSV cell
-            row[runtools.CURVE] = json.dumps(doc[runtools.CURVE], separators=(",", ":"))
-        row["step_ms"] = doc["step_ms"] if doc.get("step_ms") is not None else round(
+            row.curve = json.dumps(doc[runtools.CURVE], separators=(",", ":"))
+        row.step_ms = doc["step_ms"] if doc.get("step_ms") is not None else round(
             sum(float(doc.get(k) or 0.0) for k in ("compute_ms", "encode_ms", "comm_ms", "decode_ms")), 3)
-        row["status"] = "ok"
+        row.status = "ok"
     else:
-        row["status"] = ("timed out" if rc == 124 else f"failed (exit {rc})") + f"; see {log_path}"
-        row["wall_s"] = round(wall, 3)
+        row.status = ("timed out" if rc == 124 else f"failed (exit {rc})") + f"; see {log_path}"
+        row.wall_s = round(wall, 3)
     return row
