@@ -1,4 +1,4 @@
-"""Bodies for tests/test_tensorflow_grouped.py: the eager allreduces HorovodTF holds and
+"""Bodies for tests/test_tensorflow_grouped.py: the allreduces HorovodTF holds and
 runs as one grouped allreduce, against each run alone."""
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ CASES = [((3, 3, 1, 16), "float32", "sum", 1.0, 1.0), ((16,), "float32", "sum", 
          ((300,), "float16", "sum", 1.0, 1.0), ((31,), "float16", "sum", 1.0, 1.0)]
 
 
-def grouped_matches_one_by_one():
-    """Start every case's allreduce through HorovodTF eagerly, wait on the last one first
-    (the first wait runs everything held), and compare each result with the same
-    allreduce run alone.  Returns per case whether the bits are equal, and the sizes of
-    the groups ``hvd.grouped_allreduce`` was called with."""
+def grouped_matches_one_by_one(traced=False):
+    """Start every case's allreduce through HorovodTF, eagerly or inside a
+    ``tf.function`` (``traced``), wait on the last one first (the first wait runs
+    everything held), and compare each result with the same allreduce run alone,
+    eagerly.  Returns per case whether the bits are equal, the sizes of the groups
+    ``hvd.grouped_allreduce`` was called with and how many allreduces are still held."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -49,17 +50,22 @@ def grouped_matches_one_by_one():
         return real(tensors, *args, **kwargs)
 
     coll = HorovodTF(hvd.global_process_set)
-    hvd.grouped_allreduce = counted
-    try:
+
+    def exchange(*xs):
         handles = [coll.allreduce(x, f"t{i}", op=ops[op], prescale=pre, postscale=post)
                    for i, (x, (_, _, op, pre, post)) in enumerate(zip(xs, CASES))]
         got = [None] * len(handles)
         for i in reversed(range(len(handles))):
-            got[i] = coll.wait(handles[i]).numpy()
+            got[i] = coll.wait(handles[i])
+        return got
+
+    hvd.grouped_allreduce = counted
+    try:
+        got = [g.numpy() for g in (tf.function(exchange) if traced else exchange)(*xs)]
     finally:
         hvd.grouped_allreduce = real
     alone = [hvd.allreduce(x, op=hvd_ops[op], name=f"alone{i}", prescale_factor=pre,
                            postscale_factor=post).numpy()
              for i, (x, (_, _, op, pre, post)) in enumerate(zip(xs, CASES))]
     return {"equal": [bool(np.array_equal(a, b)) for a, b in zip(got, alone)],
-            "groups": sorted(groups), "held": len(coll._deferred)}
+            "groups": sorted(groups), "held": sum(map(len, coll._deferred.values()))}
