@@ -22,7 +22,7 @@ def optimizer_plan(session, comp, names, groups, rows, backward_passes_per_step,
     schedule = session.schedule
     per_tensor = {}
     if rows is not None:  # each tensor's own compressor
-        per_tensor["plan"] = [r["compression"] for r in rows]
+        per_tensor["plan"] = [r.compression for r in rows]
     return agreement.plan(
         "torch.DistributedOptimizer", comp.describe(), agreement.op_name(session.op, hvd),
         session.predivide, backward_passes_per_step,
