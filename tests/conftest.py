@@ -32,3 +32,23 @@ def one_horovod_in_process():
         pytest.fail(f"{' and '.join(both)} are both initialised in the pytest process: at exit "
                     "one finalises MPI under the other and the run aborts (tests/conftest.py); "
                     "run this test's Horovod part under tests.harness.run_horovod")
+
+
+@pytest.fixture
+def one_numba_thread():
+    """numba's kernels on one thread for the test.  The statistical tests call the host
+    fast paths thousands of times on tensors of a few dozen values; on this 2-core machine
+    each call of a parallel kernel on a 2-thread pool costs milliseconds of wake-up
+    (profiled: 300 TernGrad draws of 48 values, 5-7 s on two threads, 0.08 s on one), the
+    same kernels and the same values (tests/test_kernels.py checks them on every core)."""
+    try:
+        import numba
+    except ImportError:  # no numba: no fast paths, nothing to set
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)

@@ -173,6 +173,7 @@ def test_the_engine_refuses_more_ranks_than_the_lanes_hold():
 
 
 @pytest.mark.parametrize("spec", ["terngrad:sum=int,clip=0", "qsgd:sum=int,levels=2,bucket=8"])
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_unbiased_where_the_original_is(spec):
     """The mean over many draws of the aggregate of 3 ranks approaches the sum of their
     values within 5 standard errors (signSGD is not unbiased, nor meant to be)."""
