@@ -218,6 +218,7 @@ def _draws(spec, x, n_draws, seed=0):
 
 
 @pytest.mark.parametrize("spec", ["qsgd:levels=2,bucket=16", "qsgd:levels=7", "terngrad:clip=0"])
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_stochastic_quantizers_are_unbiased(spec):
     x = np.random.default_rng(1).standard_normal(48).astype(np.float32)
     draws = _draws(spec, x, 3000)
@@ -226,6 +227,7 @@ def test_stochastic_quantizers_are_unbiased(spec):
     assert np.max(z) < 5.0, (spec, np.max(z))
 
 
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_terngrad_is_unbiased_for_the_clipped_input():
     x = np.random.default_rng(2).standard_normal(64).astype(np.float32)
     x[5] = 40.0  # far beyond 2.5 sigma: clipped
@@ -237,6 +239,7 @@ def test_terngrad_is_unbiased_for_the_clipped_input():
     assert np.all(draws[:, 5] == np.float32(clipped[5]))  # the clipped value is the scale
 
 
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_unbiased_randomk_averages_to_the_input():
     x = np.random.default_rng(3).standard_normal(50).astype(np.float32)
     comp = build("randomk:ratio=0.1,unbiased=true")
@@ -247,6 +250,7 @@ def test_unbiased_randomk_averages_to_the_input():
 
 
 @pytest.mark.parametrize("levels, bucket", [(1, 16), (4, 64), (7, 512)])
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_qsgd_variance_within_the_paper_bound(levels, bucket):
     x = np.random.default_rng(4).standard_normal(bucket).astype(np.float32)  # one bucket
     draws = _draws(f"qsgd:levels={levels},bucket={bucket}", x, 1500)
