@@ -186,6 +186,7 @@ def test_level_codecs_stay_finite_and_close_on_extreme_ranges(spec, kind):
 
 
 @pytest.mark.parametrize("spec", ["uniform:bucket=4", "uniform:bits=2,bucket=4"])
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_uniform_stays_unbiased_on_a_subnormal_range(spec):
     """A subnormal bucket is quantized on steps of 2^-126: still unbiased."""
     x = np.array(EXTREMES["subnormal"], np.float32)
@@ -292,6 +293,7 @@ def test_inceptionn_error_bound_holds_everywhere(scale, bound):
 
 @pytest.mark.parametrize("spec", ["natural", "uniform:bits=2,bucket=16", "uniform:bits=4",
                                   "topk:ratio=0.5,ef=false+natural"])
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_stochastic_level_codecs_are_unbiased(spec):
     rng = np.random.default_rng(11)
     x = rng.standard_normal(40).astype(np.float32)
@@ -310,6 +312,7 @@ def test_stochastic_level_codecs_are_unbiased(spec):
     assert np.all((z < 5.0) | (np.abs(draws.mean(axis=0) - target) <= 1e-6 * np.abs(target))), spec
 
 
+@pytest.mark.usefixtures("one_numba_thread")  # milliseconds a call saved (tests/conftest.py)
 def test_natural_variance_within_the_papers_bound():
     """omega = 1/8: E|C(x) - x|^2 <= |x|^2 / 8."""
     rng = np.random.default_rng(2)
