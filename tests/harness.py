@@ -59,6 +59,9 @@ def _env(outdir: str, extra: dict | None) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    # numba's too: a 2-thread pool's wake-up costs milliseconds per kernel call on small
+    # tensors when the ranks share the cores (tests/conftest.py: one_numba_thread)
+    env.setdefault("NUMBA_NUM_THREADS", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(extra or {})
@@ -186,3 +189,34 @@ def digests_by_threads(code: str, threads=(1, 2)) -> list[str]:
     return [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
                            cwd=REPO, env=env, timeout=DEFAULT_TIMEOUT, check=True).stdout.strip()
             for t in threads]
+
+
+def run_many(launch, calls, **launch_kwargs) -> dict:
+    """Run several worker bodies in one launch (tests/workers/many.py): ``launch`` is one of
+    the launchers above (e.g. :func:`run_horovod`), ``calls`` a list of ``(key,
+    "module:function", kwargs)``, run one after another in the same processes.  Returns
+    ``{key: per-rank results}``, as the launcher would have returned for that body alone."""
+    calls = [[key, target, dict(kwargs or {})] for key, target, kwargs in calls]
+    results = launch("tests.workers.many:run", kwargs={"calls": calls}, **launch_kwargs)
+    return {key: [r[key] for r in results] for key, _, _ in calls}
+
+
+def shared_launches(plans: dict):
+    """``results(group, key)``: ``key``'s per-rank results from ``group``'s one launch,
+    where ``plans`` maps each group to ``(launch, calls, launch_kwargs)`` for
+    :func:`run_many`.  A group launches when a test first asks for it (so a ``-k``
+    selection launches only what it needs); a failed launch fails every test that asks,
+    without launching again.  Meant for a ``scope="module"`` fixture."""
+    made = {}
+
+    def results(group, key):
+        if group not in made:
+            launch, calls, launch_kwargs = plans[group]
+            try:
+                made[group] = run_many(launch, calls, **launch_kwargs)
+            except LaunchError as exc:
+                made[group] = exc
+        if isinstance(made[group], LaunchError):
+            raise made[group]
+        return made[group][key]
+    return results

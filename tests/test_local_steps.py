@@ -9,7 +9,7 @@ import pytest
 
 from hvd_compress import spec as specmod
 from hvd_compress.localsteps import LocalSGDSchedule, check_local_args, check_wrapper_args
-from tests.harness import run_horovod
+from tests.harness import run_horovod, run_many
 from tests.workers.local_hand import check_local_log
 
 
@@ -64,6 +64,27 @@ def test_ops_other_than_average_or_sum_go_with_none_only():
             check_wrapper_args(*args, [specmod.parse("none"), specmod.parse(spec)], op_sums=False)
 
 
+# Every multi-process case below runs in one launch (tests.harness.run_many): launching
+# costs seconds; the cases each build their own model and optimizer.
+LOCAL_SGD = [("none", 4, 0, 12), ("none", 2, 3, 12), ("fp16", 4, 0, 12),  # spec, period, warmup, steps
+             ("topk:ratio=0.4", 4, 0, 8), ("onebit", 4, 0, 8), ("powersgd:rank=1", 4, 0, 8)]
+DGA = [("none", 2, 8), ("none", 0, 5), ("topk:ratio=0.4", 2, 7)]  # spec, delay, steps
+
+
+def _key(kind, *args):
+    return ":".join(map(str, (kind, *args)))
+
+
+@pytest.fixture(scope="module")
+def logs():
+    """Per case key, the per-rank logs of one launch that ran every case."""
+    calls = [(_key("local_sgd", *c), "tests.workers.local_steps:local_sgd",
+              dict(zip(("spec", "period", "warmup", "steps"), c))) for c in LOCAL_SGD]
+    calls += [(_key("dga", *c), "tests.workers.local_steps:dga",
+               dict(zip(("spec", "delay", "steps"), c))) for c in DGA]
+    return run_many(run_horovod, calls, np=2, timeout=900)
+
+
 def test_torch_optimizer_rejects_bad_combinations():
     torch = pytest.importorskip("torch")
     import hvd_compress.torch as hc
@@ -80,19 +101,17 @@ def test_torch_optimizer_rejects_bad_combinations():
     ("none", 2, 3, 1e-5),      # post-local SGD: 3 synchronous steps first
     ("fp16", 4, 0, 5e-3),      # changes since the last average, sent as fp16
 ])
-def test_local_sgd_matches_the_hand_computed_average(spec, period, warmup, exact):
+def test_local_sgd_matches_the_hand_computed_average(spec, period, warmup, exact, logs):
     steps = 12
-    results = run_horovod("tests.workers.local_steps:local_sgd", np=2,
-                          kwargs={"spec": spec, "period": period, "steps": steps, "warmup": warmup})
+    results = logs[_key("local_sgd", spec, period, warmup, steps)]
     check_local_log(results, period, warmup, steps, exact)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("spec", ["topk:ratio=0.4", "onebit", "powersgd:rank=1"])
-def test_compressed_local_sgd_ranks_agree_after_each_average(spec):
+def test_compressed_local_sgd_ranks_agree_after_each_average(spec, logs):
     steps, period = 8, 4
-    results = run_horovod("tests.workers.local_steps:local_sgd", np=2,
-                          kwargs={"spec": spec, "period": period, "steps": steps})
+    results = logs[_key("local_sgd", spec, period, 0, steps)]
     check_local_log(results, period, 0, steps, exact=np.inf)
     # between averages a worker's parameters are exactly its own SGD steps
     for rank, log in enumerate(results):
@@ -100,10 +119,9 @@ def test_compressed_local_sgd_ranks_agree_after_each_average(spec):
 
 
 @pytest.mark.multiprocess
-def test_dga_matches_the_hand_computed_correction():
+def test_dga_matches_the_hand_computed_correction(logs):
     delay, steps = 2, 8
-    results = run_horovod("tests.workers.local_steps:dga", np=2,
-                          kwargs={"spec": "none", "delay": delay, "steps": steps})
+    results = logs[_key("dga", "none", delay, steps)]
     for log in results:
         for step, entry in enumerate(log):
             assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5, step
@@ -114,9 +132,8 @@ def test_dga_matches_the_hand_computed_correction():
 
 
 @pytest.mark.multiprocess
-def test_dga_with_delay_zero_is_synchronous_training_exactly():
-    results = run_horovod("tests.workers.local_steps:dga", np=2,
-                          kwargs={"spec": "none", "delay": 0, "steps": 5})
+def test_dga_with_delay_zero_is_synchronous_training_exactly(logs):
+    results = logs[_key("dga", "none", 0, 5)]
     for log in results:
         for entry in log:
             assert entry["params"] == entry["sync"]  # bit-identical to Horovod's optimizer
@@ -125,9 +142,8 @@ def test_dga_with_delay_zero_is_synchronous_training_exactly():
 
 
 @pytest.mark.multiprocess
-def test_dga_with_a_compressor_runs_and_ranks_send_alike():
-    results = run_horovod("tests.workers.local_steps:dga", np=2,
-                          kwargs={"spec": "topk:ratio=0.4", "delay": 2, "steps": 7})
+def test_dga_with_a_compressor_runs_and_ranks_send_alike(logs):
+    results = logs[_key("dga", "topk:ratio=0.4", 2, 7)]
     for log in results:
         # the first `delay` steps are purely local, as in the hand computation
         for entry in log[:2]:

@@ -1,0 +1,18 @@
+"""Several worker bodies in one launch: ``tests.harness.run_many`` launches :func:`run`.
+
+Launching costs seconds (the launcher, importing a framework, ``hvd.init``), so a test
+module whose cases each need a launch of the same kind runs them all in one, one after
+another in the same processes, and its tests read their case's results."""
+
+from __future__ import annotations
+
+import importlib
+
+
+def run(calls):
+    """Call each ``[key, "module:function", kwargs]`` in order; returns ``{key: result}``."""
+    results = {}
+    for key, target, kwargs in calls:
+        module_name, func_name = target.split(":")
+        results[key] = getattr(importlib.import_module(module_name), func_name)(**kwargs)
+    return results
