@@ -3,7 +3,8 @@
 Written from Horovod's documentation (gradient clipping with ``synchronize()``
 and ``skip_synchronize()``; ``hvd.join()`` for uneven data), each under a real
 ``horovodrun -np 2`` launch under Gloo and under MPI (tests/workers/torch_patterns.py; the
-allgather-payload join case under Gloo only).
+allgather-payload join case under Gloo only).  The np 2 cases that succeed share one
+launch per controller.
 """
 
 import re
@@ -11,19 +12,40 @@ import re
 import numpy as np
 import pytest
 
-from tests.harness import LaunchError, run_horovod
+from tests.harness import LaunchError, run_horovod, shared_launches
 from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
 
 
 CONTROLLERS = ["gloo", "mpi"]  # every pattern under both of Horovod's controllers
+F, SPEC = 3.0, "threshold:tau=0.05"  # test_gradient_predivide_factor_is_horovods
+# The np 2 patterns that succeed run in one launch per controller (tests.harness.run_many),
+# one after another: launching costs seconds.
+CASES = {"gloo": [("clipping", {}), ("join_uneven", {"spec": "none"}),
+                  ("join_uneven", {"spec": "randomk:ratio=0.3"}), ("ops", {}),
+                  ("predivide", {"factor": F, "spec": SPEC})],
+         "mpi": [("clipping", {}), ("join_uneven", {"spec": "none"}), ("ops", {})]}
+
+
+def _key(body, kwargs):
+    return ":".join([body, *map(str, kwargs.values())])
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """``launched(controller, body, **kwargs)``: the per-rank results of that case, from
+    the controller's one launch."""
+    results = shared_launches({c: (run_horovod, [(_key(b, kw), f"tests.workers.torch_patterns:{b}", kw)
+                                                 for b, kw in cases],
+                                   {"np": 2, "timeout": 600, "controller": c})
+                               for c, cases in CASES.items()})
+    return lambda controller, body, **kwargs: results(controller, _key(body, kwargs))
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_clipping_between_synchronize_and_step_is_horovods(controller):
-    runs = run_horovod("tests.workers.torch_patterns:clipping", np=2, timeout=300,
-                       controller=controller)
+def test_clipping_between_synchronize_and_step_is_horovods(controller, launched):
+    runs = launched(controller, "clipping")
     for rank in runs:
         assert len(rank["ours:none"]) == len(rank["horovod:None"]) == 4
         for ours, theirs in zip(rank["ours:none"], rank["horovod:None"]):
@@ -36,11 +58,10 @@ def test_clipping_between_synchronize_and_step_is_horovods(controller):
 
 @pytest.mark.parametrize("spec, controller", [("none", "gloo"), ("randomk:ratio=0.3", "gloo"),
                                               ("none", "mpi")])
-def test_join_with_uneven_batches(spec, controller):
+def test_join_with_uneven_batches(spec, controller, launched):
     """Allreduce payloads (none, the summable compressors): the ranks that joined add
     zeros, as in Horovod; with none the parameters are Horovod's."""
-    runs = run_horovod("tests.workers.torch_patterns:join_uneven", np=2, timeout=120,
-                       kwargs={"spec": spec}, controller=controller)
+    runs = launched(controller, "join_uneven", spec=spec)
     for rank in runs:
         assert rank["ours"]["last"] == 0  # rank 0 ran the most batches: it joined last
         if spec == "none":
@@ -81,9 +102,8 @@ def test_join_with_an_allgather_compressor_fails_fast():
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_ops_as_horovods(controller):
-    for rank in run_horovod("tests.workers.torch_patterns:ops", np=2, timeout=120,
-                            controller=controller):
+def test_ops_as_horovods(controller, launched):
+    for rank in launched(controller, "ops"):
         for op in ("Sum", "Min"):
             for a, b in zip(rank[f"ours:{op}"], rank[f"horovod:{op}"]):
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
@@ -108,16 +128,15 @@ def test_process_set(controller):
 PREDIVIDE_REFUSAL = "gradient_predivide_factor not supported with op != Average"
 
 
-def test_gradient_predivide_factor_is_horovods():
+def test_gradient_predivide_factor_is_horovods(launched):
     """``gradient_predivide_factor=f`` as Horovod applies it: with none the allreduce gets
     prescale 1/f and postscale f (Horovod's optimizer's parameters bit for bit, and f
     shows in those bits); with a compressor whose output does not scale with its input
     (threshold: +tau, -tau or 0) the gradients are divided by f before encoding and the
     average multiplied by f, so the result differs from f = 1's; op=Sum with f is
     refused, as Horovod refuses it."""
-    f, spec = 3.0, "threshold:tau=0.05"
-    runs = run_horovod("tests.workers.torch_patterns:predivide", np=2, timeout=300,
-                       kwargs={"factor": f, "spec": spec})
+    f, spec = F, SPEC
+    runs = launched("gloo", "predivide", factor=f, spec=spec)
     for rank in runs:
         assert rank[f"ours:none:{f}"]["params"] == rank[f"horovod:None:{f}"]["params"]
         assert rank[f"horovod:None:{f}"]["params"] != rank["horovod:None:1.0"]["params"]
