@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hvd_compress.core import build
-from tests.harness import run_horovod
+from tests.harness import run_horovod, shared_launches
 from tests.workers.torch_opt import SPECS
 
 pytestmark = pytest.mark.multiprocess
@@ -15,14 +15,37 @@ pytestmark = pytest.mark.multiprocess
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device on this machine"))
 DEVICES = ["cpu", CUDA]
+BPPS_SPECS = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "qsgd:levels=7"]
+MISSING_SPECS = ["topk:ratio=0.1", "onebit", "dgc:ratio=0.1,momentum=0"]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """``launched(controller, key)``: per-rank results of a CPU case from one launch per
+    controller (tests.harness.run_many; the cases run one after another, each with its own
+    model and optimizer).  The CUDA cases and the checkpoint's two phases (a fresh launch
+    is the point) launch on their own."""
+    w = "tests.workers.torch_opt:"
+    gloo = [("reference", w + "aggregate_matches_reference", {"device": "cpu"}),
+            ("bpps", w + "aggregate_matches_reference",
+             {"specs": BPPS_SPECS, "bpps": 2, "steps": 2, "device": "cpu"}),
+            ("horovod_own", w + "horovod_own_optimizer", {"device": "cpu"}),
+            *[(f"missing:{s}", w + "state_survives_missing_grads", {"spec": s}) for s in MISSING_SPECS],
+            ("broadcast_every", w + "broadcast_every_optimizer", {})]
+    mpi = [("reference", w + "aggregate_matches_reference", {"device": "cpu"}),
+           ("resume_with_broadcast", w + "resume_with_broadcast",
+            {"path": str(tmp_path_factory.mktemp("resume") / "ckpt.pt")})]
+    return shared_launches({"gloo": (run_horovod, gloo, {"np": 2, "timeout": 900, "controller": "gloo"}),
+                            "mpi": (run_horovod, mpi, {"np": 2, "timeout": 900, "controller": "mpi"})})
 
 
 @pytest.mark.parametrize("controller,device", [("gloo", "cpu"), ("mpi", "cpu"),
                                                pytest.param("gloo", *CUDA.values,
                                                             marks=CUDA.marks)])
-def test_every_compressor_matches_the_numpy_reference(controller, device):
-    results = run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
-                          controller=controller, timeout=600, kwargs={"device": device})
+def test_every_compressor_matches_the_numpy_reference(controller, device, launched):
+    results = launched(controller, "reference") if device == "cpu" else \
+        run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
+                    controller=controller, timeout=600, kwargs={"device": device})
     for res in results:
         assert set(res["report"]) == set(SPECS)
         for spec, r in res["report"].items():
@@ -47,11 +70,11 @@ def test_every_compressor_matches_the_numpy_reference(controller, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_backward_passes_per_step_matches_accumulating_by_hand(device):
-    specs = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "qsgd:levels=7"]
-    results = run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
-                          kwargs={"specs": specs, "bpps": 2, "steps": 2, "device": device},
-                          timeout=600)
+def test_backward_passes_per_step_matches_accumulating_by_hand(device, launched):
+    specs = BPPS_SPECS
+    results = launched("gloo", "bpps") if device == "cpu" else \
+        run_horovod("tests.workers.torch_opt:aggregate_matches_reference", np=2,
+                    kwargs={"specs": specs, "bpps": 2, "steps": 2, "device": device}, timeout=600)
     for res in results:
         assert set(res["report"]) == set(specs)
 
@@ -75,30 +98,29 @@ def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_summable_compressors_in_horovods_own_optimizer(device):
-    results = run_horovod("tests.workers.torch_opt:horovod_own_optimizer", np=2, timeout=600,
-                          kwargs={"device": device})
+def test_summable_compressors_in_horovods_own_optimizer(device, launched):
+    results = launched("gloo", "horovod_own") if device == "cpu" else \
+        run_horovod("tests.workers.torch_opt:horovod_own_optimizer", np=2, timeout=600,
+                    kwargs={"device": device})
     for res in results:
         assert set(res["report"]) == {"fp16", "bf16", "randomk:ratio=0.1", "powersgd:rank=2", "none"}
         assert "cannot run inside horovod.torch.DistributedOptimizer" in res["topk_error"]
         assert "hvd_compress.torch.DistributedOptimizer" in res["topk_error"]
 
 
-@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "onebit", "dgc:ratio=0.1,momentum=0"])
-def test_state_survives_set_to_none_and_missing_gradients(spec):
-    results = run_horovod("tests.workers.torch_opt:state_survives_missing_grads", np=2,
-                          kwargs={"spec": spec})
+@pytest.mark.parametrize("spec", MISSING_SPECS)
+def test_state_survives_set_to_none_and_missing_gradients(spec, launched):
+    results = launched("gloo", f"missing:{spec}")
     for res in results:
         assert res["worst"] < 1e-4
         assert set(res["steps"].values()) == {6}  # every parameter took part in every step
 
 
-def test_resume_from_a_checkpoint_with_horovods_broadcast_pattern(tmp_path):
+def test_resume_from_a_checkpoint_with_horovods_broadcast_pattern(launched):
     """Issue 13: broadcast_optimizer_state with a lazily made state (Adam) on some ranks
     only used to spin forever; torch.load's defaults refused our checkpoints.  Under MPI
     (the every-optimizer test below runs the same broadcast under Gloo)."""
-    results = run_horovod("tests.workers.torch_opt:resume_with_broadcast", np=2, timeout=120,
-                          kwargs={"path": str(tmp_path / "ckpt.pt")}, controller="mpi")
+    results = launched("mpi", "resume_with_broadcast")
     for spec in ("none", "topk:ratio=0.1", "randomk:ratio=0.3", "powersgd:rank=1"):
         a, b = results[0][spec], results[1][spec]
         assert a["moments"] == b["moments"]  # rank 1 received rank 0's Adam state
@@ -108,14 +130,14 @@ def test_resume_from_a_checkpoint_with_horovods_broadcast_pattern(tmp_path):
             assert a["steps"] == b["steps"] and set(a["steps"]) == {4}, (spec, a["steps"], b["steps"])
 
 
-def test_broadcast_optimizer_state_for_every_optimizer_and_rank_combination():
+def test_broadcast_optimizer_state_for_every_optimizer_and_rank_combination(launched):
     """Issue 13: broadcast_optimizer_state for every torch.optim optimizer Horovod takes,
     with state on no rank, on rank 0 only and on every rank, returns (no rank steps an
     exchange alone), leaves rank 0's state on every rank, and ours (compression none)
     holds the same state and takes the same next step as Horovod's optimizer -- except
     that ours puts the parameters back after the zero-gradient step that makes the state
     (Horovod's leaves weight decay's change there, and its ranks train apart)."""
-    runs = run_horovod("tests.workers.torch_opt:broadcast_every_optimizer", np=2, timeout=300)
+    runs = launched("gloo", "broadcast_every")
     r0, r1 = runs
     names = sorted({k.split(":")[0] for k in r0})
     for must in ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam",
