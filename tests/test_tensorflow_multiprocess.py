@@ -3,22 +3,43 @@
 import pytest
 
 from hvd_compress.core import build
-from tests.harness import run_horovod
+from tests.harness import run_horovod, shared_launches
 from tests.workers.tf_tape import SPECS
 
 pytestmark = pytest.mark.multiprocess
+
+BPPS_SPECS = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "powersgd:rank=2"]
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """``launched(controller, key)``: per-rank results of a case from one launch per
+    controller (tests.harness.run_many; the cases run one after another, each with its own
+    variables and tapes)."""
+    w = "tests.workers.tf_tape:"
+
+    def reference(traced):
+        return (f"reference:{traced}", w + "aggregate_matches_reference", {"traced": traced})
+
+    def bpps(traced):
+        return (f"bpps:{traced}", w + "aggregate_matches_reference",
+                {"specs": BPPS_SPECS, "bpps": 2, "traced": traced})
+    own = ("horovod_own", w + "horovod_own_tape", {})
+    gloo = [reference(True), own, bpps(False), ("state", w + "state_ownership", {})]
+    mpi = [reference(False), own, bpps(True)]
+    return shared_launches({"gloo": (run_horovod, gloo, {"np": 2, "timeout": 900, "controller": "gloo"}),
+                            "mpi": (run_horovod, mpi, {"np": 2, "timeout": 900, "controller": "mpi"})})
 
 
 # Pairwise: each controller and each execution mode once (the controller moves the bytes,
 # the mode decides the code that makes them; test_torch_multiprocess.py runs both
 # controllers over every compressor).
 @pytest.mark.parametrize("controller, traced", [("gloo", True), ("mpi", False)])
-def test_tape_matches_the_numpy_reference(controller, traced):
+def test_tape_matches_the_numpy_reference(controller, traced, launched):
     """Deterministic compressors against the numpy core's replay of every rank; stochastic
     ones (their noise is TF's own) eagerly against the numpy core's aggregation of the
     payloads every rank sent, and traced by the ranks' agreement (checked in the worker)."""
-    results = run_horovod("tests.workers.tf_tape:aggregate_matches_reference", np=2,
-                          controller=controller, kwargs={"traced": traced}, timeout=600)
+    results = launched(controller, f"reference:{traced}")
     for res in results:
         assert set(res["report"]) == set(SPECS)
         for spec, err in res["report"].items():
@@ -30,9 +51,8 @@ def test_tape_matches_the_numpy_reference(controller, traced):
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_summable_compressors_in_horovods_own_tape(controller):
-    results = run_horovod("tests.workers.tf_tape:horovod_own_tape", np=2, controller=controller,
-                          timeout=600)
+def test_summable_compressors_in_horovods_own_tape(controller, launched):
+    results = launched(controller, "horovod_own")
     for res in results:
         rep = res["report"]
         assert all(info["ranks_agree"] for info in rep.values())
@@ -49,18 +69,15 @@ def test_summable_compressors_in_horovods_own_tape(controller):
 
 
 @pytest.mark.parametrize("controller, traced", [("gloo", False), ("mpi", True)])
-def test_backward_passes_per_step_matches_accumulating_by_hand(controller, traced):
-    specs = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "powersgd:rank=2"]
-    results = run_horovod("tests.workers.tf_tape:aggregate_matches_reference", np=2,
-                          controller=controller, kwargs={"specs": specs, "bpps": 2, "traced": traced},
-                          timeout=600)
+def test_backward_passes_per_step_matches_accumulating_by_hand(controller, traced, launched):
+    results = launched(controller, f"bpps:{traced}")
     for res in results:
         for spec, err in res["report"].items():
             assert err < (1e-4 if "powersgd" in spec else 1e-5), (spec, err)
 
 
-def test_state_belongs_to_its_user():
-    results = run_horovod("tests.workers.tf_tape:state_ownership", np=2, timeout=300)
+def test_state_belongs_to_its_user(launched):
+    results = launched("gloo", "state")
     for res in results:
         assert res["same_model_shares"] and res["models_apart"] and res["object_shared"]
         assert res["steps_on_a"] == [2]  # two tapes over model a, one compressor's step counter
