@@ -7,34 +7,55 @@ the numpy hand computation of tests/workers/local_hand.py.
 import numpy as np
 import pytest
 
-from tests.harness import run_horovod
+from tests.harness import run_horovod, shared_launches
 from tests.workers.local_hand import check_local_log
 
 pytestmark = pytest.mark.multiprocess
 
-
-@pytest.mark.parametrize("api, spec, period, warmup, traced, exact", [
+LOCAL_SGD = [  # api, spec, period, warmup, traced, exact
     ("tape", "none", 4, 0, False, 1e-5),   # the exact mean; messages counted eagerly
     ("keras", "none", 2, 3, True, 1e-5),   # post-local SGD inside tf.function
     ("tape", "fp16", 4, 0, True, 5e-3),    # changes since the last average, as fp16
     ("keras", "topk:ratio=0.4", 4, 0, False, np.inf),  # compressed: ranks agree after averages
     ("tape", "onebit", 4, 0, True, np.inf),
-])
-def test_local_sgd(api, spec, period, warmup, traced, exact):
-    steps = 10
-    results = run_horovod("tests.workers.tf_local_steps:local_sgd", np=2, timeout=600,
-                          kwargs={"api": api, "spec": spec, "period": period, "steps": steps,
-                                  "warmup": warmup, "traced": traced})
+]
+LOCAL_STEPS = 10
+DGA = [  # api, spec, delay, steps, traced
+    ("tape", "none", 2, 7, False), ("keras", "none", 2, 7, True),
+    ("tape", "topk:ratio=0.4", 2, 5, False), ("tape", "topk:ratio=0.4", 2, 5, True),
+    ("tape", "none", 0, 4, True)]
+
+
+def _key(kind, *args):
+    return ":".join(map(str, (kind, *args)))
+
+
+@pytest.fixture(scope="module")
+def logs():
+    """``logs(key)``: per-rank logs of a case, every case run one after another in one
+    launch (tests.harness.run_many; each builds its own model and optimizer)."""
+    w = "tests.workers.tf_local_steps:"
+    calls = [(_key("local_sgd", *c[:5]), w + "local_sgd",
+              {"api": c[0], "spec": c[1], "period": c[2], "steps": LOCAL_STEPS, "warmup": c[3],
+               "traced": c[4]}) for c in LOCAL_SGD]
+    calls += [(_key("dga", *c), w + "dga", dict(zip(("api", "spec", "delay", "steps", "traced"), c)))
+              for c in DGA]
+    results = shared_launches({"gloo": (run_horovod, calls, {"np": 2, "timeout": 900})})
+    return lambda key: results("gloo", key)
+
+
+@pytest.mark.parametrize("api, spec, period, warmup, traced, exact", LOCAL_SGD)
+def test_local_sgd(api, spec, period, warmup, traced, exact, logs):
+    steps = LOCAL_STEPS
+    results = logs(_key("local_sgd", api, spec, period, warmup, traced))
     check_local_log(results, period, warmup, steps, exact)
     for rank, log in enumerate(results):  # before the first average: the rank's own SGD
         assert np.abs(np.array(log[warmup]["params"][rank]) - log[warmup]["hand"]).max() < 1e-5
 
 
 @pytest.mark.parametrize("api, traced", [("tape", False), ("keras", True)])
-def test_dga_matches_the_hand_computed_correction(api, traced):
-    results = run_horovod("tests.workers.tf_local_steps:dga", np=2, timeout=600,
-                          kwargs={"api": api, "spec": "none", "delay": 2, "steps": 7,
-                                  "traced": traced})
+def test_dga_matches_the_hand_computed_correction(api, traced, logs):
+    results = logs(_key("dga", api, "none", 2, 7, traced))
     for log in results:
         for step, entry in enumerate(log):
             assert np.abs(np.array(entry["params"]) - entry["hand"]).max() < 1e-5, step
@@ -42,12 +63,10 @@ def test_dga_matches_the_hand_computed_correction(api, traced):
     assert results[0][-1]["params"] != results[1][-1]["params"]
 
 
-def test_dga_eager_thread_and_traced_ring_agree_with_a_compressor():
+def test_dga_eager_thread_and_traced_ring_agree_with_a_compressor(logs):
     """Eagerly the exchange runs on a thread and is collected D steps later; traced, the
     averages wait in variables: the same arithmetic either way."""
-    runs = [run_horovod("tests.workers.tf_local_steps:dga", np=2, timeout=600,
-                        kwargs={"api": "tape", "spec": "topk:ratio=0.4", "delay": 2, "steps": 5,
-                                "traced": traced}) for traced in (False, True)]
+    runs = [logs(_key("dga", "tape", "topk:ratio=0.4", 2, 5, traced)) for traced in (False, True)]
     for eager, traced in zip(*runs):
         for step, (a, b) in enumerate(zip(eager, traced)):
             assert np.abs(np.array(a["params"]) - b["params"]).max() < 1e-6, step
@@ -62,10 +81,8 @@ def test_dga_eager_thread_and_traced_ring_agree_with_a_compressor():
         assert np.abs(np.array(eager[-1]["params"]) - eager[-1]["hand"]).max() > 1e-4  # compressed
 
 
-def test_dga_with_delay_zero_is_synchronous_training():
-    results = run_horovod("tests.workers.tf_local_steps:dga", np=2, timeout=600,
-                          kwargs={"api": "tape", "spec": "none", "delay": 0, "steps": 4,
-                                  "traced": True})
+def test_dga_with_delay_zero_is_synchronous_training(logs):
+    results = logs(_key("dga", "tape", "none", 0, 4, True))
     for log in results:
         for entry in log:
             assert entry["params"] == entry["sync"]
