@@ -1,5 +1,6 @@
-"""Horovod's documented TensorFlow patterns with our tape and Keras optimizer, one launch
-each under Gloo and one under MPI (tests/workers/tf_patterns.py):
+"""Horovod's documented TensorFlow patterns with our tape and Keras optimizer, under Gloo
+and under MPI (tests/workers/tf_patterns.py; the np 2 bodies share one launch per
+controller, the np 3 process-set body has its own):
 
 * Horovod's Keras callbacks, for Keras 3 (hvd_compress.tensorflow.keras.callbacks), with
   our Keras optimizer under ``horovodrun -np 2 --gloo``; each checked against what
@@ -11,16 +12,31 @@ each under Gloo and one under MPI (tests/workers/tf_patterns.py):
 import numpy as np
 import pytest
 
-from tests.harness import run_horovod
+from tests.harness import run_horovod, shared_launches
 from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
 
+F, SPEC = 3.0, "threshold:tau=0.05"  # test_gradient_predivide_factor_is_horovods
+# The np 2 bodies run in one launch per controller (tests.harness.run_many), one after
+# another: launching and importing TensorFlow cost seconds.
+NP2 = {"gloo": [("keras_callbacks", {}), ("broadcast_variables", {}), ("join_uneven", {}),
+                ("predivide", {"factor": F, "spec": SPEC})],
+       "mpi": [("keras_callbacks", {}), ("broadcast_variables", {}), ("join_uneven", {})]}
+
+
+@pytest.fixture(scope="module")
+def np2():
+    """``np2(controller, body)``: that body's per-rank results from the controller's one
+    np 2 launch."""
+    return shared_launches({c: (run_horovod, [(b, f"tests.workers.tf_patterns:{b}", kw) for b, kw in cases],
+                                {"np": 2, "timeout": 900, "controller": c})
+                            for c, cases in NP2.items()})
+
 
 @pytest.fixture(scope="module", params=["gloo", "mpi"])
-def runs(request):
-    return run_horovod("tests.workers.tf_patterns:keras_callbacks", np=2, timeout=600,
-                       controller=request.param)
+def runs(request, np2):
+    return np2(request.param, "keras_callbacks")
 
 
 def test_broadcast_gives_every_rank_roots_weights_and_keeps_residuals_local(runs):
@@ -95,9 +111,8 @@ def test_process_set_rank_outside_trains_on_its_own_gradients(process_set_runs):
 
 # -- hvd.broadcast_variables after the first step (Horovod's TF2 custom loop) -----------------
 @pytest.fixture(scope="module", params=["gloo", "mpi"])
-def broadcast_runs(request):
-    return run_horovod("tests.workers.tf_patterns:broadcast_variables", np=2, timeout=600,
-                       controller=request.param)
+def broadcast_runs(request, np2):
+    return np2(request.param, "broadcast_variables")
 
 
 def test_broadcast_variables_with_the_tape_is_horovods(broadcast_runs):
@@ -132,11 +147,10 @@ def test_resume_on_one_rank_needs_broadcast_compression_state(broadcast_runs):
 
 # -- hvd.join() for uneven data (TF2 custom loop) ----------------------------------------------
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_join_with_uneven_batches_is_horovods(controller):
+def test_join_with_uneven_batches_is_horovods(controller, np2):
     """Rank 1 runs one step fewer and joins; rank 0's last exchange completes with rank 1
     adding zeros, as with Horovod's tape (summed payloads only: see docs/horovod.md)."""
-    runs = run_horovod("tests.workers.tf_patterns:join_uneven", np=2, timeout=600,
-                       controller=controller)
+    runs = np2(controller, "join_uneven")
     for rank in runs:
         assert rank["horovod:None"]["last"] == rank["ours:none"]["last"] == 0
         for a, b in zip(rank["ours:none"]["weights"], rank["horovod:None"]["weights"]):
@@ -161,15 +175,14 @@ def _sgd(weights, grads, lr=0.1):
 PREDIVIDE_REFUSAL = "gradient_predivide_factor not supported with op != Average"
 
 
-def test_gradient_predivide_factor_is_horovods():
+def test_gradient_predivide_factor_is_horovods(np2):
     """``gradient_predivide_factor=f`` in our tape as in Horovod's: with none the
     allreduce gets prescale 1/f and postscale f (Horovod's tape's weights bit for bit,
     and f shows in those bits); with a compressor whose output does not scale with its
     input (threshold) the gradients are divided by f before encoding and the average
     multiplied by f, so the result differs from f = 1's; op=Sum with f is refused."""
-    f, spec = 3.0, "threshold:tau=0.05"
-    runs = run_horovod("tests.workers.tf_patterns:predivide", np=2, timeout=600,
-                       kwargs={"factor": f, "spec": spec})
+    f, spec = F, SPEC
+    runs = np2("gloo", "predivide")
     for rank in runs:
         assert rank[f"ours:none:{f}"]["weights"] == rank[f"horovod:None:{f}"]["weights"]
         assert rank[f"horovod:None:{f}"]["weights"] != rank["horovod:None:1.0"]["weights"]
