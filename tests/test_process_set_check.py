@@ -2,13 +2,15 @@
 both imported and the other one is initialised: among two workers the wrappers refuse it
 clearly instead of skipping every exchange (each worker would train alone: at 0.2.6 the
 two ranks below kept gradients 2 and 4 instead of averaging 3).  Launched as
-``horovodrun -np 2`` directly: the import order is the point, so no harness imports first."""
+``horovodrun -np 2`` (Horovod's launcher without its start-up probe, tests.harness.HOROVODRUN)
+running ``python -c`` directly: the import order is the point, so no harness imports first."""
 
-import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.harness import HOROVODRUN
 
 pytestmark = pytest.mark.multiprocess
 
@@ -47,10 +49,8 @@ except RuntimeError as e:
 def _launch(code, workers=2):
     """Run ``code`` under ``horovodrun -np workers`` (or plain Python for ``workers=None``)
     and return its marker lines (BUILT, STEPPED, REFUSED)."""
-    bindir = os.path.dirname(sys.executable)
     cmd = [sys.executable, "-c", code] if workers is None else \
-        [os.path.join(bindir, "horovodrun"), "-np", str(workers), "--gloo", sys.executable,
-         "-c", code]
+        [*HOROVODRUN, "-np", str(workers), "--gloo", sys.executable, "-c", code]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
