@@ -2,20 +2,22 @@
 
 :class:`Stats` is a dataclass with one field per quantity; it also reads and writes
 like the dict it replaces (``stats["bytes_sent"]``, ``stats.get(...)``, ``dict(stats)``,
-iteration over the keys), so code that reads a wrapper's ``comm_stats`` / ``last_stats``
-/ ``comm_totals`` that way keeps working.
+iteration over the keys: :class:`~.record.Record`), so code that reads a wrapper's
+``comm_stats`` / ``last_stats`` / ``comm_totals`` that way keeps working.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from .record import Record
 
 __all__ = ["Stats", "new_stats"]
 
 
 @dataclass(eq=False)
-class Stats(Mapping):
+class Stats(Record):
     """One step's (or a run's) account.  ``bytes_sent``: the payloads this rank sends
     (every round); ``local_bytes``: what the hierarchical exchange moves inside the
     node, dense (:mod:`.hierarchy`; 0 otherwise)."""
@@ -27,40 +29,10 @@ class Stats(Mapping):
     collectives: int = 0
     local_bytes: int = 0
 
-    def __getitem__(self, key: str):
-        if key not in _KEYS:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key: str, value) -> None:
-        if key not in _KEYS:
-            raise KeyError(key)
-        setattr(self, key, value)
-
-    def __iter__(self):
-        return iter(_KEYS)
-
-    def __len__(self) -> int:
-        return len(_KEYS)
-
-    def __contains__(self, key) -> bool:
-        return key in _KEYS
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return dict(self.items()) == dict(other.items())
-
     def add(self, other: Mapping) -> None:
         """Add ``other``'s counts and times to these (a run's totals)."""
-        for key in _KEYS:
+        for key in self.keys_of():
             setattr(self, key, getattr(self, key) + other[key])
-
-    def copy(self) -> "Stats":
-        return Stats(**dict(self.items()))
-
-
-_KEYS = tuple(f.name for f in fields(Stats))
 
 
 def new_stats() -> Stats:

@@ -39,7 +39,6 @@ class _DistributedGradientTape(tf.GradientTape):
         # compression: a compressor or policy object, or a choice the variables own the state of
         self._tape, self._compression, self._rule = tape, compression, (min_numel, start_step)
         self._sparse_as_dense, self._process_set = sparse_as_dense, process_set
-        self._bpps = backward_passes_per_step
         self._settings = Settings(op, gradient_predivide_factor, process_set, hierarchical,
                                   local_sgd, backward_passes_per_step, local_sgd_warmup_steps,
                                   delay, tuple(buffers))
@@ -108,11 +107,12 @@ class _DistributedGradientTape(tf.GradientTape):
             # the variables and names finish_step() averages
             self._seen = ([flat_vars[i] for i, _, _ in pairs], names)
             results = self._local.gradients(grads_, *self._seen, s.stats)
-        elif self._bpps == 1:
+        elif self._settings.backward_passes_per_step == 1:
             results = s.exchange(grads_, names, describe)
         else:
             results, self.exchanged = accumulate(
-                self._state, grads_, names, self._bpps, lambda gs: s.exchange(gs, names, describe))
+                self._state, grads_, names, self._settings.backward_passes_per_step,
+                lambda gs: s.exchange(gs, names, describe))
         out = list(flat)
         for (i, _, _), value in zip(pairs, results):
             out[i] = value
