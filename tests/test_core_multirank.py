@@ -20,12 +20,8 @@ def test_default_list_covers_every_compressor_and_compositions():
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_every_compressor_aggregates_correctly_across_ranks(np_):
-    # one numba thread per rank (as OMP_NUM_THREADS=1, tests.harness): the ranks share 2
-    # cores, and a 2-thread pool's wake-up costs milliseconds per kernel on these small
-    # tensors -- most of this launch's time with it (the kernels' results do not depend on
-    # the thread count: tests/test_kernels.py checks them in-process on every core)
-    reports = run_mpi("hvd_compress.tools.mpi_check:check", np=np_, kwargs={"steps": 3},
-                      env={"NUMBA_NUM_THREADS": "1"})
+    # (the ranks run numba on one thread, as every launch does: tests.harness)
+    reports = run_mpi("hvd_compress.tools.mpi_check:check", np=np_, kwargs={"steps": 3})
     assert len(reports) == np_
     for spec in DEFAULT_SPECS:
         per_rank = [r[spec] for r in reports]

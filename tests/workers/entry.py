@@ -26,6 +26,12 @@ def _stem() -> str:
     return f"rank{_rank()}"
 
 
+def resolve(target: str):
+    """The worker function ``"module:function"`` names."""
+    module_name, func_name = target.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
 def main() -> int:
     target = sys.argv[1]
     outdir = os.environ["HVD_TEST_OUTDIR"]
@@ -34,9 +40,7 @@ def main() -> int:
     try:
         with open(os.path.join(outdir, "kwargs.json")) as f:
             kwargs = json.load(f)
-        module_name, func_name = target.split(":")
-        func = getattr(importlib.import_module(module_name), func_name)
-        result = func(**kwargs)
+        result = resolve(target)(**kwargs)
     except BaseException:
         text = traceback.format_exc()
         with open(os.path.join(outdir, f"{stem}.err"), "w") as f:

@@ -6,13 +6,12 @@ another in the same processes, and its tests read their case's results."""
 
 from __future__ import annotations
 
-import importlib
+from .entry import resolve
 
 
 def run(calls):
     """Call each ``[key, "module:function", kwargs]`` in order; returns ``{key: result}``."""
     results = {}
     for key, target, kwargs in calls:
-        module_name, func_name = target.split(":")
-        results[key] = getattr(importlib.import_module(module_name), func_name)(**kwargs)
+        results[key] = resolve(target)(**kwargs)
     return results
