@@ -28,11 +28,12 @@ class Table(Collectives):
 
         class View(Collectives):
             size = table.size
+            rank = r
             sums_bfloat16 = table.sums_bfloat16
 
             def _post(self, kind, name, flat, op, post):
                 with table.cond:
-                    table.posted.setdefault(name, {})[r] = np.array(flat)
+                    table.posted.setdefault(name, {})[r] = flat if isinstance(flat, list) else np.array(flat)
                     table.ops.append((kind, name, op))
                     table.cond.notify_all()
                 return kind, name, post
@@ -52,6 +53,14 @@ class Table(Collectives):
             def reducescatter(self, flat, name):
                 return self._post("reducescatter", name, flat, None, 1.0)
 
+            def alltoall(self, flat, splits, name):
+                flat, at, rows = np.array(flat), 0, []
+                for k in splits:
+                    rows.append(flat[at:at + k])
+                    at += k
+                assert at == flat.shape[0], (at, flat.shape)
+                return self._post("alltoall", name, rows, None, 1.0)
+
             def wait(self, handle):
                 kind, name, post = handle
                 with table.cond:
@@ -59,6 +68,9 @@ class Table(Collectives):
                                                table.timeout):
                         raise TimeoutError(f"rank {r}: {name} never came from every rank")
                     parts = [table.posted[name][q] for q in range(table.size)]
+                if kind == "alltoall":  # what every rank sent to this one, in rank order
+                    mine = [parts[q][r] for q in range(table.size)]
+                    return np.concatenate(mine), [int(x.shape[0]) for x in mine]
                 if kind == "max":
                     return np.maximum.reduce(parts)
                 if kind == "reducescatter":  # rank r's part of the sum

@@ -39,6 +39,8 @@ from .backend import NUMPY
 from .state import TensorState, is_shared_key, per_rank_keys
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: how far an owner's noise seed is from the workers' (:meth:`Compressor.owner_spec`)
+OWNER_SEED = 0x5EED
 
 def __getattr__(name):
     """``PER_RANK_STATE``: every per-rank field name the algorithms' state classes declare
@@ -342,6 +344,26 @@ class Compressor:
     def payload_nbytes(self, meta: TensorMeta) -> int:
         raise NotImplementedError
 
+    def chunked(self, shape) -> bool:
+        """Whether a tensor of ``shape`` may take the two-phase exchange (:mod:`.twophase`;
+        DGC sends vectors whole, so they stay in the flat exchange)."""
+        return True
+
+    def owner_spec(self):
+        """The spec the owners of the two-phase exchange (:mod:`.twophase`) re-encode a
+        chunk's sum with: this one, error feedback on (the owner's residual keeps what the
+        re-encoding drops) and a noise stream of its own (``seed`` moved by
+        :data:`OWNER_SEED`)."""
+        parts = []
+        for i, part in enumerate(self.spec.parts):
+            params = dict(part.params)
+            if i == 0 and "ef" in params:
+                params["ef"] = True
+            if "seed" in params:
+                params["seed"] = int(params["seed"]) + OWNER_SEED
+            parts.append(type(part)(part.name, params))
+        return type(self.spec)(tuple(parts))
+
     # -- state ----------------------------------------------------------------------
     def state(self, meta: TensorMeta, like=None) -> TensorState:
         """``meta``'s tensor state (:attr:`State`), made on first use or for a new size."""
@@ -367,7 +389,10 @@ class Compressor:
 
         out = {name: st.to_dict(plain) for name, st in self.states.items()}
         extra = self._extra_state()
-        return {"spec": self.params, "tensors": out, **({"extra": extra} if extra else {})}
+        owner = self.__dict__.get("_owner")  # the two-phase exchange's owner (:mod:`.twophase`)
+        owner = owner.state_dict() if owner is not None else self.__dict__.get("_owner_state")
+        return {"spec": self.params, "tensors": out, **({"extra": extra} if extra else {}),
+                **({"owner": owner} if owner is not None else {})}
 
     def load_state_dict(self, sd: dict) -> None:
         def array(v):
@@ -376,6 +401,9 @@ class Compressor:
         self.states = {name: self.State.from_dict(st, array) for name, st in sd["tensors"].items()}
         if "extra" in sd:
             self._load_extra_state(sd["extra"])
+        # the owner is made at its first use (:func:`.twophase.owner_of`), with this state
+        self.__dict__.pop("_owner", None)
+        self.__dict__["_owner_state"] = sd.get("owner")
 
     def _extra_state(self) -> dict:
         noise = getattr(self, "noise", None)  # the compressor's own noise generator

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Encoded, kept_state
+from .base import Encoded, TensorMeta, kept_state
 from .codec import _norm64
 from .sampling import stratified_indices, stream_keys
 from .sparsifiers import PURPOSE_DGC_SAMPLE, Selection, Sparsifier, count_for, topk_indices
@@ -198,6 +198,20 @@ class DGC(Sparsifier):
 
     def sends_indices(self, meta) -> bool:
         return not self.whole(meta)
+
+    def chunked(self, shape) -> bool:
+        """Tensors sent whole stay whole: only sparsified ones take the two-phase exchange."""
+        return not self.whole(TensorMeta("", tuple(shape), "float32"))
+
+    def owner_spec(self):
+        """An owner of the two-phase exchange re-selects the largest of its chunk's sum at
+        DGC's current density, with error feedback (top-k; its quantizer, if any, after):
+        momentum, clipping and masking were the workers'.  The density is the epoch's
+        (``set_epoch``), or with ``steps_per_epoch`` the latest step's of any tensor."""
+        step = max((int(st.step) for st in self.states.values()
+                    if isinstance(st.step, (int, np.integer))), default=1) - 1
+        text = f"topk:ratio={self.density(max(step, 0)):.17g},ef=true"
+        return text + ("+" + str(self.spec.parts[1]) if self.spec.composed else "")
 
     def k_for(self, meta, ctx=None) -> int:
         if ctx is not None:

@@ -69,6 +69,7 @@ class Collectives:
     as float16, exact within float16's range)."""
 
     size = 1
+    rank = 0
     sums_bfloat16 = False
 
     def allreduce(self, flat, name: str, op=None, prescale: float = 1.0, postscale: float = 1.0):
@@ -81,6 +82,12 @@ class Collectives:
         """Starts the sum over ranks of ``flat`` (its length a multiple of ``size``), of which
         rank ``r`` receives the ``r``-th of ``size`` equal parts (the hierarchical exchange,
         inside a node)."""
+        raise NotImplementedError
+
+    def alltoall(self, flat, splits, name: str):
+        """Starts the exchange in which ``flat``'s consecutive pieces of ``splits[j]``
+        elements go to rank ``j``; :meth:`wait` gives ``(received, received_splits)``: what
+        came, in rank order, and how much from each rank (the two-phase exchange)."""
         raise NotImplementedError
 
     def wait(self, handle):
@@ -101,6 +108,10 @@ class ProcessSetCollectives(Collectives):
     def size(self) -> int:
         return self.process_set.size()
 
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
 
 class Loopback(Collectives):
     """One rank talking to itself: what a single process (or a test) exchanges."""
@@ -115,6 +126,9 @@ class Loopback(Collectives):
 
     def reducescatter(self, flat, name):
         return flat
+
+    def alltoall(self, flat, splits, name):
+        return flat, list(splits)
 
 
 class _Part:
@@ -311,8 +325,16 @@ class Exchange:
         else:  # one payload, flat already: as it is (an eager op fewer per tensor)
             flat = payloads[0] if len(part.shapes[0]) == 1 else B.reshape(payloads[0], (-1,))
         name = f"hvd_compress.{part.encs[0].meta.name}.{part.round}{part.tag}"
-        stats["bytes_sent"] += sum(e.nbytes for e in part.encs)
+        sent = sum(e.nbytes for e in part.encs)
+        stats["bytes_sent"] += sent
         stats["collectives"] += 1
+        p = self.size
+        if part.native or summable or part.more:  # a ring allreduce
+            stats["wire_out"] += 2 * (p - 1) * sent // p
+            stats["wire_in"] += 2 * (p - 1) * sent // p
+        elif not getattr(comp, "variable_size", False):  # rows of one size on every rank
+            stats["wire_out"] += (p - 1) * sent
+            stats["wire_in"] += (p - 1) * sent
         t0 = time.perf_counter()
         if part.native:  # exactly what Horovod's own optimizer does
             pre, post = (1.0 / self.predivide, self.predivide) if self.average else (1.0, 1.0)
@@ -340,6 +362,7 @@ class Exchange:
         size = B.bitcast(B.asarray([B.shape(row)[0]], "int64", like=row), "uint8")
         part.sizes = self.coll.allgather(size, name + ".rows")
         stats["bytes_sent"] += B.shape(head)[0] + 8  # the header and the row length
+        stats["wire_out"] += (self.size - 1) * (B.shape(row)[0] + 8)
         stats["collectives"] += 1
         return self.coll.allgather(row, name)
 
@@ -353,7 +376,7 @@ class Exchange:
         part.handle = part.sizes = None
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
         if sizes is not None:
-            return self._split_rows(part, out, sizes)
+            return self._split_rows(part, out, sizes, stats)
         offsets = [0]
         for shape in part.shapes:
             offsets.append(offsets[-1] + _numel(shape))
@@ -370,7 +393,7 @@ class Exchange:
             rows = [table[r] for r in range(self.size)]
         return [[row[a:b] for row in rows] for a, b in spans]
 
-    def _split_rows(self, part: _Part, out, sizes) -> list:
+    def _split_rows(self, part: _Part, out, sizes, stats: dict) -> list:
         """Rows of different lengths (see :meth:`_start_rows`; ``sizes``: the gathered
         row lengths) into each tensor's list of payloads, one per rank in rank order."""
         B = part.comp.B
@@ -380,6 +403,8 @@ class Exchange:
             out = B.reshape(out, (-1,))
             starts = [sum(sizes[:r]) for r in range(len(sizes))]
             out = [out[a:a + n] for a, n in zip(starts, sizes)]
+        stats["wire_in"] += sum(B.shape(row)[0] + 8 for r, row in enumerate(out)
+                                if r != self.coll.rank)
         count = len(part.encs)
         per_tensor = [[] for _ in range(count)]
         for row in out:

@@ -117,6 +117,11 @@ class SignCompressor(QuantizerCompressor):
         self.beta = float(self.params.get("momentum", 0.0))
         self.vote = bool(self.params.get("vote", True))
 
+    def owner_spec(self):
+        """An owner of the two-phase exchange sends the sign of its chunk's vote (or mean of
+        signs) with signSGD's codec: Signum's momentum was the workers'."""
+        return f"signsgd:vote={str(self.vote).lower()}"
+
     def _new_state(self, meta, like):
         st = super()._new_state(meta, like)
         if self.beta:

@@ -20,7 +20,11 @@ __all__ = ["Stats", "new_stats"]
 class Stats(Record):
     """One step's (or a run's) account.  ``bytes_sent``: the payloads this rank sends
     (every round); ``local_bytes``: what the hierarchical exchange moves inside the
-    node, dense (:mod:`.hierarchy`; 0 otherwise)."""
+    node, dense (:mod:`.hierarchy`; 0 otherwise).  ``wire_out`` / ``wire_in``: the bytes
+    that leave and reach this rank over its links (between nodes, where hierarchical), by
+    collective: an allreduce of ``S`` bytes ``2 (p-1) S // p`` each way (ring); an
+    allgather of rows ``c_0 .. c_{p-1}`` out ``(p-1) c_r``, in the others' rows; an
+    alltoall out the rows for the others, in the rows from them."""
 
     bytes_sent: int = 0
     encode_ms: float = 0.0
@@ -28,6 +32,8 @@ class Stats(Record):
     decode_ms: float = 0.0
     collectives: int = 0
     local_bytes: int = 0
+    wire_out: int = 0
+    wire_in: int = 0
 
     def add(self, other: Mapping) -> None:
         """Add ``other``'s counts and times to these (a run's totals)."""

@@ -60,6 +60,7 @@ class MPICollectives(Collectives):
         self.comm = comm
         self.comp = comp
         self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
         self._ops = {}
 
     def _op(self, dtype):

@@ -20,6 +20,11 @@ class HorovodTorch(ProcessSetCollectives):
     def allgather(self, flat, name):
         return hvd.allgather_async(flat, name=name, process_set=self.process_set)
 
+    def alltoall(self, flat, splits, name):
+        import torch
+        return hvd.alltoall_async(flat, splits=torch.tensor(splits, dtype=torch.int32), name=name,
+                                  process_set=self.process_set)
+
     def reducescatter(self, flat, name):
         """NCCL's reduce-scatter on GPUs; on CPU (Gloo) an allreduce of which this rank keeps
         its part: Horovod 0.28.1's Gloo reduce-scatter was measured slower than its

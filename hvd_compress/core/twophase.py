@@ -1,0 +1,437 @@
+"""The two-phase compressed allreduce: bytes per worker that do not grow with the workers.
+
+An allgather of packed payloads hands every worker ``p - 1`` payloads, so its bytes and its
+decoding grow with ``p``.  The two-phase exchange keeps both constant in ``p``, as
+DeepSpeed's compressed allreduce behind 1-bit Adam does (Tang et al., ICML 2021: all-to-all
+of compressed chunks, each owner sums and re-compresses its chunk with its own error
+feedback, allgather of the compressed chunks), and as Ok-Topk (Li & Hoefler, PPoPP 2022)
+and gTop-k (Shi et al., ICDCS 2019) do for sparse gradients (each worker's selection split
+by index range; the owner of a range keeps only the largest of the range's sum).
+
+One tensor of ``n`` values on ``p`` ranks, rank ``r``::
+
+    chunks: np.array_split(range(n), p)         (the first n % p chunks one value longer)
+    1. for every chunk j:  e_j = encode(x[chunk j])       state "name#j/p": the worker's
+                                                          error feedback, per chunk
+       alltoall: e_j goes to its owner, rank j            (a worker sends p - 1 chunks)
+    2. owner r:  s_r = aggregate(e_r of ranks 0..p-1)     (their sum, decoded in rank order)
+                 o_r = owner.encode(s_r)                  the owner's compressor, error
+                                                          feedback always on (its residual
+                                                          keeps what the re-encoding drops)
+       allgather of the owners' payloads o_0 .. o_{p-1}
+    3. result[chunk j] = owner.decode(o_j)                (then averaged as the flat engine)
+
+The owner's compressor (:func:`owner_of`) is the worker's with error feedback on and its own
+noise stream (``Compressor.owner_spec``): top-k re-selects the ``ceil(ratio * |chunk|)``
+largest of the chunk's sum (what the p workers kept there, up to p times as many); DGC's
+owner is error-feedback top-k at DGC's current density (momentum, clipping and masking are
+the workers' business).  Nothing is lost: the workers' and owners' residuals plus what was
+applied equal the sum of the gradients.  Tensors of two or more axes hand the compressor
+each chunk as a column matrix (as the hierarchy's shards), so DGC and 1-bit treat them as
+the matrices they are; vectors stay vectors.
+
+Bytes per worker (``C(m)``: a payload of m values): the alltoall moves ``(p-1)/p C(n)`` out
+and in, the allgather ``(p-1)/p C(n)``: about ``2 (p-1)/p C(n)`` each way, whatever ``p``
+(the account's ``wire_out`` / ``wire_in``, exact).  A worker decodes ``p`` chunks twice (its
+own chunk's contributions, then every owner's chunk): ``2 n`` values, not ``p n``.
+
+Summable payloads (``none``, ``fp16``, Random-k, PowerSGD, integer sums) already travel by
+an allreduce whose bytes do not grow with ``p``, and a tensor of fewer than ``p`` values
+has no chunk for every rank: those go by the flat engine.  Payload sizes that vary with
+the values (threshold-v) travel with a header of their int64 lengths.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import registry
+from .base import TensorMeta
+from .exchange import Exchange, _numel
+from .layout import column_shape, layout_of
+
+__all__ = ["TwoPhase", "chunk_bounds", "chunk_name", "owner_of", "takes_two_phase"]
+
+
+def chunk_bounds(n: int, p: int) -> list:
+    """``[(start, end)]`` of the ``p`` chunks of ``n`` values (``np.array_split``'s: the first
+    ``n % p`` one value longer)."""
+    q, extra = divmod(int(n), int(p))
+    out, at = [], 0
+    for j in range(p):
+        size = q + (1 if j < extra else 0)
+        out.append((at, at + size))
+        at += size
+    return out
+
+
+def chunk_name(name: str, j: int, p: int) -> str:
+    """The name chunk ``j`` of ``p`` keys its compressor state (worker's and owner's) by."""
+    return f"{name}#{j}/{p}"
+
+
+def takes_two_phase(comp, shape, p: int) -> bool:
+    """Whether a tensor of ``shape`` compressed by ``comp`` goes the two-phase way: packed
+    payloads (not summable, not passed through), a chunk for every rank, and the
+    compressor does not send it whole (``comp.chunked``)."""
+    return p > 1 and not comp.summable and not getattr(comp, "passthrough", False) and \
+        _numel(shape) >= p and comp.chunked(shape)
+
+
+def owner_of(comp):
+    """The compressor owners re-encode ``comp``'s chunk sums with (``comp.owner_spec()``),
+    made once per spec and kept on ``comp`` (its state is in ``comp``'s checkpoints:
+    ``Compressor.state_dict``).  A spec that changes (DGC's warm-up density) makes it anew
+    with the state it had."""
+    spec = comp.owner_spec()
+    own = comp.__dict__.get("_owner")
+    key = str(spec)
+    if own is not None and own.__dict__.get("_owner_key") == key and \
+            (own.rank, own.world_size) == (comp.rank, comp.world_size):
+        return own
+    made = registry.build(spec, backend=comp.B, rank=comp.rank, world_size=comp.world_size)
+    made.__dict__["_owner_key"] = key
+    pending = comp.__dict__.pop("_owner_state", None)
+    if own is not None:
+        made.load_state_dict(own.state_dict())
+    elif pending is not None:
+        made.load_state_dict(pending)
+    comp.__dict__["_owner"] = made
+    return made
+
+
+class _Part:
+    """The two-phase tensors of one batch that one compressor encodes: their worker
+    encodings (``encs[i][j]``: tensor i, chunk j), the alltoall in flight, and what the
+    owner step and the allgather need."""
+
+    __slots__ = ("comp", "positions", "metas", "bounds", "encs", "handle", "owner", "owned",
+                 "gather", "sizes", "free", "names", "shapes", "dtypes", "variable")
+
+    def __init__(self, comp, free: bool, variable: bool):
+        self.comp, self.free, self.variable = comp, free, variable
+        self.positions, self.metas, self.bounds, self.encs = [], [], [], []
+        self.names, self.shapes, self.dtypes = [], [], []
+        self.handle = self.owner = self.owned = self.gather = self.sizes = None
+
+
+class _Batch:
+    """One :meth:`TwoPhase.send`: the flat engine's batch and the two-phase parts."""
+
+    def __init__(self, count, flat, flat_at, parts, tag):
+        self.count, self.flat, self.flat_at, self.parts, self.tag = count, flat, flat_at, parts, tag
+
+
+class TwoPhase:
+    """The two-phase exchange over one set of ``p`` ranks (module docstring); the same
+    ``send`` / ``receive`` / ``run`` / ``run_each`` / ``agree`` as
+    :class:`~.exchange.Exchange`, which it uses for the tensors that do not go this way.
+
+    ``collectives`` needs ``alltoall``; ``comp``, ``average``, ``predivide``, ``op`` as the
+    flat engine takes them."""
+
+    def __init__(self, comp, collectives, average: bool = True, predivide: float = 1.0, op=None):
+        self.flat = Exchange(comp, collectives, average=average, predivide=predivide, op=op)
+        self.coll = collectives
+        self.average, self.predivide = average, float(predivide)
+
+    @property
+    def comp(self):
+        return self.flat.comp
+
+    @comp.setter
+    def comp(self, value):
+        self.flat.comp = value
+
+    @property
+    def agreed(self):
+        return self.flat.agreed
+
+    @agreed.setter
+    def agreed(self, value):
+        self.flat.agreed = value
+
+    @property
+    def size(self) -> int:
+        return self.coll.size
+
+    def agree(self, plan, key=None) -> None:
+        self.flat.agree(plan, key)
+
+    # -- one step ----------------------------------------------------------------------------
+    def send(self, tensors, names, stats, tag: str = "", noises=None) -> _Batch:
+        """Encode every chunk of the two-phase tensors and start their alltoall (one per
+        compressor); the others start in the flat engine."""
+        B = self.comp.B
+        pick = getattr(self.comp, "pick", None)
+        p = self.size
+        flat_at, parts = [], {}
+        t0 = time.perf_counter()
+        for i, (x, name) in enumerate(zip(tensors, names)):
+            shape = tuple(B.shape(x))
+            comp = self.comp if pick is None else pick(name, shape, B.dtype_name(x))
+            n = _numel(shape)
+            if not takes_two_phase(comp, shape, p) or self.flat.native(comp):
+                flat_at.append(i)
+                continue
+            part = parts.get(id(comp))
+            if part is None:
+                part = parts[id(comp)] = _Part(comp, bool(comp.scale_free),
+                                               bool(getattr(comp, "variable_size", False)))
+            v = B.cast(B.reshape(x, (-1,)), "float32")
+            if self.average and self._predivide(comp) != 1.0:
+                v = v * (1.0 / self.predivide)
+            noise = None if noises is None else noises[i]
+            if noise is not None and _numel(B.shape(noise)) != n:
+                raise ValueError(f"two-phase exchange: the noise for {name!r} must have one "
+                                 f"value per element ({n}), got shape {B.shape(noise)}")
+            bounds = chunk_bounds(n, p)
+            metas, encs = [], []
+            for j, (a, b) in enumerate(bounds):
+                chunk = v[a:b]
+                cshape = column_shape(b - a, layout_of(B)) if len(shape) >= 2 else (b - a,)
+                if len(cshape) == 2:
+                    chunk = B.reshape(chunk, cshape)
+                cname = chunk_name(name, j, p)
+                enc = comp.encode(chunk, cname, noise=None if noise is None else
+                                  B.reshape(noise, (-1,))[a:b])
+                metas.append(enc.meta)
+                encs.append(enc)
+            part.positions.append(i)
+            part.names.append(name)
+            part.shapes.append(shape)
+            part.dtypes.append(B.dtype_name(x))
+            part.metas.append(metas)
+            part.bounds.append(bounds)
+            part.encs.append(encs)
+        stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
+        flat = self.flat.send([tensors[i] for i in flat_at], [names[i] for i in flat_at], stats,
+                              tag) if flat_at else None
+        for part in parts.values():
+            self._start_alltoall(part, tag, stats)
+        return _Batch(len(names), flat, flat_at, list(parts.values()), tag)
+
+    def receive(self, batches, stats, outs=None) -> list:
+        """Finish ``batches``: every part's owner step and allgather are started before any
+        allgather is waited for (a rank blocked in one while another starts a different
+        one first would deadlock)."""
+        single = isinstance(batches, _Batch)
+        batches = [batches] if single else list(batches)
+        outs = [None] * len(batches) if outs is None else ([outs] if single else list(outs))
+        results = [[None] * b.count for b in batches]
+        flat = [(j, b) for j, b in enumerate(batches) if b.flat is not None]
+        if flat:
+            got = self.flat.receive([b.flat for _, b in flat], stats,
+                                    [None if outs[j] is None else [outs[j][i] for i in b.flat_at]
+                                     for j, b in flat])
+            for (j, b), res in zip(flat, got):
+                for i, r in zip(b.flat_at, res):
+                    results[j][i] = r
+        for b in batches:
+            for part in b.parts:
+                self._own(part, b.tag, stats)
+        for j, b in enumerate(batches):
+            for part in b.parts:
+                for i, value in zip(part.positions, self._finish(part, stats)):
+                    out = None if outs[j] is None else outs[j][i]
+                    results[j][i] = value if out is None else part.comp.B.icopy(out, value)
+        return results[0] if single else results
+
+    def run(self, tensors, names, stats, tag: str = "", outs=None) -> list:
+        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
+
+    def run_each(self, tensors, names, stats, tag: str = "", outs=None) -> list:
+        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
+        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
+        return [r for (r,) in results]
+
+    # -- the phases --------------------------------------------------------------------------
+    def _rows(self, B, payloads: list, variable: bool):
+        """One destination's row: the payloads end to end (uint8), headed by their int64
+        lengths where sizes vary."""
+        flat = [B.reshape(q, (-1,)) for q in payloads]
+        for q in flat:
+            if B.dtype_name(q) != "uint8":
+                raise TypeError(f"two-phase exchange: payloads must be packed bytes, got "
+                                f"{B.dtype_name(q)}")
+        if variable:
+            head = B.bitcast(B.asarray([B.shape(q)[0] for q in flat], "int64", like=flat[0]),
+                             "uint8")
+            flat = [head] + flat
+        return flat
+
+    def _start_alltoall(self, part: _Part, tag: str, stats) -> None:
+        B, p, r = part.comp.B, self.size, self._rank()
+        rows, splits = [], []
+        for j in range(p):
+            row = self._rows(B, [encs[j].payload for encs in part.encs], part.variable)
+            rows += row
+            splits.append(sum(B.shape(q)[0] for q in row))
+        # (the chunk this rank owns does not leave it)
+        stats["bytes_sent"] += sum(e.nbytes for encs in part.encs for j, e in enumerate(encs)
+                                   if j != r)
+        stats["wire_out"] += sum(s for j, s in enumerate(splits) if j != r)
+        stats["collectives"] += 1
+        t0 = time.perf_counter()
+        part.handle = self.coll.alltoall(B.concat(rows), splits,
+                                         f"hvd_compress.a2a.{part.names[0]}{tag}")
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+
+    def _split(self, B, row, sizes, variable: bool) -> list:
+        """A received row cut into its payloads (one per tensor): by the header where sizes
+        vary, else by ``sizes``, the same on every rank (this rank's own payloads')."""
+        count = len(sizes)
+        if variable:
+            sizes = [int(k) for k in B.to_numpy(B.bitcast(row[:8 * count], "int64"))]
+            at = 8 * count
+        else:
+            at = 0
+        out = []
+        for k in sizes:
+            out.append(row[at:at + k])
+            at += k
+        return out
+
+    def _own(self, part: _Part, tag: str, stats) -> None:
+        """Owner step: the alltoall's rows, this rank's chunk of every tensor summed and
+        re-encoded, and the allgather of the owners' payloads started."""
+        comp, B, p, r = part.comp, part.comp.B, self.size, self._rank()
+        t0 = time.perf_counter()
+        got, splits = self._wait_alltoall(part.handle)
+        part.handle = None
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+        stats["wire_in"] += sum(s for q, s in enumerate(splits) if q != r)
+        t0 = time.perf_counter()
+        mine = [metas[r] for metas in part.metas]
+        own = [encs[r].nbytes for encs in part.encs]
+        sources, at = [], 0
+        for s in splits:
+            sources.append(self._split(B, got[at:at + s], own, part.variable))
+            at += s
+        sums = [comp.aggregate([src[i] for src in sources], encs[r])
+                for i, encs in enumerate(part.encs)]
+        stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        owner = part.owner = owner_of(comp)
+        part.owned = [owner.encode(s, meta.name) for s, meta in zip(sums, mine)]
+        stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
+        row = self._rows(B, [o.payload for o in part.owned], part.variable)
+        row = row[0] if len(row) == 1 else B.concat(row)
+        n = B.shape(row)[0]
+        stats["bytes_sent"] += sum(o.nbytes for o in part.owned)
+        stats["wire_out"] += (p - 1) * n
+        stats["collectives"] += 1
+        t0 = time.perf_counter()
+        name = f"hvd_compress.owners.{part.names[0]}{tag}"
+        if part.variable:  # the rows' lengths first (8 bytes a rank), as the flat engine
+            part.sizes = self.coll.allgather(
+                B.bitcast(B.asarray([n], "int64", like=row), "uint8"), name + ".rows")
+            stats["bytes_sent"] += 8
+            stats["wire_out"] += (p - 1) * 8
+            stats["collectives"] += 1
+        part.gather = self.coll.allgather(row, name)
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+
+    def _finish(self, part: _Part, stats) -> list:
+        """Every owner's chunk decoded into place; each tensor averaged and in its shape."""
+        B, p, r = part.comp.B, self.size, self._rank()
+        t0 = time.perf_counter()
+        table = self.coll.wait(part.gather)
+        sizes = None if part.sizes is None else self.coll.wait(part.sizes)
+        part.gather = part.sizes = None
+        stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        owner = part.owner
+        if sizes is None:  # every owner's row length, known to all
+            sizes = [sum(owner.payload_nbytes(metas[q]) for metas in part.metas) for q in range(p)]
+        else:
+            sizes = B.concat(list(sizes)) if isinstance(sizes, (list, tuple)) else sizes
+            sizes = [int(k) for k in B.to_numpy(B.bitcast(B.reshape(sizes, (-1,)), "int64"))]
+            stats["wire_in"] += 8 * (p - 1)
+        stats["wire_in"] += sum(k for q, k in enumerate(sizes) if q != r)
+        if isinstance(table, (list, tuple)):
+            rows = list(table)
+        else:
+            table = B.reshape(table, (-1,))
+            starts = [sum(sizes[:q]) for q in range(p)]
+            rows = [table[a:a + k] for a, k in zip(starts, sizes)]
+        payloads = [self._split(B, rows[q], [owner.payload_nbytes(metas[q])
+                                             for metas in part.metas], part.variable)
+                    for q in range(p)]
+        out = []
+        for i, metas in enumerate(part.metas):
+            pieces = [B.reshape(owner.decode(payloads[q][i], metas[q]), (-1,))
+                      if q != r else B.reshape(owner.decode(part.owned[i].payload, metas[q],
+                                                            part.owned[i].ctx), (-1,))
+                      for q in range(p)]
+            dense = B.concat(pieces)
+            if self.average:
+                factor = (1.0 if part.free else self.predivide) / p
+                dense = B.imul(dense, factor) if factor != 1.0 else dense
+            dense = B.reshape(dense, part.shapes[i])
+            out.append(dense if part.dtypes[i] == "float32" else B.cast(dense, part.dtypes[i]))
+        part.owned = part.owner = None
+        stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _wait_alltoall(self, handle):
+        """The alltoall's received buffer and how many bytes came from each rank."""
+        got = self.coll.wait(handle)
+        B = self.comp.B
+        out, splits = got
+        splits = [int(k) for k in B.to_numpy(B.reshape(splits, (-1,)))] \
+            if not isinstance(splits, (list, tuple)) else [int(k) for k in splits]
+        return B.reshape(out, (-1,)), splits
+
+    def _rank(self) -> int:
+        return self.coll.rank
+
+    def _predivide(self, comp) -> float:
+        return 1.0 if comp.scale_free else self.predivide
+
+
+def owner_meta(name: str, numel: int) -> TensorMeta:
+    """A chunk's meta as an owner decodes it (for cost estimates: payload sizes)."""
+    return TensorMeta(name, (numel,), "float32")
+
+
+def reference(workers, grads, names, average: bool = True, predivide: float = 1.0) -> list:
+    """The two-phase aggregate by its definition, every rank at once (no collectives): the
+    numpy reference the engines are checked against.  ``workers``: one compressor per rank
+    (rank order; their state, and their owners', advances as the engine's would);
+    ``grads[r]``: rank r's tensors, named ``names``.  Returns the averaged (or summed)
+    tensors every rank receives.  Every tensor is taken the two-phase way (give it tensors
+    that :func:`takes_two_phase` accepts)."""
+    p = len(workers)
+    B = workers[0].B
+    out = []
+    for i, name in enumerate(names):
+        shape = tuple(B.shape(grads[0][i]))
+        n = _numel(shape)
+        bounds = chunk_bounds(n, p)
+        encs = []
+        for r, comp in enumerate(workers):
+            v = B.cast(B.reshape(grads[r][i], (-1,)), "float32")
+            free = bool(comp.scale_free)
+            if average and predivide != 1.0 and not free:
+                v = v * (1.0 / predivide)
+            row = []
+            for j, (a, b) in enumerate(bounds):
+                chunk = v[a:b]
+                if len(shape) >= 2:
+                    chunk = B.reshape(chunk, column_shape(b - a, layout_of(B)))
+                row.append(comp.encode(chunk, chunk_name(name, j, p)))
+            encs.append(row)
+        pieces = []
+        for j, comp in enumerate(workers):  # owner j
+            total = comp.aggregate([encs[q][j].payload for q in range(p)], encs[j][j])
+            owner = owner_of(comp)
+            sent = owner.encode(total, encs[j][j].meta.name)
+            pieces.append(B.reshape(owner.decode(sent.payload, sent.meta, sent.ctx), (-1,)))
+        dense = B.concat(pieces)
+        if average:
+            dense = dense * ((1.0 if workers[0].scale_free else predivide) / p)
+        dense = B.reshape(dense, shape)
+        dtype = B.dtype_name(grads[0][i])
+        out.append(dense if dtype == "float32" else B.cast(dense, dtype))
+    return out
