@@ -33,48 +33,73 @@ gradient per worker at the node's internal rate (or, where the model was fitted,
 a fitted cost per bit, :attr:`Link.local_s_per_bit`).  A worker encodes and
 decodes a shard (``1/L`` of each tensor) and decodes ``N`` payloads, not ``p``;
 integer sums pay lanes as wide as ``p`` needs (:class:`Profile`).
+
+The two-phase exchange (the compressed allreduce of 1-bit Adam, Ok-Topk and gTop-k:
+an alltoall of compressed chunks to their owners, who sum and re-compress them, then
+an allgather of the owners' chunks) sends and receives about ``2 (p-1)/p * S`` a worker
+whatever ``p``, in ``2 (p-1)`` message steps, and decodes about twice a tensor rather
+than ``p`` payloads; flat, a node's link carries its ``L`` workers' chunks for the other
+nodes besides one ring.  Hierarchical, it runs among the nodes in place of the allgather.
+Every byte, step and value counted here is :mod:`hvd_compress.core.exchangecost`'s
+(in fractions of a tensor: ``exact=False``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-ALLREDUCE, ALLGATHER = "allreduce", "allgather"
+from ..core import exchangecost as xc
+
+ALLREDUCE, ALLGATHER, TWO_PHASE = xc.ALLREDUCE, xc.ALLGATHER, xc.TWO_PHASE
+#: the collectives a link is fitted for: two-phase samples share the allgather's (both move
+#: compressed payloads, by Horovod's allgather and alltoall)
+LINK_OF = {ALLREDUCE: ALLREDUCE, ALLGATHER: ALLGATHER, TWO_PHASE: ALLGATHER}
 #: the share of the nominal rate a fitted link may reach (a prior: with one capped
 #: rate, a slow link and a transfer hidden behind compute look alike)
 ETA_RANGE = (0.5, 2.0)
 
 
+def exchange_of(collective: str, hierarchical: bool = False) -> str:
+    """The :mod:`~hvd_compress.core.exchangecost` exchange of a collective (``allreduce``,
+    ``allgather`` or ``two-phase``), hierarchical or not."""
+    if collective not in LINK_OF:
+        raise ValueError(f"unknown collective {collective!r}")
+    if not hierarchical:
+        return collective
+    return xc.HIERARCHICAL_TWO_PHASE if collective == TWO_PHASE else xc.HIERARCHICAL
+
+
+def _traffic(collective: str, p: int, per_node: int = 1, hierarchical: bool = False,
+             payload: float = 1.0) -> xc.Traffic:
+    """One exchange of a whole tensor in fractions (``numel`` 1) whose payload is
+    ``payload`` bytes; a hierarchical exchange where there are two nodes of two or more."""
+    hier = hierarchical and per_node > 1 and p // per_node > 1 and p % per_node == 0
+    return xc.traffic(exchange_of(collective, hier), 1.0, p, per_node if per_node > 1 else 1,
+                      lambda m: payload * m, summable=collective == ALLREDUCE, exact=False)
+
+
 def wire_bytes(collective: str, p: int, nbytes: float, per_node: int = 1,
                hierarchical: bool = False) -> float:
-    """Bytes on the busiest link for one collective of an ``nbytes`` payload per worker.
+    """Bytes on the busiest link for one exchange of an ``nbytes`` payload per worker.
 
-    Flat: what one worker puts on its link (nodes of ``per_node`` workers in ring order:
-    the ring crosses each node's link once, so the node's link carries as much as one
-    worker's).  ``hierarchical`` (nodes of ``per_node``): the node's link carries its
-    ``per_node`` workers' collectives among the ``p / per_node`` nodes, each of a shard's
-    payload."""
-    if hierarchical and per_node > 1:
-        return per_node * wire_bytes(collective, p // per_node, nbytes)
-    if p <= 1:
-        return 0.0
-    if collective == ALLREDUCE:
-        return 2.0 * (p - 1) / p * nbytes
-    if collective == ALLGATHER:
-        return (p - 1) * float(nbytes)
-    raise ValueError(f"unknown collective {collective!r}")
+    Flat: a node's link to the others (rings cross it once; the two-phase exchange's
+    alltoall carries its ``per_node`` workers' chunks for the other nodes); one node, or
+    every worker its own link: what a worker sends.  ``hierarchical`` (nodes of
+    ``per_node``): the node's link carries its ``per_node`` workers' exchanges among the
+    ``p / per_node`` nodes, each of a shard's payload ``nbytes``."""
+    hier = hierarchical and per_node > 1 and p // per_node > 1
+    return float(_traffic(collective, p, per_node, hier, nbytes * (per_node if hier else 1)).wire)
 
 
 def hops(collective: str, p: int, per_node: int = 1, hierarchical: bool = False) -> int:
-    """Latency-bound message steps of one ring collective (hierarchical: among the nodes)."""
-    if hierarchical and per_node > 1:
-        return hops(collective, p // per_node)
-    if p <= 1:
-        return 0
-    return 2 * (p - 1) if collective == ALLREDUCE else p - 1
+    """Latency-bound message steps of one exchange (hierarchical: among the nodes): a ring
+    allreduce ``2 (p-1)``, an allgather ``p - 1``, two-phase ``2 (p-1)`` (its alltoall and
+    its allgather)."""
+    return int(_traffic(collective, p, per_node, hierarchical).steps)
 
 
 @dataclass(frozen=True)
@@ -137,20 +162,26 @@ def fit_model(samples: list[Sample], alpha_s: float | None = None,
     ``alpha * hops`` is a constant the offsets absorb: pass ``alpha_s`` to fix it
     instead of fitting it.  Hierarchical samples (runs in nodes) add their dense bytes
     inside the node at a fitted cost per bit (:attr:`Link.local_s_per_bit`), the same
-    compressor's flat and hierarchical runs sharing its offset.  A collective without
-    samples gets the other's link.
+    compressor's flat and hierarchical runs sharing its offset.  Two-phase samples are
+    fitted with the allgather's (one link for the compressed payloads; give them groups of
+    their own: a group's offset is one collective's).  A collective without samples gets
+    the other's link.
     """
     links, offsets = {}, {}
     for coll in (ALLREDUCE, ALLGATHER):
-        mine = [s for s in samples if s.collective == coll and s.p > 1]
+        mine = [s for s in samples if LINK_OF[s.collective] == coll and s.p > 1]
         if not mine:
             continue
         links[coll], off = _fit_collective(mine, alpha_s)
+        shared = set(off) & set(offsets)
+        if shared:
+            raise ValueError(f"fit_model: group(s) {sorted(shared)} in samples of both links")
         offsets.update(off)
     if not links:
         raise ValueError("fit_model: no sample with more than one worker")
     for coll in (ALLREDUCE, ALLGATHER):
         links.setdefault(coll, next(iter(links.values())))
+    links[TWO_PHASE] = links[ALLGATHER]
     return links, offsets
 
 
@@ -302,7 +333,17 @@ class Profile:
     def active(self, p: int, per_node: int) -> bool:
         """Whether this profile's exchange is hierarchical at ``p`` workers in nodes of
         ``per_node`` (as the wrappers' rule: two or more nodes of two or more)."""
-        return bool(self.hierarchical) and per_node > 1 and p // per_node > 1
+        return bool(self.hierarchical) and per_node > 1 and p // per_node > 1 and p % per_node == 0
+
+    def traffic(self, p: int, per_node: int = 1) -> xc.Traffic:
+        """One exchange of a whole tensor at ``(p, per_node)``, in fractions of the tensor
+        (payload 1 byte a tensor)."""
+        return _traffic(self.collective, p, per_node, self.active(p, per_node))
+
+    def _ratio(self, field: str, p: int, per_node: int) -> float:
+        """``field`` of :meth:`traffic` at ``(p, per_node)`` over the measured one."""
+        then = getattr(self.traffic(max(1, self.measured_p), self.per_node), field)
+        return getattr(self.traffic(p, per_node), field) / then
 
     def _share(self, p: int, per_node: int) -> float:
         """A worker's part of each tensor at ``(p, per_node)`` over the measured one."""
@@ -322,20 +363,14 @@ class Profile:
             lane_bits(max(1, self.measured_p), self.lane_m)
 
     def encode_at(self, p: int, per_node: int = 1) -> float:
-        return self.encode_ms * self._share(p, per_node)
+        """Values encoded: a tensor (hierarchical: a shard), two-phase also the owner's chunk."""
+        return self.encode_ms * self._ratio("encoded", p, per_node)
 
     def decode_at(self, p: int, per_node: int = 1) -> float:
         """Allgather decodes one payload per worker (hierarchical: per node); an
-        allreduce's one sum.  Each of a shard."""
-        share = self._share(p, per_node)
-        if self.collective == ALLGATHER and self.measured_p > 0:
-            return self.decode_ms * max(1, self._senders(p, per_node)) / \
-                max(1, self._senders(self.measured_p, self.per_node)) * share
-        return self.decode_ms * share
-
-    def _senders(self, p: int, per_node: int) -> int:
-        """The payloads an allgather hands a worker: one per node where hierarchical."""
-        return p // per_node if self.active(p, per_node) else p
+        allreduce's one sum; two-phase its chunk's ``p`` payloads and the owners' chunks
+        (about two tensors).  Each of a shard where hierarchical."""
+        return self.decode_ms * self._ratio("decoded", p, per_node)
 
     def local_bytes_at(self, p: int, per_node: int = 1) -> float:
         """The dense bytes a worker moves inside its node (reduce-scatter and allgather:
@@ -345,7 +380,28 @@ class Profile:
         dense = self.dense_bytes
         if not dense and self.local_bytes and self.active(self.measured_p, self.per_node):
             dense = self.local_bytes / (2.0 * (self.per_node - 1) / self.per_node)
-        return 2.0 * (per_node - 1) / per_node * dense
+        return self.traffic(p, per_node).local_bytes * dense / 4.0  # (4 bytes a value there)
+
+    def traffic_at(self, p: int, per_node: int = 1) -> xc.Traffic:
+        """A step's exchange at ``(p, per_node)``: bytes as :meth:`nbytes_at` and
+        :meth:`local_bytes_at` say (values encoded and decoded in tensors)."""
+        hier = self.active(p, per_node)
+        whole = self.nbytes_at(p, per_node) * (per_node if hier else 1)  # a tensor's payload
+        t = _traffic(self.collective, p, per_node, hier, whole)
+        return dataclasses.replace(t, local_bytes=self.local_bytes_at(p, per_node))
+
+    def as_exchange(self, collective: str, hierarchical: bool = False) -> "Profile":
+        """This compressor's profile for another exchange of its payloads (``allgather``
+        or ``two-phase``, hierarchical or not), as if measured at the same point: encode,
+        decode and payload bytes per value as measured, counted for that exchange."""
+        other = dataclasses.replace(self, collective=collective, hierarchical=hierarchical)
+        p, L = max(1, self.measured_p), self.per_node
+        scale = {k: getattr(other.traffic(p, L), k) / getattr(self.traffic(p, L), k)
+                 for k in ("encoded", "decoded")}
+        mine, theirs = (1.0 / L if f.active(p, L) else 1.0 for f in (self, other))  # shards
+        return dataclasses.replace(
+            other, encode_ms=self.encode_ms * scale["encoded"], decode_ms=self.decode_ms * scale["decoded"],
+            nbytes=self.nbytes * theirs / mine, local_bytes=other.local_bytes_at(p, L))
 
 
 class StepModel:
@@ -357,7 +413,10 @@ class StepModel:
     cost, :attr:`Link.local_s_per_bit`; one node alone is then not modelled)."""
 
     def __init__(self, link, profiles: dict[str, Profile]):
-        self.links = link if isinstance(link, dict) else {ALLREDUCE: link, ALLGATHER: link}
+        self.links = dict(link) if isinstance(link, dict) else {c: link for c in LINK_OF}
+        for coll, fitted in LINK_OF.items():  # two-phase: the allgather's link unless given
+            if coll not in self.links and fitted in self.links:
+                self.links[coll] = self.links[fitted]
         self.profiles = profiles
 
     def step_ms(self, compression: str, p: int, bandwidth_bps: float, per_node: int = 1,

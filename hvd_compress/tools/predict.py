@@ -1,13 +1,17 @@
 """The cost model (:mod:`.costmodel`) fitted to a comparison's runs: ``prediction.md``
 with the fit, its validation on capped runs it was not fitted on, predicted images/s at
 other bandwidths and worker counts (and in clusters of nodes), the crossover
-bandwidths and, with a target accuracy, the predicted time to it."""
+bandwidths and, with a target accuracy, the predicted time to it.  Each run counts with
+its exchange (allreduce, allgather, two-phase, hierarchical, hierarchical+two-phase:
+:func:`exchange_of`); a compressor whose payloads are gathered also gets two-phase rows
+derived from its allgather runs where its two-phase ones were not measured."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
+from ..core import exchangecost as xc
 from ..core.base import TensorMeta
 from . import costmodel, netcap
 from .plan import FLAT, SYNC, UNCAPPED, mode_of, nodes_of, specs_of, takes_hierarchy
@@ -45,30 +49,73 @@ def _rate(r: dict) -> float:
     return math.inf if r["bandwidth"] == UNCAPPED else netcap.parse_rate(r["bandwidth"])
 
 
+def exchange_of(r: dict) -> str:
+    """A row's exchange (:mod:`hvd_compress.core.exchangecost`'s names): its ``exchange``
+    column, or, in rows written before it, hierarchical where the run took the hierarchy
+    (in simulated nodes; the wrapper says ``hierarchical`` for ``none`` too, whose tensors
+    go flat), else what the compressor's payloads take (allreduce or allgather)."""
+    named = str(r.get("exchange") or "")
+    if named in xc.EXCHANGES:
+        return named if nodes_of(r) > 1 or not xc.is_hierarchical(named) else \
+            xc.flat_of(named, _collective(r["compression"]) == costmodel.ALLREDUCE)
+    if nodes_of(r) > 1 and str(r.get("hierarchical", "")).lower() in ("true", "1") and \
+            takes_hierarchy(r["compression"]):
+        return xc.HIERARCHICAL
+    return _collective(r["compression"])
+
+
 def hierarchical_row(r: dict) -> bool:
-    """Whether a run's compressed tensors took the hierarchical exchange (in simulated
-    nodes; the wrapper says ``hierarchical`` for ``none`` too, whose tensors go flat)."""
-    return nodes_of(r) > 1 and str(r.get("hierarchical", "")).lower() in ("true", "1") and \
-        takes_hierarchy(r["compression"])
+    """Whether a run's compressed tensors took a hierarchical exchange (:func:`exchange_of`)."""
+    return xc.is_hierarchical(exchange_of(r))
+
+
+def two_phase_row(r: dict) -> bool:
+    return exchange_of(r) in (xc.TWO_PHASE, xc.HIERARCHICAL_TWO_PHASE)
+
+
+#: how prediction.md names a compressor's exchanges other than its own flat one
+HIER_MARK, TWO_PHASE_MARK = " (hierarchical)", " (two-phase)"
+HIER_TWO_PHASE_MARK = " (hierarchical+two-phase)"
+MARKS = {xc.HIERARCHICAL: HIER_MARK, xc.TWO_PHASE: TWO_PHASE_MARK,
+         xc.HIERARCHICAL_TWO_PHASE: HIER_TWO_PHASE_MARK}
 
 
 def variant(r: dict) -> str:
-    """A row's exchange for the cost model: its compression, marked when hierarchical."""
-    return r["compression"] + (HIER_MARK if hierarchical_row(r) else "")
+    """A row's exchange for the cost model: its compression, marked when not its flat one."""
+    return r["compression"] + MARKS.get(exchange_of(r), "")
 
 
-#: how prediction.md names a compressor's hierarchical exchange
-HIER_MARK = " (hierarchical)"
+def group_of(r: dict) -> str:
+    """The fit's group (one offset each): the compressor; its two-phase runs (flat or
+    hierarchical) a group of their own, fitted with the allgather's link."""
+    return r["compression"] + (TWO_PHASE_MARK if two_phase_row(r) else "")
+
+
+def _row_collective(r: dict) -> str:
+    return costmodel.TWO_PHASE if two_phase_row(r) else _collective(r["compression"])
 
 
 def _per_node(r: dict) -> int:
     return int(r["np"]) // nodes_of(r) if nodes_of(r) > 1 else 1
 
 
+def _payload(r: dict) -> float:
+    """The payload a worker encodes per step (hierarchical: its shard's), what the cost
+    model's ``nbytes`` is.  Rows with an ``exchange`` column say in ``bytes_per_step``
+    the bytes the account sends (:attr:`~hvd_compress.core.exchangecost.Traffic.sent`):
+    divided by what that exchange sends per payload byte; older rows say the payload."""
+    sent = number(r, "bytes_per_step") or 0.0
+    if str(r.get("exchange") or "") not in xc.EXCHANGES or int(r["np"]) <= 1:
+        return sent
+    p, L, hier = int(r["np"]), _per_node(r), hierarchical_row(r)
+    per_byte = costmodel._traffic(_row_collective(r), p, L, hier, float(L if hier else 1)).sent
+    return sent / per_byte if per_byte else sent
+
+
 def _sample(r: dict) -> costmodel.Sample:
-    return costmodel.Sample(_collective(r["compression"]), int(r["np"]), number(r, "bytes_per_step") or 0.0,
+    return costmodel.Sample(_row_collective(r), int(r["np"]), _payload(r),
                             _rate(r), _messages(r["compression"]), (number(r, "comm_ms") or 0.0) / 1e3,
-                            r["compression"], (number(r, "step_ms") or 0.0) / 1e3, _per_node(r),
+                            group_of(r), (number(r, "step_ms") or 0.0) / 1e3, _per_node(r),
                             hierarchical_row(r), number(r, "local_bytes_per_step") or 0.0)
 
 
@@ -94,7 +141,7 @@ def _fit(rows: list[dict], alpha_s: float | None = None):
 
 def _predict_step(fitted, base: costmodel.Profile, r: dict) -> float:
     links, offsets = fitted
-    prof = dataclasses.replace(base, comm_offset_ms=1e3 * offsets.get(r["compression"], 0.0))
+    prof = dataclasses.replace(base, comm_offset_ms=1e3 * offsets.get(group_of(r), 0.0))
     return costmodel.StepModel(links, {"x": prof}).step_ms("x", int(r["np"]), _rate(r), _per_node(r))
 
 
@@ -109,13 +156,31 @@ def _dense_bytes(rows: list[dict]) -> float:
 
 def _profile(r: dict, dense: float = 0.0) -> costmodel.Profile:
     step = number(r, "step_ms") or 0.0
-    return costmodel.Profile(r["compression"], _collective(r["compression"]), number(r, "compute_ms") or 0.0,
+    return costmodel.Profile(group_of(r), _row_collective(r), number(r, "compute_ms") or 0.0,
                              number(r, "encode_ms") or 0.0, number(r, "decode_ms") or 0.0,
-                             number(r, "bytes_per_step") or 0.0, _messages(r["compression"]),
+                             _payload(r), _messages(r["compression"]),
                              int(r["np"]), (number(r, "images_per_sec_per_worker") or 0.0) * step / 1e3,
                              lane_m=_lane_m(r["compression"]), per_node=_per_node(r),
                              hierarchical=hierarchical_row(r),
                              local_bytes=number(r, "local_bytes_per_step") or 0.0, dense_bytes=dense)
+
+
+def derived_profiles(profiles: dict) -> dict:
+    """The two-phase exchanges of each compressor whose payloads are gathered and whose
+    two-phase runs were not measured, flat and (where the gradient's size is known)
+    hierarchical: its allgather's profile (the flat one where measured) counted for them
+    (:meth:`costmodel.Profile.as_exchange`), with its offset."""
+    out = {}
+    for key, f in profiles.items():
+        comp = f.compression
+        if f.collective != costmodel.ALLGATHER or (key != comp and comp in profiles):
+            continue
+        for mark, hier in ((TWO_PHASE_MARK, False), (HIER_TWO_PHASE_MARK, True)):
+            name = comp + mark
+            if name in profiles or name in out or (hier and not (f.dense_bytes or f.local_bytes)):
+                continue
+            out[name] = f.as_exchange(costmodel.TWO_PHASE, hier)
+    return out
 
 
 def time_to_target_lines(rows: list[dict], model, target: float, ps, bws) -> list[str]:
@@ -156,6 +221,8 @@ def time_to_target_lines(rows: list[dict], model, target: float, ps, bws) -> lis
 DEFAULT_PER_NODE, DEFAULT_LOCAL_BPS = 8, 2e11
 #: the node table's worker counts and links between nodes
 NODE_PS, NODE_BWS = (8, 64, 256, 1024), (1e10, 2.5e10, 1e11)
+#: the links between nodes of the table at the largest worker count (slow ones too)
+TARGET_BWS = (1e9, 1e10)
 
 
 def predict(rows: list[dict], alpha_us: float | None = None, target: float | None = None,
@@ -202,7 +269,9 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
                "(efficiency 1). Run with `--bandwidth` (as root) for a fitted model.", ""]
     md += ["Step = compute + encode + decode(p) + wait(p, B); wait = max(0, offset + transfer), transfer "
            "by ring allreduce 2(p-1)/p*S*8/(eta*B) + 2(p-1)*alpha per collective or allgather "
-           "(p-1)*S*8/(eta*B) + (p-1)*alpha; allgather decoding grows with p. Each compressor's compute, "
+           "(p-1)*S*8/(eta*B) + (p-1)*alpha or two-phase (alltoall of chunks to their owners, allgather of "
+           "the owners' chunks) 2(p-1)/p*S*8/(eta*B) + 2(p-1)*alpha; allgather decoding grows with p, "
+           "two-phase decodes about two tensors. Each compressor's compute, "
            "encode, decode and bytes are its uncapped run at the largest worker count (np "
            f"{max(int(r['np']) for r in uncapped)} here); on this machine workers share the cores, "
            "so compute is that of a worker with a share of them.", ""]
@@ -260,6 +329,8 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
     # predictions
     profiles = {k: dataclasses.replace(v, comm_offset_ms=1e3 * offsets.get(v.compression, 0.0))
                 for k, v in profiles.items()}
+    derived = derived_profiles(profiles)
+    profiles.update(derived)
     model = costmodel.StepModel(links, profiles)
     bws = [1e8, 1e9, 1e10, 1e11]
     ps = [2, 8, 64, 1024]
@@ -267,7 +338,8 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
     head = ["compression"] + [f"p={p} {netcap.format_rate(b)}" for p in ps for b in bws]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     has_none = "none" in profiles
-    flat = [k for k in profiles if not k.endswith(HIER_MARK)]  # one worker a link: no nodes
+    # one worker a link: no nodes
+    flat = [k for k in profiles if not k.endswith(HIER_MARK) and not k.endswith(HIER_TWO_PHASE_MARK)]
     for spec in flat:
         cells = []
         for p in ps:
@@ -275,7 +347,8 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
                 ips = model.images_per_sec(spec, p, b)
                 rel = ips / model.images_per_sec("none", p, b) if has_none else float("nan")
                 cells.append(f"{ips:.0f}" + (f" ({rel:.2f}x)" if has_none else ""))
-        md.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+        mark = " (derived)" if spec in derived else ""
+        md.append(f"| `{spec}`{mark} | " + " | ".join(cells) + " |")
     md.append("")
     if has_none:
         md += ["## Crossover bandwidths", ""]
@@ -293,11 +366,11 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
                 else:
                     text = f"{spec} never beats none between 1 Mbit/s and 1 Tbit/s at {p} workers"
                 md.append(f"- {text}")
-                if p == 8:
+                if p == 8 and spec not in derived:
                     say.append(text)
         md.append("")
     if has_none:
-        got, lines = node_lines(model, per_node, local_bps)
+        got, lines = node_lines(model, per_node, local_bps, set(derived))
         md += got
         say += lines
     if target is not None:
@@ -306,11 +379,14 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
     return "\n".join(md), say
 
 
-def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float) -> tuple[list[str], list[str]]:
-    """prediction.md's table for clusters of nodes: predicted images/s (and the speed-up
-    over ``none``) of every exchange measured, at :data:`NODE_PS` workers in nodes of
-    ``per_node`` and :data:`NODE_BWS` between nodes, the best per column, and the worker
-    counts (``per_node`` times powers of 2, to 1,024 nodes) at which each beats ``none``.
+def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float,
+               derived=frozenset()) -> tuple[list[str], list[str]]:
+    """prediction.md's tables for clusters of nodes: predicted images/s (and the speed-up
+    over ``none``) of every exchange, at :data:`NODE_PS` workers in nodes of ``per_node``
+    and :data:`NODE_BWS` between nodes, the best per column; at the largest count, the
+    speed-ups at :data:`TARGET_BWS` and the bytes of a step; the worker counts
+    (``per_node`` times powers of 2, to 1,024 nodes) at which each beats ``none``.
+    ``derived``: the profiles not measured (:func:`derived_profiles`), marked.
     (Lines for prediction.md, lines worth printing.)"""
     L = per_node
     scan = [L * 2 ** k for k in range(11)]
@@ -318,6 +394,9 @@ def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float) -> t
 
     def ips(spec, p, b):
         return model.images_per_sec(spec, p, b, L, local_bps)
+
+    def label(spec):
+        return f"`{spec}`" + (" (derived)" if spec in derived else "")
 
     head = ["exchange"] + [f"p={p} {netcap.format_rate(b)}" for p in NODE_PS for b in NODE_BWS]
     md = [f"## Nodes of {L}: predicted images/s (all workers) and speed-up over none", "",
@@ -327,8 +406,11 @@ def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float) -> t
           "exchange (dense inside the node, compressed between nodes) and the flat one are rows "
           "of their own where measured; a worker's compute, encode and decode are as measured, "
           "encode and decode scaled to the shard a worker holds (1/L of a tensor, hierarchical) "
-          "and to the payloads it decodes.", "",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+          "and to the payloads it decodes. Two-phase rows marked (derived) were not measured: "
+          "the compressor's allgather run counted for the two-phase exchange (its alltoall of "
+          "chunks to their owners and allgather of the owners' chunks: 2(p-1)/p of the payload "
+          "each way a worker, 2(p-1) message steps, about two tensors decoded), its offset kept.",
+          "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     best = {}
     for spec in specs:
         cells = []
@@ -338,9 +420,30 @@ def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float) -> t
                 cells.append(f"{v:.0f} ({v / base:.2f}x)")
                 if (p, b) not in best or v > best[(p, b)][1]:
                     best[(p, b)] = (spec, v, v / base)
-        md.append(f"| `{spec}` | " + " | ".join(cells) + " |")
+        md.append(f"| {label(spec)} | " + " | ".join(cells) + " |")
     md.append("| **best** | " + " | ".join(f"`{best[(p, b)][0]}` ({best[(p, b)][2]:.2f}x)"
                                           for p in NODE_PS for b in NODE_BWS) + " |")
+    P = NODE_PS[-1]
+    md += ["", f"### At {P:,} workers: slow links between nodes, and the bytes of a step", "",
+           "Bytes per worker per step as its account counts them (MB; flat: with every worker, "
+           "hierarchical: with its cross set), what the node's link to the others carries in its "
+           "busier direction, and the dense bytes a worker sends inside its node.", "",
+           "| exchange | " + " | ".join(f"{netcap.format_rate(b)}" for b in TARGET_BWS)
+           + " | sent MB | received MB | node link MB | inside the node MB |",
+           "|---|" + "---|" * (len(TARGET_BWS) + 4)]
+    top = {}
+    for spec in specs:
+        cells = []
+        for b in TARGET_BWS:
+            v = ips(spec, P, b) / ips("none", P, b)
+            cells.append(f"{v:.2f}x")
+            if b not in top or v > top[b][1]:
+                top[b] = (spec, v)
+        t = model.profiles[spec].traffic_at(P, L)
+        cells += [f"{x / 1e6:.3g}" for x in (t.sent, t.received, t.wire, t.local_bytes)]
+        md.append(f"| {label(spec)} | " + " | ".join(cells) + " |")
+    md.append("| **best** | " + " | ".join(f"`{top[b][0]}` ({top[b][1]:.2f}x)" for b in TARGET_BWS)
+              + " | | | | |")
     md += ["", f"### Worker counts at which each beats none (nodes of {L}, {L} to {scan[-1]:,} workers)",
            "", "| exchange | " + " | ".join(netcap.format_rate(b) for b in NODE_BWS) + " |",
            "|---|" + "---|" * len(NODE_BWS)]
@@ -357,10 +460,13 @@ def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float) -> t
             stop = next((p for p in scan if p > wins[0] and p not in wins), None)
             cells.append(f"from {wins[0]:,}" + (f", stops at {stop:,}" if stop else
                                                 f", still at {scan[-1]:,}"))
-        md.append(f"| `{spec}` | " + " | ".join(cells) + " |")
-        say.append(f"nodes of {L}, {netcap.format_rate(NODE_BWS[0])}: {spec} beats none "
-                   + cells[0].replace("never", "at no worker count"))
+        md.append(f"| {label(spec)} | " + " | ".join(cells) + " |")
+        if spec not in derived:
+            say.append(f"nodes of {L}, {netcap.format_rate(NODE_BWS[0])}: {spec} beats none "
+                       + cells[0].replace("never", "at no worker count"))
     p, b = NODE_PS[-1], NODE_BWS[0]
     say.append(f"nodes of {L}: best at {p} workers and {netcap.format_rate(b)}: "
                f"{best[(p, b)][0]} ({best[(p, b)][2]:.2f}x none)")
+    say += [f"nodes of {L}: best at {P} workers and {netcap.format_rate(b)}: {top[b][0]} "
+            f"({top[b][1]:.2f}x none)" for b in TARGET_BWS if b not in NODE_BWS]
     return md + [""], say
