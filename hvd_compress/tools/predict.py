@@ -100,16 +100,11 @@ def _per_node(r: dict) -> int:
 
 
 def _payload(r: dict) -> float:
-    """The payload a worker encodes per step (hierarchical: its shard's), what the cost
-    model's ``nbytes`` is.  Rows with an ``exchange`` column say in ``bytes_per_step``
-    the bytes the account sends (:attr:`~hvd_compress.core.exchangecost.Traffic.sent`):
-    divided by what that exchange sends per payload byte; older rows say the payload."""
-    sent = number(r, "bytes_per_step") or 0.0
-    if str(r.get("exchange") or "") not in xc.EXCHANGES or int(r["np"]) <= 1:
-        return sent
-    p, L, hier = int(r["np"]), _per_node(r), hierarchical_row(r)
-    per_byte = costmodel._traffic(_row_collective(r), p, L, hier, float(L if hier else 1)).sent
-    return sent / per_byte if per_byte else sent
+    """The payload a worker sends per step (hierarchical: its shard's), the cost model's
+    ``nbytes``: ``bytes_per_step``, the account's ``bytes_sent`` (the two-phase exchange's:
+    its chunks for the other owners and its owner's chunk, about one tensor's payload);
+    the bytes over its links (``wire_out``/``wire_in``) the model counts from it."""
+    return number(r, "bytes_per_step") or 0.0
 
 
 def _sample(r: dict) -> costmodel.Sample:
@@ -425,9 +420,10 @@ def node_lines(model: costmodel.StepModel, per_node: int, local_bps: float,
                                           for p in NODE_PS for b in NODE_BWS) + " |")
     P = NODE_PS[-1]
     md += ["", f"### At {P:,} workers: slow links between nodes, and the bytes of a step", "",
-           "Bytes per worker per step as its account counts them (MB; flat: with every worker, "
-           "hierarchical: with its cross set), what the node's link to the others carries in its "
-           "busier direction, and the dense bytes a worker sends inside its node.", "",
+           "Bytes over a worker's links per step, out and in, as its account counts them (MB, the "
+           "account's `wire_out` / `wire_in`; flat: with every worker, hierarchical: with its cross "
+           "set), what the node's link to the others carries in its busier direction, and the dense "
+           "bytes a worker sends inside its node.", "",
            "| exchange | " + " | ".join(f"{netcap.format_rate(b)}" for b in TARGET_BWS)
            + " | sent MB | received MB | node link MB | inside the node MB |",
            "|---|" + "---|" * (len(TARGET_BWS) + 4)]
