@@ -250,7 +250,8 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
         md += [f"Fitted to {len(multi)} run(s) with more than one worker ({len(capped)} capped): "
                + "; ".join(
             f"{coll}: alpha = {lk.alpha_s * 1e3:.2f} ms per message step, eta = {lk.efficiency:.3f} x "
-            "the nominal rate" for coll, lk in links.items()) + "." + (
+            "the nominal rate" for coll, lk in links.items() if coll in costmodel.LINK_OF.values())
+               + " (two-phase: the allgather's)." + (
                 "" if alpha is None else f" Alpha is fixed at {alpha * 1e6:.0f} us (the runs cover one "
                 "worker count, where alpha times the hops is a constant the offsets take up; "
                 "`--alpha-us` sets it for your network, runs at several worker counts fit it)."), "",
