@@ -201,3 +201,37 @@ def test_link_from_timings():
     assert xc.link_from_timings([(0, 1e6, 1e-3), (0, 2e6, 2e-3)]) == pytest.approx((0.0, 1e-9))
     with pytest.raises(ValueError):
         xc.link_from_timings([])
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "onebit", "signsgd", "terngrad", "qsgd:levels=4"])
+def test_the_two_phase_engines_account_is_the_formula(spec):
+    """The two-phase engine (hvd_compress.core.twophase) on simulated ranks: every rank's
+    account (``wire_out`` / ``wire_in``) is :func:`traffic`'s sent and received, exactly,
+    with the worker's and the owner's payload sizes for a chunk."""
+    import threading
+
+    from hvd_compress.core import build, new_stats
+    from hvd_compress.core.twophase import TwoPhase, chunk_name, owner_of
+    from tests.test_exchange_engine import Table
+
+    shape, n = (240, 100), 24000
+    for p in (2, 3, 4, 8):
+        table = Table(p)
+        comps = [build(spec, rank=r, world_size=p) for r in range(p)]
+        engines = [TwoPhase(c, table.rank(r)) for r, c in enumerate(comps)]
+        stats = [new_stats() for _ in range(p)]
+        grads = [np.random.default_rng([r, 7]).standard_normal(shape).astype(np.float32) for r in range(p)]
+        threads = [threading.Thread(target=engines[r].run, args=([grads[r]], ["w"], stats[r]))
+                   for r in range(p)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        comp = comps[0]
+
+        def size(c):
+            return lambda m: c.payload_nbytes(c.meta_for(np.zeros((m, 1), np.float32), chunk_name("w", 0, p)))
+
+        for r in range(p):
+            want = xc.traffic(TWO_PHASE, n, p, 1, size(comp), rank=r, owner_bytes=size(owner_of(comp)))
+            assert (stats[r].wire_out, stats[r].wire_in) == (want.sent, want.received), (spec, p, r)

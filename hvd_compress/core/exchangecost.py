@@ -108,33 +108,39 @@ def _node_span(p: int, per_node: int) -> int:
     return max(1, min(int(per_node), p))
 
 
-def _two_phase(lengths: list, r: int, first: int, size: int, pb: Callable):
+def _two_phase(lengths: list, r: int, first: int, size: int, pb: Callable, ob: Callable):
     """(sent, received, wire, decoded) of the two-phase exchange of chunks ``lengths`` for
-    worker ``r``; ``wire`` through the link of the node holding ranks ``first`` to
-    ``first + size - 1`` (rings in rank order cross it once)."""
+    worker ``r`` (``pb``: a worker's payload bytes for a chunk, ``ob``: an owner's); ``wire``
+    through the link of the node holding ranks ``first`` to ``first + size - 1`` (rings in
+    rank order cross it once)."""
     p = len(lengths)
-    sizes = {m: pb(m) for m in set(lengths)}
-    cb = [sizes[m] for m in lengths]
-    total = sum(cb)
+    sizes = {m: (pb(m), ob(m)) for m in set(lengths)}
+    cb = [sizes[m][0] for m in lengths]
+    own = [sizes[m][1] for m in lengths]
+    total, owned = sum(cb), sum(own)
     # alltoall: chunk j's payload to owner j; allgather: the owners' payloads
-    out = (total - cb[r]) + (p - 1) * cb[r]
-    got = (p - 1) * cb[r] + (total - cb[r])
+    out = (total - cb[r]) + (p - 1) * own[r]
+    got = (p - 1) * cb[r] + (owned - own[r])
     mine = sum(cb[first:first + size])
     a2a_out, a2a_in = size * (total - mine), (p - size) * mine
-    ring_out, ring_in = total - cb[(first + size) % p], total - cb[first]
+    ring_out, ring_in = owned - own[(first + size) % p], owned - own[first]
     wire = max(a2a_out + ring_out, a2a_in + ring_in)
     return out, got, wire, p * lengths[r] + sum(lengths)
 
 
 def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable, *,
-            summable: bool = False, rank: int = 0, exact: bool = True) -> Traffic:
+            summable: bool = False, rank: int = 0, exact: bool = True,
+            owner_bytes: Callable | None = None) -> Traffic:
     """What ``exchange`` of a tensor of ``numel`` values costs worker ``rank`` of ``p`` in
     nodes of ``per_node`` (ranks node by node).  ``payload_bytes(m)``: the compressor's
-    payload bytes for ``m`` values.  ``summable``: the hierarchy's payloads are summed
-    between nodes (integer sums), not gathered.  A hierarchical exchange needs two nodes
-    of two workers or more (:func:`flat_of` says what runs otherwise).  ``exact=False``:
-    chunks and shards as fractions of ``numel`` and no rounding (the cost model's)."""
+    payload bytes for ``m`` values; ``owner_bytes(m)``: the two-phase owner's for its chunk
+    of ``m`` (its re-encoding: :func:`.twophase.owner_of`; default ``payload_bytes``).
+    ``summable``: the hierarchy's payloads are summed between nodes (integer sums), not
+    gathered.  A hierarchical exchange needs two nodes of two workers or more
+    (:func:`flat_of` says what runs otherwise).  ``exact=False``: chunks and shards as
+    fractions of ``numel`` and no rounding (the cost model's)."""
     _check_exchange(exchange)
+    owner_bytes = owner_bytes or payload_bytes
     n, L = numel, _node_span(p, per_node)
     if p <= 1:
         return Traffic(0, 0, 0, 0, 0, 0, n, n)
@@ -150,7 +156,7 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
         return Traffic(b, b, b, 0, p - 1, 0, n, p * n)
     if exchange == TWO_PHASE:
         lengths = chunk_lengths(n, p, exact)
-        out, got, wire, dec = _two_phase(lengths, rank, first, L, payload_bytes)
+        out, got, wire, dec = _two_phase(lengths, rank, first, L, payload_bytes, owner_bytes)
         return Traffic(out, got, max(out, got) if one_node else wire, 0, 2 * (p - 1), 0,
                        n + lengths[rank], dec)
     # hierarchical: shards of ceil(n/L), the dense node traffic, the cross set's exchange
@@ -165,7 +171,7 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
                           rank=rank // L, exact=exact)
     else:
         lengths = chunk_lengths(k, N, exact)
-        out, got, _, dec = _two_phase(lengths, rank // L, rank // L, 1, payload_bytes)
+        out, got, _, dec = _two_phase(lengths, rank // L, rank // L, 1, payload_bytes, owner_bytes)
         between = Traffic(out, got, max(out, got), 0, 2 * (N - 1), 0, k + lengths[rank // L], dec)
     # the node's link carries its L workers' cross sets, each worker on its own node there
     return Traffic(between.sent, between.received, L * between.wire, local, between.steps,
@@ -205,11 +211,12 @@ def _priced(t: Traffic, links: Links, one_node: bool) -> float:
 
 
 def cost_s(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable, links: Links, *,
-           summable: bool = False, exact: bool = True) -> float:
+           summable: bool = False, exact: bool = True, owner_bytes: Callable | None = None) -> float:
     """Seconds ``exchange`` of one tensor takes by the alpha-beta model: message steps times
     the latency, the node link's bytes times the seconds per byte, the hierarchy's node
     traffic at the links inside, values encoded and decoded at the codec's rates."""
-    t = traffic(exchange, numel, p, per_node, payload_bytes, summable=summable, exact=exact)
+    t = traffic(exchange, numel, p, per_node, payload_bytes, summable=summable, exact=exact,
+                owner_bytes=owner_bytes)
     return _priced(t, links, _node_span(p, per_node) >= p)
 
 
@@ -227,12 +234,13 @@ def _ms(s: float) -> str:
 
 
 def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links: Links, *,
-           summable: bool = False, integer_sum: bool = False) -> Choice:
+           summable: bool = False, integer_sum: bool = False,
+           owner_bytes: Callable | None = None) -> Choice:
     """The cheapest of ``allowed`` exchanges (those the compressor can take:
     :func:`exchanges_for`) for a tensor of ``numel`` values.  A hierarchical exchange is a
     candidate only with two nodes of two workers or more and measured links inside a node,
     and wins only where it is cheaper (ties go to the flat exchanges).  ``reason``: one
-    line for the plan printout."""
+    line for the plan printout.  ``owner_bytes``: as :func:`traffic` takes it."""
     can = exchanges_for(summable, integer_sum)
     wanted = [e for e in EXCHANGES if e in set(allowed) & set(can)]
     if not wanted:
@@ -241,11 +249,12 @@ def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links
     L = _node_span(p, per_node)
     nodes_ok = L >= 2 and p % L == 0 and p // L >= 2
     skipped = [e for e in wanted if is_hierarchical(e) and not (nodes_ok and links.inside)]
-    costs = {e: cost_s(e, numel, p, per_node, payload_bytes, links, summable=summable)
-             for e in wanted if e not in skipped}
+    costs = {e: cost_s(e, numel, p, per_node, payload_bytes, links, summable=summable,
+                       owner_bytes=owner_bytes) for e in wanted if e not in skipped}
     if not costs:  # the hierarchy alone asked for where it cannot run: its flat exchange
         flat = flat_of(wanted[0], summable)
-        costs = {flat: cost_s(flat, numel, p, per_node, payload_bytes, links, summable=summable)}
+        costs = {flat: cost_s(flat, numel, p, per_node, payload_bytes, links, summable=summable,
+                              owner_bytes=owner_bytes)}
     best = min(costs, key=lambda e: (costs[e], EXCHANGES.index(e)))
     others = sorted((e for e in costs if e != best), key=lambda e: costs[e])
     reason = f"{best}: {_ms(costs[best])}" + (
