@@ -235,3 +235,38 @@ def test_the_two_phase_engines_account_is_the_formula(spec):
         for r in range(p):
             want = xc.traffic(TWO_PHASE, n, p, 1, size(comp), rank=r, owner_bytes=size(owner_of(comp)))
             assert (stats[r].wire_out, stats[r].wire_in) == (want.sent, want.received), (spec, p, r)
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "onebit", "qsgd:levels=4"])
+def test_the_hierarchical_engines_account_is_the_formula(spec):
+    """The hierarchical engine (hvd_compress.core.hierarchy) on simulated nodes: every rank's
+    bytes between nodes (``wire_out`` / ``wire_in``, over its cross set) and its dense bytes
+    inside the node (``local_bytes``) are :func:`traffic`'s, exactly."""
+    import threading
+
+    from hvd_compress.core import build, new_stats
+    from hvd_compress.core.hierarchy import shard_name
+    from tests.test_hierarchy import Cluster
+
+    shape, n = (240, 100), 24000
+    for nodes, per in ((2, 2), (3, 2), (2, 3), (4, 2)):
+        cl, p = Cluster(nodes, per), nodes * per
+        comps = [build(spec, rank=r, world_size=p) for r in range(p)]
+        engines = [cl.engine(comps[r], r) for r in range(p)]
+        stats = [new_stats() for _ in range(p)]
+        grads = [np.random.default_rng([r, 5]).standard_normal(shape).astype(np.float32) for r in range(p)]
+        threads = [threading.Thread(target=engines[r].run, args=([grads[r]], ["w"], stats[r]))
+                   for r in range(p)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        comp = comps[0]
+
+        def size(m):
+            return comp.payload_nbytes(comp.meta_for(np.zeros((m, 1), np.float32), shard_name("w", 0, per)))
+
+        for r in range(p):
+            want = xc.traffic(HIERARCHICAL, n, p, per, size, rank=r)
+            got = (stats[r].wire_out, stats[r].wire_in, stats[r].local_bytes)
+            assert got == (want.sent, want.received, want.local_bytes), (spec, nodes, per, r)
