@@ -224,6 +224,22 @@ def test_compare_help_and_bad_input():
         assert res.returncode == 2 and msg in res.stderr, res.stderr
 
 
+def test_a_rate_without_its_unit_is_refused_with_the_forms_accepted(tmp_path):
+    """tc would take ``--bandwidth 5`` as 5 bit/s and every capped run would fail there:
+    refused at parsing (status 2, nothing launched, no out dir), the forms listed."""
+    for bad in (["--bandwidth", "uncapped", "5"], ["--bandwidth", "1e9"], ["--local-bandwidth", "200"]):
+        out = tmp_path / "never"
+        res = subprocess.run([sys.executable, str(REPO / "scripts" / "compare.py"), "--out", str(out),
+                              *bad], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert res.returncode == 2, res.stderr
+        assert f"{bad[-1]!r} has no unit" in res.stderr and "100mbit, 1gbit, 10gbit" in res.stderr, res.stderr
+        assert "gbit/s" in res.stderr and not out.exists()
+        assert ("'uncapped'" in res.stderr) == (bad[0] == "--bandwidth"), res.stderr
+    from hvd_compress.tools import compare
+    args = compare.parser().parse_args(["--out", "x", "--bandwidth", "none", "1Gbit", "100mbit/s", "2.5g"])
+    assert args.bandwidth == ["uncapped", "1gbit", "100mbit", "2.5gbit"]
+
+
 def _lay_out_examples(folder):
     from hvd_compress.tools import compare
     folder.mkdir(parents=True)
@@ -459,7 +475,10 @@ def test_nodes_run_hierarchical_and_flat_side_by_side(monkeypatch, tmp_path):
                                              "*fc*=qsgd:sum=int;*=none")] == [True, True, False, False, True]
     flat = next(r for r in runs if r["mode"] == "flat" and r["bandwidth"] == "uncapped")
     cmd = cmp.example_command(args, flat, Path("r.json"))
-    assert cmd[cmd.index("--hierarchical") + 1] == "off"
+    assert cmd[cmd.index("--exchange") + 1] == "allgather"
+    sync = next(r for r in runs if r["mode"] == "sync" and r["np"] == 4 and r["bandwidth"] == "uncapped")
+    hier = cmp.example_command(args, sync, Path("r.json"))
+    assert hier[hier.index("--exchange") + 1] == "hierarchical"
     assert cmp.method(flat) == "topk:ratio=0.01 (flat)"
     assert cmp.run_key({k: v for k, v in runs[0].items() if k != "nodes"}) == cmp.run_key(runs[0])
     launched, capped = _record_launches(monkeypatch), []

@@ -44,6 +44,9 @@ reaches A (a time-to-accuracy matrix need not train on).  Into ``--out`` go:
 
 A run that fails is recorded as failed (with its log) and the rest go on;
 ``--resume`` keeps the rows of runs that succeeded and runs only the rest.
+Ctrl-C or SIGTERM stops the whole matrix within seconds (status 130 or 143): the run in
+progress and every process it started (:mod:`hvd_compress.tools.stopping`) and its
+namespaces go, the rows already done stay in results.csv for ``--resume``.
 A single worker sends nothing, so ``--np 1`` runs once, uncapped.
 """
 
@@ -51,10 +54,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
-from . import netcap, runtools
+from . import netcap, runtools, stopping
 from .plan import (
     COLUMNS,
     DEFAULT_COMPRESSIONS,
@@ -116,6 +120,8 @@ from .report import (
 )
 from .run import example_command, examples_dir, execute, horovodrun
 
+DEFAULT_BANDWIDTHS = [UNCAPPED, "1gbit", "200mbit"]
+
 # The command line is here; the jobs are modules of their own: plan (what runs), run
 # (launching it), report (results.csv, results.md, plots) and predict (the cost model's
 # prediction.md).  Their names keep this module's address too: hvd_compress.tools.compare.X
@@ -132,6 +138,25 @@ __all__ = ["main", "parser", "COLUMNS", "DEFAULT_COMPRESSIONS", "DEFAULT_EXAMPLE
            "variant"]
 
 
+def rate_arg(text: str) -> str:
+    """A link rate with its unit (``1gbit``); a bare number is refused with the forms
+    accepted (tc would take ``5`` as 5 bit/s, and every capped run would fail)."""
+    try:
+        return netcap.format_rate(netcap.parse_rate(text, unit=True))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bandwidth_arg(text: str) -> str:
+    """``--bandwidth``'s values: ``uncapped`` (or ``none``, ``0``) or :func:`rate_arg`."""
+    if text.lower() in (UNCAPPED, "none", "0"):
+        return UNCAPPED
+    try:
+        return rate_arg(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or '{UNCAPPED}'") from None
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="hvd-compress-compare", description=__doc__.split("\n\n")[0],
@@ -141,9 +166,9 @@ def parser() -> argparse.ArgumentParser:
                     "'pattern=spec;pattern=spec' (default: %(default)s)")
     ap.add_argument("--np", nargs="+", type=runtools.positive_int, default=[1, 2],
                     help="worker counts (default: 1 2)")
-    ap.add_argument("--bandwidth", nargs="+", default=[UNCAPPED, "1gbit", "200mbit"], metavar="RATE",
-                    help="'uncapped' and/or link rates such as 100mbit 1gbit 10gbit "
-                         "(default: uncapped 1gbit 200mbit; capped rates need root)")
+    ap.add_argument("--bandwidth", nargs="+", type=bandwidth_arg, default=DEFAULT_BANDWIDTHS,
+                    metavar="RATE", help="'uncapped' and/or link rates with their unit such as 100mbit "
+                         "1gbit 10gbit (default: uncapped 1gbit 200mbit; capped rates need root)")
     ap.add_argument("--latency", default="", metavar="DELAY",
                     help="added one-way delay on capped links, e.g. 1ms (default none)")
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="synthetic",
@@ -199,7 +224,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--per-node", type=runtools.positive_int, default=DEFAULT_PER_NODE, metavar="L",
                     help="with --predict: workers per node in the table for clusters of nodes "
                          f"(default {DEFAULT_PER_NODE})")
-    ap.add_argument("--local-bandwidth", default=netcap.format_rate(DEFAULT_LOCAL_BPS), metavar="RATE",
+    ap.add_argument("--local-bandwidth", type=rate_arg, default=netcap.format_rate(DEFAULT_LOCAL_BPS),
+                    metavar="RATE",
                     help="with --predict: the links inside a node in that table (default "
                          f"{netcap.format_rate(DEFAULT_LOCAL_BPS)})")
     ap.add_argument("--timeout", type=float, default=900.0,
@@ -211,8 +237,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
-    try:
-        args.bandwidth = [bandwidth_label(b) for b in args.bandwidth]
+    try:  # (--bandwidth's rates are labels already: bandwidth_arg)
         if args.latency:
             netcap.parse_latency(args.latency)
         netcap.parse_rate(args.local_bandwidth)
@@ -256,6 +281,35 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    state = {"done": 0, "total": 0, "rows": None}
+    with stopping.stop_signals():  # from here on, a stop signal ends the whole matrix
+        before = set(stopping.children(os.getpid()))
+        reaper = stopping.become_subreaper()  # orphans of our launches come back to us
+        try:
+            return _matrix(args, out, state, reaper)
+        except stopping.Stopped as stop:
+            return _stopped(stop, out, state, before)
+        finally:
+            if reaper:
+                stopping.become_subreaper(False)
+
+
+def _stopped(stop: stopping.Stopped, out: Path, state: dict, before: set) -> int:
+    """A stop signal: kill every process the matrix started (whatever session each is
+    in), remove its namespaces, keep the rows done; the exit status says which signal."""
+    killed = stopping.kill_tree([os.getpid()], include_roots=False, spare=before)
+    stopping.reap(killed)
+    if netcap.available()[0]:
+        netcap.remove_mine()
+    if state["rows"] is not None:  # (written after each run; once more, whole)
+        write_csv(out / "results.csv", state["rows"])
+    print(f"compare: stopped by {stop.name} after {state['done']} of {state['total']} runs; "
+          f"results so far in {out}; --resume continues", file=sys.stderr, flush=True)
+    return stop.exit_status
+
+
+def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
+    """Run the matrix's runs not done yet, then write the results (and the prediction)."""
     capped_ok, why = netcap.available()
     if any(b != UNCAPPED for b in args.bandwidth) and not capped_ok:
         print(f"compare: {why}; running uncapped only", file=sys.stderr, flush=True)
@@ -269,6 +323,7 @@ def main(argv=None) -> int:
     done = {run_key(r) for r in rows if r.get("status") == "ok"}
     rows = [r for r in rows if r.get("status") == "ok"]
     todo = [r for r in runs if run_key(r) not in done]
+    state.update(done=len(runs) - len(todo), total=len(runs))
     if args.resume:
         print(f"compare: resuming; {len(runs) - len(todo)} of {len(runs)} runs already done", flush=True)
     progress = runtools.Progress(len(todo), "runs", enabled=not args.quiet, stream=sys.stdout)
@@ -276,7 +331,10 @@ def main(argv=None) -> int:
     failed = 0
     for i, run in enumerate(todo):
         row = add_targets([execute(args, run, out)], args.target_accuracy)[0]
+        if reaper:
+            stopping.reap()  # orphans that ended during the run
         rows.append(row)
+        state.update(done=state["done"] + 1, rows=rows)
         write_csv(csv_path, rows)
         if row["status"] != "ok":
             failed += 1
@@ -301,7 +359,6 @@ def main(argv=None) -> int:
     if failed:
         print(f"compare: {failed} run(s) failed; see the status column and their logs", flush=True)
     return 1 if failed == len(todo) and todo else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

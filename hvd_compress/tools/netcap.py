@@ -18,12 +18,15 @@ namespace's own address.  MPI cannot cross the namespaces (PMIx reaches its
 daemon over loopback), so capped runs use Gloo.
 
 Everything made is named with this process's id and removed by
-:meth:`CappedNetwork.close` -- also on Ctrl-C or SIGTERM, and leftovers of
-processes that died are removed by :func:`clean_stale`.
+:meth:`CappedNetwork.close` -- also on Ctrl-C or SIGTERM (the first one raises
+:class:`~hvd_compress.tools.stopping.Stopped`, later ones wait for the clean-up) --
+what a clean-up cut short left by :func:`remove_mine`, and leftovers of processes
+that died by :func:`clean_stale`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -32,17 +35,27 @@ import socket
 import subprocess
 
 from . import mwms
+from .stopping import stop_signals
 from .workers import stop, wait_all
 
 PREFIX = "hvdc"
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
-def parse_rate(text: str) -> float:
-    """Bits per second from ``tc``-style text: ``100mbit``, ``1gbit``, ``2.5Gbit``, ``1e9``."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*", str(text).lower())
+#: the rates :func:`parse_rate` reads with ``unit=True``, in words (command-line messages)
+RATE_FORMS = ("a number and its unit, in bits per second: 100mbit, 1gbit, 10gbit, 2.5gbit, "
+              "500kbit (units bit, kbit, mbit, gbit, tbit; also written 1gbps, 1g or 1gbit/s)")
+
+
+def parse_rate(text: str, unit: bool = False) -> float:
+    """Bits per second from ``tc``-style text: ``100mbit``, ``1gbit``, ``2.5Gbit``, ``1e9``.
+    ``unit``: a bare number (``5``, ``1e9``) is refused -- on a command line it is a unit
+    forgotten, not 5 bit/s (:data:`RATE_FORMS`)."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*", str(text).lower())
     if not m:
         raise ValueError(f"bandwidth {text!r}: expected a rate like 100mbit, 1gbit, 10gbit")
+    if unit and not (m.group(2) or m.group(3)):
+        raise ValueError(f"bandwidth {text!r} has no unit; expected {RATE_FORMS}")
     value = float(m.group(1)) * _UNITS[m.group(2)]
     if value <= 0:
         raise ValueError(f"bandwidth {text!r}: must be positive")
@@ -75,7 +88,8 @@ def available() -> tuple[bool, str]:
 
 
 def _run(*cmd, check=True):
-    res = subprocess.run(list(cmd), capture_output=True, text=True)
+    # in a session of its own: a Ctrl-C to our group must not cut a clean-up command short
+    res = subprocess.run(list(cmd), capture_output=True, text=True, start_new_session=True)
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip() or res.stdout.strip()}")
     return res
@@ -112,12 +126,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _owner(name: str) -> int | None:
+    """The pid that made a namespace or link of ours (its name holds it in base 36)."""
+    m = re.match(rf"{PREFIX}[bnv]([0-9a-z]+?)(-\d+i?)?$", name)
+    return int(m.group(1), 36) if m else None
+
+
 def clean_stale() -> None:
     """Remove namespaces and links left by processes of ours that are gone."""
     for name in our_namespaces() + our_links():
-        m = re.match(rf"{PREFIX}[bnv]([0-9a-z]+?)(-\d+i?)?$", name)
-        if m and not _alive(int(m.group(1), 36)):
+        pid = _owner(name)
+        if pid is not None and not _alive(pid):
             _remove(name)
+
+
+def remove_mine() -> list[str]:
+    """Remove every namespace and link this process made (what a :class:`CappedNetwork`
+    whose clean-up was cut short left); the names removed."""
+    mine = [n for n in our_namespaces() + our_links() if _owner(n) == os.getpid()]
+    for name in mine:
+        _remove(name)
+    return mine
 
 
 def _remove(name: str) -> None:
@@ -126,6 +155,7 @@ def _remove(name: str) -> None:
         shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
     else:
         _run("ip", "link", "delete", name, check=False)
+        shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)  # (a namespace never made)
 
 
 class CappedNetwork:
@@ -147,11 +177,13 @@ class CappedNetwork:
         self.namespaces = [f"{PREFIX}n{tag}-{i}" for i in range(n)]
         self.veths = [f"{PREFIX}v{tag}-{i}" for i in range(n)]
         self._made: list[str] = []
-        self._old_handlers: dict = {}
+        self._signals = contextlib.ExitStack()
 
     # -- set-up and tear-down ----------------------------------------------------------
     def __enter__(self) -> CappedNetwork:
-        self._install_signal_handlers()
+        # SIGTERM/SIGHUP raise (once) so that close() runs; inside a caller's stop_signals
+        # (hvd-compress-compare's), the caller's handlers stay
+        self._signals.enter_context(stop_signals((signal.SIGTERM, signal.SIGHUP)))
         try:
             self.open()
         except BaseException:
@@ -164,17 +196,17 @@ class CappedNetwork:
 
     def open(self) -> None:
         clean_stale()
+        self._made.append(self.bridge)  # named before it is made: a signal in between
         _run("ip", "link", "add", self.bridge, "type", "bridge")
-        self._made.append(self.bridge)
         _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         host = socket.gethostname()
         for i, (ns, veth) in enumerate(zip(self.namespaces, self.veths)):
-            _run("ip", "netns", "add", ns)
             self._made.append(ns)
+            _run("ip", "netns", "add", ns)
             inner = f"{veth}i"
-            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", inner)
             self._made.append(veth)
+            _run("ip", "link", "add", veth, "type", "veth", "peer", "name", inner)
             _run("ip", "link", "set", veth, "master", self.bridge)
             _run("ip", "link", "set", veth, "up")
             _run("ip", "link", "set", inner, "netns", ns)
@@ -204,24 +236,10 @@ class CappedNetwork:
 
     def close(self) -> None:
         """Remove everything made (idempotent); safe to call from a signal handler path."""
-        for name in reversed(self._made):
-            _remove(name)
-        self._made.clear()
-        self._restore_signal_handlers()
-
-    def _install_signal_handlers(self) -> None:
-        def on_term(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
-                self._old_handlers[sig] = signal.signal(sig, on_term)
-            except ValueError:  # not the main thread: leave handlers alone
-                pass
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        self._old_handlers.clear()
+        while self._made:
+            _remove(self._made[-1])
+            self._made.pop()
+        self._signals.close()
 
     # -- using it ----------------------------------------------------------------------
     @property

@@ -8,7 +8,8 @@ hierarchical exchange (:mod:`hvd_compress.core.hierarchy`) and its process sets
 machine's loopback: the links between the simulated nodes are not slower than those
 inside them (``hvd-compress-compare``'s capped links are the tool for that).  Output
 lines are prefixed with the rank as ``horovodrun`` prefixes them; a failing worker
-stops the others; ``--timeout`` stops them all (status 124).
+stops the others; ``--timeout`` stops them all (status 124), and so do Ctrl-C and SIGTERM
+(status 130, 143).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import sys
 
 from .netcap import gloo_env
+from .stopping import Stopped, stop_signals
 from .workers import run_workers
 
 __all__ = ["run", "main"]
@@ -60,7 +62,12 @@ def main(argv=None) -> int:
         ap.error("-np must be a positive multiple of --nodes")
     if not args.command:
         ap.error("a command to run is required")
-    return run(args.command, args.nodes, args.np, args.timeout)
+    with stop_signals():  # SIGTERM too stops the workers, which run in sessions of their own
+        try:
+            return run(args.command, args.nodes, args.np, args.timeout)
+        except Stopped as stop:
+            print(f"nodesrun: {stop}; every worker stopped", file=sys.stderr, flush=True)
+            return stop.exit_status
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ environment (and command prefix), their output lines prefixed with their index a
 ``horovodrun`` prefixes them, the others stopped when one fails, all of them on a
 time-out.  The launchers of TensorFlow's MultiWorkerMirroredStrategy (:mod:`.mwms`) and
 of simulated nodes (:mod:`.nodesrun`) start their workers here; the capped links'
-launchers (:mod:`.netcap`) wait for and stop theirs with :func:`wait_all` and :func:`stop`."""
+launchers (:mod:`.netcap`) and the comparison's launches (:mod:`.run`) wait for and stop
+theirs with :func:`wait_all` and :func:`stop`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from .stopping import kill_tree
 
 __all__ = ["run_workers", "wait_all", "stop"]
 
@@ -77,10 +80,15 @@ def wait_all(procs: list, timeout_s: float) -> int:
 
 
 def stop(p) -> None:
-    """Kill a process started with ``start_new_session=True``, with its whole group."""
+    """Kill a process started with ``start_new_session=True``, with its whole group and
+    every process below it in other sessions (a launcher's workers: :func:`.stopping.kill_tree`)."""
+    if not isinstance(p.pid, int) or p.pid <= 1:  # (not a process of ours: nothing to stop)
+        return
     if p.poll() is None:
+        kill_tree([p.pid])
+    if p.pid != os.getpgrp():  # its group's members left by a launcher that ended first
         try:
             os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
-        p.wait()
+    p.wait()
