@@ -45,8 +45,17 @@ def _lane_m(spec: str) -> int:
     return max(c.m for c in comps) if comps and all(c.integer_sum for c in comps) else 0
 
 
+def rate_label(r: dict) -> str:
+    """A row's link for the cost model: its cap, or, on real hosts (uncapped), the rate
+    stated between them (``link_bandwidth``: ``--hosts-bandwidth``); else ``uncapped``."""
+    if r["bandwidth"] == UNCAPPED and r.get("link_bandwidth"):
+        return netcap.format_rate(netcap.parse_rate(str(r["link_bandwidth"])))
+    return r["bandwidth"]
+
+
 def _rate(r: dict) -> float:
-    return math.inf if r["bandwidth"] == UNCAPPED else netcap.parse_rate(r["bandwidth"])
+    label = rate_label(r)
+    return math.inf if label == UNCAPPED else netcap.parse_rate(label)
 
 
 def exchange_of(r: dict) -> str:
@@ -124,7 +133,7 @@ def _fixed_alpha(rows: list[dict], alpha_us: float | None) -> float | None:
     two or more worker counts above one."""
     if alpha_us is not None:
         return alpha_us * 1e-6
-    counts = {int(r["np"]) for r in rows if int(r["np"]) > 1 and r["bandwidth"] != UNCAPPED}
+    counts = {int(r["np"]) for r in rows if int(r["np"]) > 1 and math.isfinite(_rate(r))}
     return None if len(counts) >= 2 else DEFAULT_ALPHA_US * 1e-6
 
 
@@ -231,7 +240,9 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
     their exchange (hierarchical or flat, :func:`variant`); ``per_node`` and ``local_bps``
     set the nodes of the node table (:func:`node_lines`)."""
     rows = [r for r in ok_rows(rows) if mode_of(r) in (SYNC, FLAT)]
-    capped = [r for r in rows if r["bandwidth"] != UNCAPPED and int(r["np"]) > 1 and not r.get("latency")]
+    # capped: runs at a known rate (a cap, or real hosts' stated rate), validated; uncapped:
+    # runs without a cap (real hosts' too), each compressor's profile
+    capped = [r for r in rows if math.isfinite(_rate(r)) and int(r["np"]) > 1 and not r.get("latency")]
     uncapped = [r for r in rows if r["bandwidth"] == UNCAPPED]
     md, say = ["# Cost model", ""], []
     if not uncapped:
@@ -286,7 +297,7 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
             meas = number(r, "step_ms")
             err = (pred - meas) / meas
             errors.append(abs(err))
-            md.append(f"| `{r['compression']}` | {r['np']} | {r['bandwidth']} | {meas:.1f} | {pred:.1f} | "
+            md.append(f"| `{r['compression']}` | {r['np']} | {rate_label(r)} | {meas:.1f} | {pred:.1f} | "
                       f"{100 * err:+.1f}% |")
         if errors:
             within = sum(e <= 0.25 for e in errors)
@@ -300,17 +311,17 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
         say.append("cost model: fewer than two capped runs, not validated")
 
     # validation across bandwidths: fitted without any run at this rate, predict them
-    rates = sorted({r["bandwidth"] for r in capped}, key=netcap.parse_rate)
+    rates = sorted({rate_label(r) for r in capped}, key=netcap.parse_rate)
     if len(rates) >= 2:
         md += ["## Validation across bandwidths (fitted without any run at the predicted rate)", "",
                "| predicted rate | fitted on | runs | median error | worst error | within 25% |",
                "|---|---|---|---|---|---|"]
         for rate in rates:
-            test = [r for r in capped if r["bandwidth"] == rate and
+            test = [r for r in capped if rate_label(r) == rate and
                     (variant(r), int(r["np"]), nodes_of(r)) in at_np]
             if not test:
                 continue
-            without = _fit([o for o in multi if o["bandwidth"] != rate], alpha)
+            without = _fit([o for o in multi if rate_label(o) != rate], alpha)
             errs = sorted(abs(_predict_step(without, at_np[(variant(r), int(r["np"]), nodes_of(r))], r)
                               - number(r, "step_ms")) / number(r, "step_ms") for r in test)
             within = sum(e <= 0.25 for e in errs)
