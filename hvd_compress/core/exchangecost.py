@@ -181,9 +181,11 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
 @dataclass(frozen=True)
 class Links:
     """Measured costs: ``alpha_s`` per message step and ``s_per_byte`` through a node's link
-    to the other nodes (every worker its own node: its link); the same inside a node
-    (None: the workers share no node, or it was not measured: no hierarchy then); the
-    codec's seconds per value encoded and decoded."""
+    to the other nodes (every worker its own node: its link); the same inside a node, per
+    worker (None: the workers share no node, or it was not measured: no hierarchy then);
+    the codec's seconds per value encoded and decoded.  Fit them
+    (:func:`link_from_timings`) with the bytes :attr:`Traffic.wire` counts: the ``L``
+    cross sets of a node timed at once put ``L`` times a worker's bytes on its link."""
 
     alpha_s: float
     s_per_byte: float
