@@ -201,7 +201,8 @@ def format_plan(rows, start_step: int = 0) -> str:
         shown = r.compression if r.compressed else \
             "none" + (" (with DGC's momentum)" if registry.core_of(r.compression).owns_momentum
                       else "")
-        lines.append(f"{r.name:<{width}}  {shape:<16} {r.bytes:>11,}  {shown}")
+        lines.append(f"{r.name:<{width}}  {shape:<16} {r.bytes:>11,}  {shown}"
+                     + (f"  [{r.why}]" if r.why else ""))
     total = sum(r.bytes for r in rows)
     squeezed = sum(1 for r in rows if r.compressed)
     lines.append(f"{len(rows)} tensors, {squeezed} compressed, {total:,} bytes/step"

@@ -4,9 +4,12 @@ The PyTorch optimizer, the TensorFlow tape and the Keras optimizer are shells ar
 one :class:`Session` each.  The shell turns its framework's gradients into tensors
 and names and applies the averages; the session owns the decisions they share:
 
-* the engine: the flat :class:`~.core.exchange.Exchange`, or the hierarchical one
-  (:mod:`.core.hierarchy`) where the node process sets are registered
-  (:func:`.nodes.node_sets`);
+* the engine, by ``exchange``: the flat :class:`~.core.exchange.Exchange` (``"allgather"``,
+  ``"allreduce"``), the two-phase one (:mod:`.core.twophase`), the hierarchical one
+  (:mod:`.core.hierarchy`; ``"hierarchical"``, ``"hierarchical+two-phase"``: the node
+  process sets must be registered, :func:`.nodes.node_sets`), or -- ``"auto"``, the
+  default -- all of them behind one router (:mod:`.core.routed`), each tensor sent the way
+  the measured links make cheapest (:mod:`.core.autoexchange`);
 * the world it is bound to (rank, size), followed after an elastic reset, and the
   plan the ranks agreed on (:mod:`.core.agreement`), checked again when it changes;
 * grouping: which tensors share a collective (a per-tensor plan's uncompressed
@@ -23,16 +26,55 @@ It imports no framework: Horovod's module (``horovod.torch`` or
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import nodes
+from .core import exchangecost, registry
+from .core.autoexchange import AutoChoice
 from .core.exchange import MAX, Exchange
-from .core.hierarchy import Hierarchical
+from .core.hierarchy import Hierarchical, sharded
+from .core.routed import Routed
 from .core.stats import Stats
+from .core.twophase import TwoPhase, takes_two_phase
 from .localsteps import LocalSGDSchedule
 from .processset import check_process_set, exchanges
 
-__all__ = ["Session", "fuse_uncompressed", "TOO_MANY_PASSES"]
+__all__ = ["Session", "fuse_uncompressed", "TOO_MANY_PASSES", "EXCHANGES", "resolve_exchange"]
+
+#: what a wrapper's ``exchange=`` takes
+AUTO = "auto"
+EXCHANGES = (AUTO,) + exchangecost.EXCHANGES
+#: the environment variable that sets what ``exchange="auto"`` (the default) means
+EXCHANGE_ENV = "HVD_COMPRESS_EXCHANGE"
+
+
+def resolve_exchange(exchange, hierarchical) -> str:
+    """The exchange a wrapper runs, from its ``exchange=`` and the older ``hierarchical=``
+    (True: the hierarchy, as ``exchange="hierarchical"``; False: none).  ``"auto"`` may be
+    pinned by the environment (:data:`EXCHANGE_ENV`: a whole job at one exchange; with
+    ``hierarchical=False`` a pinned hierarchy runs flat)."""
+    given = exchange not in (None, AUTO)
+    if not given:
+        exchange = os.environ.get(EXCHANGE_ENV) or AUTO
+    if exchange not in EXCHANGES:
+        where = "exchange=" if given else f"{EXCHANGE_ENV}="
+        raise ValueError(f"{where}{exchange!r}: expected one of {', '.join(EXCHANGES)}")
+    hier = exchangecost.is_hierarchical(exchange)
+    if hierarchical is True:
+        if exchange == AUTO or (hier and not given):
+            return exchange if hier else exchangecost.HIERARCHICAL
+        if not hier:
+            raise ValueError(f"hierarchical=True and exchange={exchange!r} disagree; "
+                             "give one of them")
+    if hierarchical is False and hier:
+        if given:
+            raise ValueError(f"hierarchical=False and exchange={exchange!r} disagree; "
+                             "give one of them")
+        return exchangecost.flat_of(exchange)
+    return exchange
+
 
 TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before "
                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
@@ -56,22 +98,32 @@ class Session:
 
     ``hvd``: Horovod's framework module; ``collectives``: a class taking a process set
     (the engine's :class:`~.core.exchange.Collectives`); ``op``,
-    ``predivide`` (``gradient_predivide_factor``) and ``hierarchical`` as the wrappers
-    take them; ``flat`` / ``tiered``: the engine classes (TensorFlow runs its own
-    outside AutoGraph); ``local_sgd``, ``period``, ``warmup``, ``delay``: the local
+    ``predivide`` (``gradient_predivide_factor``), ``hierarchical`` and ``exchange``
+    (:func:`resolve_exchange`) as the wrappers take them; ``links``: measured
+    :class:`~.core.exchangecost.Links` for ``"auto"`` (None: measured at the first
+    exchange); ``flat`` / ``tiered`` / ``twophase`` / ``routed``: the engine classes
+    (TensorFlow runs its own outside AutoGraph); ``local_sgd``, ``period``, ``warmup``, ``delay``: the local
     steps (:mod:`.localsteps`); ``on_world(size, reset)``: what the shell does once
     bound to a world (the torch optimizer registers its gradient hooks)."""
 
     def __init__(self, hvd, process_set, collectives, *, op, predivide: float = 1.0,
-                 hierarchical=None, flat=Exchange, tiered=Hierarchical, local_sgd: bool = False,
+                 hierarchical=None, exchange=AUTO, links=None, flat=Exchange,
+                 tiered=Hierarchical, twophase=TwoPhase, routed=Routed, local_sgd: bool = False,
                  period: int = 1, warmup: int = 0, delay: int = 0, on_world=None):
         check_process_set(hvd, process_set)
         self.hvd, self.process_set, self.collectives = hvd, process_set, collectives
         self.op, self.predivide = op, float(predivide)
-        self._sets = None if hierarchical is False else nodes.node_sets(hvd, process_set)
-        if hierarchical and self._sets is None:
+        #: the exchange asked for (:data:`EXCHANGES`)
+        self.exchange_mode = resolve_exchange(exchange, hierarchical)
+        forced = exchangecost.is_hierarchical(self.exchange_mode)
+        self._sets = None if hierarchical is False or not (forced or self.exchange_mode == AUTO) \
+            else nodes.node_sets(hvd, process_set)
+        if forced and self._sets is None:
             raise ValueError(nodes.MISSING)
         self._flat, self._tiered, self._on_world = flat, tiered, on_world
+        self._twophase, self._routed, self._links = twophase, routed, links
+        #: what ``"auto"`` measured and chose (:class:`~.core.autoexchange.AutoChoice`)
+        self.auto = None
         self.schedule = LocalSGDSchedule(period, warmup) if local_sgd else None
         self.delay = int(delay)
         self.engine = self._dense = self.comp = None
@@ -86,8 +138,36 @@ class Session:
     # -- the engine ------------------------------------------------------------------------
     @property
     def hierarchical(self) -> bool:
-        """Whether compressed gradients go by the hierarchical exchange."""
-        return self._sets is not None
+        """Whether compressed gradients go by a hierarchical exchange (forced, or chosen by
+        ``"auto"`` for a tensor so far)."""
+        if self.auto is not None:
+            return any(exchangecost.is_hierarchical(e) for e, _ in self.auto.plan().values())
+        return exchangecost.is_hierarchical(self.exchange_mode)
+
+    def exchange_of(self, row) -> tuple:
+        """``(exchange, why)`` for a plan row's tensor (:class:`~.core.planrow.PlanRow`):
+        ``"auto"``'s choice once made (empty before its first exchange), else the exchange
+        asked for where the tensor can take it, or the flat engine's way and why not."""
+        if self.auto is not None:
+            return self.auto.plan().get(row.name, ("", ""))
+        mode = self.exchange_mode
+        probe = registry.build(row.compression) if row.compressed else None
+        flat = exchangecost.ALLGATHER if probe is not None and not probe.summable and \
+            not probe.passthrough else exchangecost.ALLREDUCE
+        p = self.world[1] if self.world is not None else 1
+        if mode == exchangecost.TWO_PHASE and not (probe and takes_two_phase(probe, row.shape, p)):
+            return flat, f"{flat}: not two-phase (summable, whole, or fewer values than ranks)"
+        if exchangecost.is_hierarchical(mode) and not (probe and sharded(probe)):
+            return flat, f"{flat}: summable, not hierarchical"
+        if mode in (exchangecost.ALLGATHER, exchangecost.ALLREDUCE, AUTO):
+            return flat, f"{flat}: asked for" if mode != AUTO else f"{flat}: one worker"
+        return mode, f"{mode}: asked for"
+
+    def with_exchanges(self, rows) -> list:
+        """Plan rows (:class:`~.core.planrow.PlanRow`) with each tensor's exchange and why."""
+        for row in rows:
+            row.exchange, row.why = self.exchange_of(row)
+        return rows
 
     @property
     def average(self) -> bool:
@@ -98,17 +178,47 @@ class Session:
         of agreed plans to share (TensorFlow keeps it with the compressor); ``wrap``:
         what the shell puts around it (the torch optimizer's sparse-gradient path)."""
         kw = dict(average=self.average, predivide=self.predivide, op=self.op)
-        if self._sets is None:
-            engine = self._flat(comp, self.collectives(self.process_set), **kw)
-        else:
-            nodes.finish_together(self.hvd)
-            node, cross, index = self._sets
-            engine = self._tiered(comp, self.collectives(self.process_set),
-                                  self.collectives(node), self.collectives(cross), index, **kw)
+        world = self.collectives(self.process_set)
+        mode, self.auto = self.exchange_mode, None
+        if mode == exchangecost.TWO_PHASE:
+            engine = self._twophase(comp, world, **kw)
+        elif exchangecost.is_hierarchical(mode):
+            engine = self._tiered_engine(comp, world, mode, kw)
+        elif mode == AUTO and world.size > 1:
+            engines = {"flat": self._flat(comp, world, **kw),
+                       "two-phase": self._twophase(comp, world, **kw)}
+            node = cross = None
+            if self._sets is not None:
+                node, cross = (self.collectives(s) for s in self._sets[:2])
+                for key in (exchangecost.HIERARCHICAL, exchangecost.HIERARCHICAL_TWO_PHASE):
+                    engines[key] = self._tiered_engine(comp, world, key, kw)
+            per_node = node.size if node is not None else 1
+            choice = self.auto = AutoChoice(world.size, per_node, engines, world, node, cross,
+                                            links=self._links)
+            engine = self._routed(engines, choice.route,
+                                  before_send=lambda xs, ns: choice.measure(engine.comp, xs, ns))
+        else:  # allgather, allreduce (summable or not: the flat engine sends each its way)
+            if mode == exchangecost.ALLREDUCE:
+                gathered = [str(s) for s in (comp.specs() if hasattr(comp, "specs")
+                                             else [comp.spec]) if not registry.summable(s)]
+                if gathered:
+                    raise ValueError(f"exchange='allreduce' needs payloads that add up; "
+                                     f"{', '.join(gathered)} are gathered (use 'auto', "
+                                     "'allgather' or 'two-phase')")
+            engine = self._flat(comp, world, **kw)
         if agreed is not None:
             engine.agreed = agreed
         self.engine = engine if wrap is None else wrap(engine)
         return self.engine
+
+    def _tiered_engine(self, comp, world, mode: str, kw: dict):
+        """The hierarchical engine (``mode``: with the allgather or the two-phase exchange
+        among the nodes)."""
+        nodes.finish_together(self.hvd)
+        node, cross, index = self._sets
+        between = self._twophase if mode == exchangecost.HIERARCHICAL_TWO_PHASE else Exchange
+        return self._tiered(comp, world, self.collectives(node), self.collectives(cross), index,
+                            between=between, **kw)
 
     def dense_engine(self, make):
         """A plain averaging engine for tensors that are not gradients (local SGD's
@@ -120,7 +230,10 @@ class Session:
 
     def hierarchy(self) -> str:
         """How the engine crosses nodes, as a plan shows it."""
-        return f"nodes of {self.engine.local_size}" if self.hierarchical else "off"
+        if self._sets is None or not (self.hierarchical or self.exchange_mode == AUTO):
+            return "off"
+        size = self.collectives(self._sets[0]).size
+        return f"nodes of {size}" if self.hierarchical else f"nodes of {size} (auto)"
 
     # -- the world -------------------------------------------------------------------------
     def exchanges(self) -> bool:
@@ -145,6 +258,8 @@ class Session:
             self.world = world
             if resized:  # every rank sees a new size at the same exchange
                 self.forget_agreement()
+                if self.auto is not None:  # measured and chosen again for the new world
+                    self.auto.resize(world[1])
         if reset:
             self.forget_agreement()
             self.clear_pending()

@@ -7,6 +7,8 @@ from tests.harness import run_nodes
 from tests.workers.torch_hierarchy import SPECS
 
 pytestmark = pytest.mark.multiprocess
+#: the wrappers' hierarchy where the node sets are registered (the workers' "auto" key)
+HIER = {"HVD_COMPRESS_EXCHANGE": "hierarchical"}
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -14,7 +16,7 @@ def test_hierarchical_aggregate_is_its_definition_and_flat_stays_flat(dynamic):
     results = run_nodes("tests.workers.torch_hierarchy:aggregate_matches_definition", nodes=2,
                         np=4, kwargs={"dynamic": dynamic, "specs": SPECS if not dynamic else
                                       ["topk:ratio=0.1", "none"]},
-                        env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"} if dynamic else None)
+                        env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1", **HIER} if dynamic else HIER)
     for res in results:
         rep = res["report"]
         assert rep["sets"] == [[0, 1], [2, 3], [0, 2], [1, 3]]

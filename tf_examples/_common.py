@@ -47,7 +47,8 @@ def keras_optimizer(keras, hct, args, comp, model):
                                           local_sgd_warmup_steps=args.local_sgd_warmup_steps,
                                           buffers=model.non_trainable_variables, delay=args.delay,
                                           min_numel=args.min_numel, start_step=args.start_step,
-                                          hierarchical=runtools.HIERARCHICAL[args.hierarchical])
+                                          hierarchical=runtools.HIERARCHICAL[args.hierarchical],
+                                          exchange=args.exchange)
 
 
 def runs_eagerly(comp) -> bool:
@@ -138,7 +139,8 @@ def sample_split(tf, hct, args, variables, loss_of, hierarchical=None,
     for i in range(exchanges + 1):
         with tf.GradientTape() as tape:
             loss = loss_of()
-        tape = hct.DistributedGradientTape(tape, compression=comp, hierarchical=hierarchical)
+        tape = hct.DistributedGradientTape(tape, compression=comp, hierarchical=hierarchical,
+                                           exchange=args.exchange)
         tape.gradient(loss, variables)
         if i:
             for key in total:
@@ -191,7 +193,7 @@ def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
                            {"bytes_sent": sent, **(split or {})},
                            accuracy, wall_s, **runtools.local_fields(args),
                            hierarchical=bool(getattr(model.optimizer, "hierarchical", False)),
-                           **extra)
+                           exchange=runtools.exchange_used(model.optimizer), **extra)
     runtools.write_summary(args.json, doc)
 
 

@@ -60,7 +60,7 @@ def main(argv=None):
                 local_sgd_warmup_steps=args.local_sgd_warmup_steps,
                 buffers=model.non_trainable_variables, delay=args.delay,
                 min_numel=args.min_numel, start_step=args.start_step,
-                hierarchical=runtools.HIERARCHICAL[args.hierarchical])
+                hierarchical=runtools.HIERARCHICAL[args.hierarchical], exchange=args.exchange)
             made[:] = [tape]
         # Horovod 0.28.1's tape keys sources by tf.Variable.ref(): give it Keras 3's
         # underlying tf.Variables
@@ -121,6 +121,7 @@ def main(argv=None):
                                time.perf_counter() - t_start, **runtools.local_fields(args),
                                parameters=nparams,
                                hierarchical=bool(made and made[0].hierarchical),
+                               exchange=runtools.exchange_used(made[0]) if made else "",
                                img_sec_per_worker_mean=round(mean, 2),
                                img_sec_per_worker_conf=round(conf, 2), split_measured=how)
         runtools.write_summary(args.json, doc)

@@ -48,7 +48,8 @@ def make_optimizer(model, base, args, horovod_optimizer: bool = False):
                                       local_sgd_warmup_steps=args.local_sgd_warmup_steps,
                                       named_buffers=model.named_buffers(), delay=args.delay,
                                       min_numel=args.min_numel, start_step=args.start_step,
-                                      hierarchical=runtools.HIERARCHICAL[args.hierarchical])
+                                      hierarchical=runtools.HIERARCHICAL[args.hierarchical],
+                                      exchange=args.exchange)
         runtools.print_plan(opt.plan(), args, hvd.rank())
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     return opt
@@ -73,7 +74,8 @@ def finish(args, example: str, steps: int, images: int, train_s: float, opt, acc
         return
     doc = runtools.summary("torch", example, args.compression, hvd.size(), steps, images,
                            train_s, stats_of(opt), accuracy, wall_s, **runtools.local_fields(args),
-                           hierarchical=bool(getattr(opt, "hierarchical", False)), **extra)
+                           hierarchical=bool(getattr(opt, "hierarchical", False)),
+                           exchange=runtools.exchange_used(opt), **extra)
     runtools.write_summary(args.json, doc)
 
 

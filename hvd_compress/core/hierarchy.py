@@ -15,6 +15,10 @@ allgather (top-k, DGC, QSGD, 1-bit, ...) exchanges a gradient ``x`` so:
    sum over nodes of the decoded shards;
 3. **inside the node**, one allgather puts the shards together on every worker.
 
+With ``between=TwoPhase`` step 2 is the two-phase exchange among the ``N`` nodes
+(:mod:`.twophase`): a worker then receives about ``2 (N-1)/N`` of a shard's payload
+rather than ``N - 1`` payloads.
+
 The aggregate is therefore, by definition, ``sum over nodes of decode(compress(shard of
 the node's sum))``; with op=Average it is divided by ``p = N * L``.  The bytes on the links
 between nodes fall by ``L`` (a worker sends the payload of ``1/L`` of each tensor, and
@@ -83,13 +87,14 @@ class Hierarchical:
     ``comp``: a compressor or a per-tensor router (as :class:`~.exchange.Exchange`
     takes); ``world``, ``node``, ``cross``: the Collectives over all workers, this
     worker's node (with ``reducescatter``) and its cross set; ``local_index``: this
-    worker's rank within its node's set.  ``send``/``receive``/``run``/``run_each``/
-    ``agree`` as the flat engine's."""
+    worker's rank within its node's set; ``between``: the engine class among the nodes
+    (the flat one, or :class:`~.twophase.TwoPhase`: hierarchical + two-phase).
+    ``send``/``receive``/``run``/``run_each``/``agree`` as the flat engine's."""
 
     def __init__(self, comp, world, node, cross, local_index: int, average: bool = True,
-                 predivide: float = 1.0, op=None):
+                 predivide: float = 1.0, op=None, between=Exchange):
         self.flat = Exchange(comp, world, average=average, predivide=predivide, op=op)
-        self.between = Exchange(comp, cross, average=False)
+        self.between = between(comp, cross, average=False)
         self.between.agreed = self.flat.agreed
         self.node, self.local_index = node, int(local_index)
         self.average, self.predivide = average, float(predivide)

@@ -18,7 +18,9 @@ __all__ = ["PlanRow"]
 class PlanRow(Record):
     """``compression``: the spec the tensor travels with once compression runs;
     ``compressed``: whether it is compressed now (the small-tensor rule and the start step
-    may send it as it is); ``bytes``: its payload bytes per step now."""
+    may send it as it is); ``bytes``: its payload bytes per step now; ``exchange`` /
+    ``why``: how it travels and why (``exchange="auto"``'s choice and its costs; empty
+    before the first exchange)."""
 
     name: str
     shape: tuple
@@ -26,3 +28,5 @@ class PlanRow(Record):
     compression: str
     compressed: bool
     bytes: int
+    exchange: str = ""
+    why: str = ""

@@ -82,7 +82,11 @@ def owner_of(comp):
     """The compressor owners re-encode ``comp``'s chunk sums with (``comp.owner_spec()``),
     made once per spec and kept on ``comp`` (its state is in ``comp``'s checkpoints:
     ``Compressor.state_dict``).  A spec that changes (DGC's warm-up density) makes it anew
-    with the state it had."""
+    with the state it had.  A framework's compressor that keeps state its own way says
+    with ``owner_side()`` (TensorFlow: a child compressor, its state in variables)."""
+    side = getattr(comp, "owner_side", None)
+    if side is not None:
+        return side()
     spec = comp.owner_spec()
     own = comp.__dict__.get("_owner")
     key = str(spec)
@@ -287,8 +291,8 @@ class TwoPhase:
         else:
             at = 0
         out = []
-        for k in sizes:
-            out.append(row[at:at + k])
+        for k in sizes:  # (a traced TensorFlow slice has no static length: give it)
+            out.append(B.reshape(row[at:at + k], (k,)))
             at += k
         return out
 
@@ -296,14 +300,14 @@ class TwoPhase:
         """Owner step: the alltoall's rows, this rank's chunk of every tensor summed and
         re-encoded, and the allgather of the owners' payloads started."""
         comp, B, p, r = part.comp, part.comp.B, self.size, self._rank()
+        own = [encs[r].nbytes for encs in part.encs]  # (every rank's chunk r: these sizes)
         t0 = time.perf_counter()
-        got, splits = self._wait_alltoall(part.handle)
+        got, splits = self._wait_alltoall(part.handle, None if part.variable else [sum(own)] * p)
         part.handle = None
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
         stats["wire_in"] += sum(s for q, s in enumerate(splits) if q != r)
         t0 = time.perf_counter()
         mine = [metas[r] for metas in part.metas]
-        own = [encs[r].nbytes for encs in part.encs]
         sources, at = [], 0
         for s in splits:
             sources.append(self._split(B, got[at:at + s], own, part.variable))
@@ -352,7 +356,7 @@ class TwoPhase:
         if isinstance(table, (list, tuple)):
             rows = list(table)
         else:
-            table = B.reshape(table, (-1,))
+            table = B.reshape(table, (sum(sizes),))
             starts = [sum(sizes[:q]) for q in range(p)]
             rows = [table[a:a + k] for a, k in zip(starts, sizes)]
         payloads = [self._split(B, rows[q], [owner.payload_nbytes(metas[q])
@@ -374,14 +378,17 @@ class TwoPhase:
         stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
         return out
 
-    def _wait_alltoall(self, handle):
-        """The alltoall's received buffer and how many bytes came from each rank."""
-        got = self.coll.wait(handle)
+    def _wait_alltoall(self, handle, known=None):
+        """The alltoall's received buffer and how many bytes came from each rank (``known``:
+        as every rank's sizes say, so a traced step reads no tensor's value)."""
+        out, splits = self.coll.wait(handle)
         B = self.comp.B
-        out, splits = got
-        splits = [int(k) for k in B.to_numpy(B.reshape(splits, (-1,)))] \
-            if not isinstance(splits, (list, tuple)) else [int(k) for k in splits]
-        return B.reshape(out, (-1,)), splits
+        if known is not None:
+            splits = known
+        elif not isinstance(splits, (list, tuple)):
+            splits = [int(k) for k in B.to_numpy(B.reshape(splits, (-1,)))]
+        splits = [int(k) for k in splits]
+        return B.reshape(out, (sum(splits),)), splits
 
     def _rank(self) -> int:
         return self.coll.rank

@@ -173,6 +173,33 @@ class TFCompressor(tf.Module, CompressorFrontend):
     def scaled(self, result, received, enc: Encoded, factor: float):
         return self.core.scaled(result, received, enc, factor)  # (immutable: imul)
 
+    # -- the two-phase exchange (:mod:`hvd_compress.core.twophase`) -------------------------
+    def chunked(self, shape) -> bool:
+        return self.core.chunked(shape)
+
+    def payload_nbytes(self, meta) -> int:
+        return self.core.payload_nbytes(meta)
+
+    @tf.autograph.experimental.do_not_convert
+    def decode(self, payload, meta, ctx=None, out=None):
+        return self.core.decode(payload, meta, ctx, out)
+
+    def owner_side(self) -> "TFCompressor":
+        """The compressor the owners of the two-phase exchange re-encode with (the core's
+        ``owner_spec``), a child whose state variables are tracked with this one's, made
+        anew (state kept) when its spec changes (DGC's warm-up)."""
+        spec = str(self.core.owner_spec())
+        own = getattr(self, "owner_compressor", None)
+        if own is None or str(own.spec) != str(specmod.parse(spec)) or \
+                (own._rank, own._world_size) != (self._rank, self._world_size):
+            made = TFCompressor(spec, self._rank, self._world_size)
+            if own is not None:
+                made.load_state_dict(own.state_dict())
+            with tf.init_scope():
+                self.owner_compressor = made  # tracked: checkpointed with this compressor
+            own = made
+        return own
+
     def state_dict(self) -> dict:
         tensors = {name: {k: (v.numpy() if isinstance(v, tf.Variable) else v)
                           for k, v in vs.items()} for name, vs in self.tensor_state.items()}

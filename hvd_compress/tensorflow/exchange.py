@@ -20,6 +20,8 @@ import tensorflow as tf
 from ..core import agreement
 from ..core.exchange import MAX, Exchange, ProcessSetCollectives
 from ..core.hierarchy import Hierarchical
+from ..core.routed import Routed
+from ..core.twophase import TwoPhase
 from ..session import Session
 
 
@@ -112,6 +114,10 @@ class HorovodTF(ProcessSetCollectives):
     def allgather(self, flat, name):
         return hvd.allgather(flat, name=safe_name(name), process_set=self.process_set)
 
+    def alltoall(self, flat, splits, name):
+        return hvd.alltoall(flat, splits=tf.constant(splits, dtype=tf.int32), name=safe_name(name),
+                            process_set=self.process_set)
+
     def reducescatter(self, flat, name):
         """Horovod's reduce-scatter on GPUs; elsewhere an allreduce of which this rank keeps
         its part (the Gloo reduce-scatter was measured slower than the allreduce: see
@@ -162,6 +168,27 @@ class TFHierarchical(Hierarchical):
     run_each = _plain(Hierarchical.run_each)
 
 
+class TFTwoPhase(TwoPhase):
+    """The two-phase exchange (:mod:`hvd_compress.core.twophase`), run as plain Python inside
+    ``tf.function`` as :class:`TFExchange` is."""
+
+    send = _plain(lambda self, tensors, names, *args, **kwargs: (
+        _eager_sizes(self, tensors, names), TwoPhase.send(self, tensors, names, *args, **kwargs))[1])
+    receive = _plain(TwoPhase.receive)
+    run = _plain(TwoPhase.run)
+    run_each = _plain(TwoPhase.run_each)
+
+
+class TFRouted(Routed):
+    """Tensors routed to several engines (``exchange="auto"``: :mod:`hvd_compress.core.routed`),
+    run as plain Python inside ``tf.function``."""
+
+    send = _plain(Routed.send)
+    receive = _plain(Routed.receive)
+    run = _plain(Routed.run)
+    run_each = _plain(Routed.run_each)
+
+
 def _eager_sizes(engine, tensors, names) -> None:
     """Payloads of data-dependent size (threshold-v, adaptive quantization) need their
     lengths in Python: such compressors run eagerly, not inside ``tf.function``."""
@@ -183,12 +210,14 @@ _AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def session(op=hvd.Average, gradient_predivide_factor=1.0, process_set=hvd.global_process_set,
-            hierarchical=None, local_sgd=False, period=1, warmup=0, delay=0) -> Session:
+            hierarchical=None, local_sgd=False, period=1, warmup=0, delay=0,
+            exchange="auto") -> Session:
     """The session of a tape or Keras optimizer: the engine (:class:`TFExchange`, or
     :class:`TFHierarchical` where the node process sets are registered; ``hierarchical``
     as :func:`hvd_compress.torch.DistributedOptimizer`'s) is made by :func:`bind`."""
     return Session(hvd, process_set, HorovodTF, op=op, predivide=gradient_predivide_factor,
-                   hierarchical=hierarchical, flat=TFExchange, tiered=TFHierarchical,
+                   hierarchical=hierarchical, exchange=exchange, flat=TFExchange,
+                   tiered=TFHierarchical, twophase=TFTwoPhase, routed=TFRouted,
                    local_sgd=local_sgd, period=period, warmup=warmup, delay=delay)
 
 

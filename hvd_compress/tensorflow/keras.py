@@ -47,6 +47,9 @@ def __getattr__(name):
 
 
 class _DistributedOptimizer:
+    #: whether compressed gradients cross nodes hierarchically (as the torch wrapper's)
+    hierarchical = property(lambda self: self._hvdc_session.hierarchical)
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         s, local = self._hvdc_session, self._hvdc_local
         if not s.exchanges():  # outside the set: its own gradients
@@ -109,7 +112,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          average_aggregated_gradients=True, num_groups=0, groups=None,
                          process_set=hvd.global_process_set, *, local_sgd=False,
                          local_sgd_warmup_steps=0, buffers=(), delay=0,
-                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None,
+                         exchange="auto"):
     """Wrap a Keras 3 optimizer; arguments as ``horovod.tensorflow.keras.DistributedOptimizer``
     (``compression`` also takes a spec string or an hvd_compress compressor).
 
@@ -123,8 +127,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     with ``min_numel`` and ``start_step``, as for
     :func:`hvd_compress.tensorflow.DistributedGradientTape`; ``opt.plan(variables)``
     lists each variable's compressor and bytes.  ``process_set``: its ranks exchange
-    among themselves; a rank outside applies its own gradients.  ``hierarchical``:
-    compressed between nodes only, as :func:`hvd_compress.torch.DistributedOptimizer`'s."""
+    among themselves; a rank outside applies its own gradients.  ``hierarchical``,
+    ``exchange``: how payloads travel, as :func:`hvd_compress.torch.DistributedOptimizer`'s."""
     comp = as_compression(compression, min_numel, start_step)
     check_horovod_args(hvd, "hvd_compress.tensorflow.keras.DistributedOptimizer",
                        "horovod.tensorflow.keras.DistributedOptimizer", op,
@@ -142,11 +146,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     opt = cls.from_config(config)
     settings = Settings(op, gradient_predivide_factor, process_set, hierarchical, local_sgd,
-                        backward_passes_per_step, local_sgd_warmup_steps, delay, tuple(buffers))
+                        backward_passes_per_step, local_sgd_warmup_steps, delay, tuple(buffers),
+                        exchange)
     opt._hvdc_session = s = settings.session()
     bind(s, comp)
-    #: whether compressed gradients go by the hierarchical exchange (as the torch wrapper's)
-    opt.hierarchical = s.hierarchical
     # the optimizer's accumulators and counters, checkpointed with its compressor
     opt._hvdc_local = strategy(s, wrapper_state(comp), settings.buffers)
     opt._hvdc_plan = lambda grads, names: settings.plan(

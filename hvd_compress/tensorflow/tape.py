@@ -29,19 +29,14 @@ __all__ = ["DistributedGradientTape"]
 
 
 class _DistributedGradientTape(tf.GradientTape):
-    def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor,
-                 process_set, backward_passes_per_step=1, persistent=False,
-                 watch_accessed_variables=True, local_sgd=False, local_sgd_warmup_steps=0,
-                 buffers=(), delay=0, min_numel=DEFAULT_MIN_NUMEL, start_step=0,
-                 hierarchical=None):
+    def __init__(self, tape, compression, sparse_as_dense, settings: Settings, persistent=False,
+                 watch_accessed_variables=True, min_numel=DEFAULT_MIN_NUMEL, start_step=0):
         # As Horovod does: a tape of the user's tape class that takes over its recording.
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         # compression: a compressor or policy object, or a choice the variables own the state of
         self._tape, self._compression, self._rule = tape, compression, (min_numel, start_step)
-        self._sparse_as_dense, self._process_set = sparse_as_dense, process_set
-        self._settings = Settings(op, gradient_predivide_factor, process_set, hierarchical,
-                                  local_sgd, backward_passes_per_step, local_sgd_warmup_steps,
-                                  delay, tuple(buffers))
+        self._sparse_as_dense, self._process_set = sparse_as_dense, settings.process_set
+        self._settings = settings
         # (made at the first exchange; the state: the accumulators and counters, see _bind)
         self._session = self._state = self._local = self._seen = None
         #: whether the last gradient() exchanged (True, or a boolean tensor when traced)
@@ -156,7 +151,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                             num_groups=0, groups=None, process_set=hvd.global_process_set,
                             backward_passes_per_step=1, *, local_sgd=False,
                             local_sgd_warmup_steps=0, buffers=(), delay=0,
-                            min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
+                            min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None,
+                            exchange="auto"):
     """Wrap ``gradtape`` so ``gradient()`` returns compressed-exchanged averaged gradients.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape`` 0.28.1;
@@ -179,7 +175,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     steps averages the variables (compressed: their change since the last average)
     and the floating-point ``buffers``.  ``delay=D``: Delayed Gradient Averaging,
     ``gradient()`` returns ``g_i - g_{i-D} + avg(g_{i-D})`` (the local gradient for
-    the first D steps).  ``hierarchical``: as the torch optimizer's.
+    the first D steps).  ``hierarchical``, ``exchange``: as the torch optimizer's.
     """
     comp = choice_of(compression)
     specs = comp.specs() if isinstance(comp, TFCompressor) else \
@@ -191,9 +187,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     check_process_set(hvd, process_set)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                dict(_DistributedGradientTape.__dict__))
-    return cls(gradtape._tape, comp, sparse_as_dense, op, gradient_predivide_factor, process_set,
-               backward_passes_per_step, persistent=gradtape._persistent,
-               watch_accessed_variables=getattr(gradtape, "_watch_accessed_variables", True),
-               local_sgd=local_sgd, local_sgd_warmup_steps=local_sgd_warmup_steps,
-               buffers=buffers, delay=delay, min_numel=min_numel, start_step=start_step,
-               hierarchical=hierarchical)
+    settings = Settings(op, gradient_predivide_factor, process_set, hierarchical, local_sgd,
+                        backward_passes_per_step, local_sgd_warmup_steps, delay, tuple(buffers),
+                        exchange)
+    return cls(gradtape._tape, comp, sparse_as_dense, settings, gradtape._persistent,
+               getattr(gradtape, "_watch_accessed_variables", True), min_numel, start_step)

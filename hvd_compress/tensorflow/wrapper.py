@@ -36,12 +36,13 @@ class Settings:
     warmup: int          # local_sgd_warmup_steps
     delay: int           # DGA's D
     buffers: tuple = ()  # local SGD's averaged buffers
+    exchange: str = "auto"  # how payloads travel (:func:`hvd_compress.session.resolve_exchange`)
 
     def session(self):
         """A new session (:func:`~.exchange.session`) with these settings."""
         return session(self.op, self.gradient_predivide_factor, self.process_set,
                        self.hierarchical, self.local_sgd, self.backward_passes_per_step,
-                       self.warmup, self.delay)
+                       self.warmup, self.delay, self.exchange)
 
     def plan(self, wrapper: str, comp, grads, names, **more) -> dict:
         """The exchange plan of ``wrapper`` (its name) running ``comp`` on ``grads``

@@ -44,7 +44,8 @@ SYNC = "sync"
 #: mwms``; uncompressed, launched by :mod:`.mwms`, in the namespaces when capped)
 MWMS = "TF MWMS"
 #: with ``--nodes``: compressed tensors by every worker's allgather (or integer sum), not
-#: the hierarchical exchange (``--hierarchical off``)
+#: the hierarchical exchange (``--exchange allgather``; the mode sync beside it runs
+#: ``--exchange hierarchical``)
 FLAT = "flat"
 MWMS_EXAMPLES = ("digits", "digits-wide")
 
@@ -71,14 +72,15 @@ def mode_of(row: dict) -> str:
     return row.get("mode") or SYNC
 
 
-def mode_flags(mode: str) -> list[str]:
-    """The example flags a mode needs."""
+def mode_flags(mode: str, nodes: int = 1) -> list[str]:
+    """The example flags a mode needs (``nodes``: the run's simulated nodes, where sync is
+    the hierarchical exchange and flat the allgather)."""
     if mode in ("", SYNC):
-        return []
+        return ["--exchange", "hierarchical"] if nodes > 1 else []
     if mode == MWMS:
         return ["--strategy", "mwms"]
     if mode == FLAT:
-        return ["--hierarchical", "off"]
+        return ["--exchange", "allgather"]
     m = re.fullmatch(r"local SGD H=(\d+)", mode)
     if m:
         return ["--local-sgd", "--backward-passes-per-step", m.group(1)]

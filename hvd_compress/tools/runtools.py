@@ -152,6 +152,23 @@ def needs_final_average(args, steps: int) -> bool:
 
 #: ``--hierarchical`` as the wrappers' ``hierarchical=`` takes it
 HIERARCHICAL = {"auto": None, "on": True, "off": False}
+#: ``--exchange``: what the wrappers' ``exchange=`` takes (:mod:`hvd_compress.session`)
+EXCHANGES = ("auto", "allgather", "allreduce", "two-phase", "hierarchical",
+             "hierarchical+two-phase")
+
+
+def exchange_used(wrapper) -> str:
+    """What a wrapper's exchange was, for a run's summary: the one asked for, or ``auto``'s
+    choices counted (``"auto: allgather 3, two-phase 2"``); "" for Horovod's own."""
+    s = getattr(wrapper, "_session", None) or getattr(wrapper, "_hvdc_session", None)
+    if s is None:
+        return ""
+    if s.auto is None:
+        return s.exchange_mode
+    counts: dict = {}
+    for exchange, _ in s.auto.plan().values():
+        counts[exchange] = counts.get(exchange, 0) + 1
+    return "auto: " + ", ".join(f"{e} {n}" for e, n in sorted(counts.items()))
 
 
 def local_fields(args) -> dict:
@@ -177,6 +194,12 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
                     help="compressed gradients summed dense inside each node and compressed only "
                          "between nodes: auto (wherever the workers span two or more nodes of "
                          "two or more), on (required), off (default: auto)")
+    ap.add_argument("--exchange", choices=EXCHANGES, default="auto",
+                    help="how compressed payloads travel: auto (the cheapest for the links the "
+                         "workers measure at the first step), allgather, two-phase (bytes per "
+                         "worker constant in the workers), hierarchical, hierarchical+two-phase "
+                         "(node process sets needed), allreduce (summable payloads only) "
+                         "(default: auto)")
     ap.add_argument("--backward-passes-per-step", type=positive_int, default=1, metavar="N",
                     help="accumulate N backward passes locally before one exchange (default 1); "
                          "with --local-sgd: average the parameters every N local steps")
@@ -316,6 +339,9 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
         "compute_ms": round(compute, 3), "step_ms": round(step_ms, 3),
         **{k: None if v is None else round(v, 3) for k, v in per_step.items()},
         "local_bytes_per_step": int(round(stats.get("local_bytes", 0) / steps)),
+        # bytes in and out over a worker's links (the account's, by collective)
+        "wire_in_per_step": int(round(stats.get("wire_in", 0) / steps)),
+        "wire_out_per_step": int(round(stats.get("wire_out", 0) / steps)),
         "test_accuracy": None if test_accuracy is None else round(float(test_accuracy), 4),
         "wall_s": round(wall_s, 3), "strategy": strategy,
     }

@@ -33,7 +33,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
                          sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          local_sgd=False, local_sgd_warmup_steps=0, named_buffers=None, delay=0,
-                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None):
+                         min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None,
+                         exchange="auto"):
     """Wrap ``optimizer`` so gradients are compressed, exchanged and averaged across ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer`` 0.28.1, with
@@ -56,10 +57,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     ``local_sgd_warmup_steps=K`` synchronous steps come first.  ``delay=D``: Delayed
     Gradient Averaging, step i's average applied at step i + D as ``g_i - g_{i-D} +
     avg(g_{i-D})`` (a one-round compressor, ``backward_passes_per_step=1``; call
-    ``drain()`` at the end).  ``hierarchical``: dense inside each node, compressed only
-    between nodes (:mod:`hvd_compress.core.hierarchy`); ``None``: wherever the node
-    process sets are registered (:func:`hvd_compress.nodes.node_process_sets`) and the
-    global process set is used; ``True``: required; ``False``: off.
+    ``drain()`` at the end).  ``exchange``: how compressed payloads travel --
+    ``"allgather"`` (every worker's payload to all), ``"two-phase"`` (chunks to their
+    owners, who sum and re-compress, then gathered: bytes per worker constant in the
+    workers; :mod:`hvd_compress.core.twophase`), ``"hierarchical"`` /
+    ``"hierarchical+two-phase"`` (dense inside each node, compressed between nodes:
+    :mod:`hvd_compress.core.hierarchy`; the node process sets must be registered,
+    :func:`hvd_compress.nodes.node_process_sets`), ``"allreduce"`` (summable payloads), or
+    ``"auto"`` (the default): the ranks time a few collectives at the first exchange and
+    each tensor takes the cheapest (:mod:`hvd_compress.core.autoexchange`; ``plan()`` says
+    which and why).  ``hierarchical=True`` is ``exchange="hierarchical"``; ``False`` keeps
+    the hierarchy out of ``"auto"``.
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
@@ -75,4 +83,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, local_sgd,
-               local_sgd_warmup_steps, named_buffers, delay, hierarchical)
+               local_sgd_warmup_steps, named_buffers, delay, hierarchical, exchange)

@@ -44,11 +44,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, local_sgd=False,
-                 local_sgd_warmup_steps=0, named_buffers=None, delay=0, hierarchical=None):
+                 local_sgd_warmup_steps=0, named_buffers=None, delay=0, hierarchical=None,
+                 exchange="auto"):
         super(self.__class__, self).__init__(params)
         s = self._session = Session(
             hvd, process_set, HorovodTorch, op=op, predivide=gradient_predivide_factor,
-            hierarchical=hierarchical, local_sgd=local_sgd, period=backward_passes_per_step,
+            hierarchical=hierarchical, exchange=exchange, local_sgd=local_sgd,
+            period=backward_passes_per_step,
             warmup=local_sgd_warmup_steps, delay=delay, on_world=self._on_world)
         self._compression = compression
         named_parameters = checked_names(self.param_groups, named_parameters)
@@ -79,12 +81,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._dga = DelayedAveraging(s, delay, self._path, self._base_step) if delay else None
         if s.follow_world(compression) and elastic_launch():
             self._path.register_hooks(self._requires_update)  # (as Horovod's: it may grow)
-        #: whether compressed gradients go by the hierarchical exchange (dense inside a
-        #: node, compressed between nodes: :mod:`hvd_compress.core.hierarchy`)
-        self.hierarchical = s.hierarchical
         s.attach(compression, self._plan, wrap=lambda e: SparseAware(e, process_set, op),
                  on_first=lambda: sync_compressor_state(  # (see .elastic)
                      self, root_rank=min(process_set.ranks or [0])))
+
+    hierarchical = property(lambda self: self._session.hierarchical, doc="""Whether compressed
+        gradients cross nodes hierarchically (:mod:`hvd_compress.core.hierarchy`).""")
 
     def _on_world(self, size, reset):
         """Bound to a world of ``size`` ranks (the session calls it): hooks from two on."""
@@ -97,8 +99,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def plan(self) -> list:
         """Per parameter, in exchange order: name, shape, dtype, the compressor it travels
         with (once compression has started) and its payload bytes per step."""
-        return self._compression.plan(entries([p for g in self._session.groups for p in g],
-                                              self._parameter_names))
+        return self._session.with_exchanges(self._compression.plan(entries(
+            [p for g in self._session.groups for p in g], self._parameter_names)))
 
     def print_plan(self, file=None) -> str:
         """Print (and return) :meth:`plan` as a table."""
