@@ -61,7 +61,7 @@ def example_command(args, run, json_path: Path) -> list[str]:
     for flag in ("min_numel", "start_step"):  # the per-tensor policy's knobs, when given
         if getattr(args, flag, None) is not None:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    extra += mode_flags(mode_of(run))
+    extra += mode_flags(mode_of(run), nodes_of(run))
     if getattr(args, "stop_at_target", False):
         extra += ["--stop-at", f"{args.target_accuracy:g}"]
     return [sys.executable, str(script), *extra, "--compression", run.compression,
