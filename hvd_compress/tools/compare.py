@@ -10,7 +10,9 @@ launches one of the
 examples (``--example synthetic|digits|cifar10``, ``--framework
 torch|tensorflow``) under Horovod -- ``horovodrun --gloo`` when uncapped; with a
 rate, one network namespace per worker behind ``tc``-capped links
-(:mod:`hvd_compress.tools.netcap`, needs root) -- and collects the example's
+(:mod:`hvd_compress.tools.netcap`, needs root); with ``--hosts h1:4,h2:4`` or
+``--hostfile PATH``, on those hosts through ``horovodrun -H`` (uncapped; the rows record
+the layout: :mod:`hvd_compress.tools.hosts`) -- and collects the example's
 ``--json`` summary.  The modes: ``sync`` (ordinary synchronous training) always,
 then local SGD for each period of ``--local-sgd H ...`` and Delayed Gradient
 Averaging for each delay of ``--delay D ...`` (at more than one worker: for a
@@ -58,6 +60,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import hosts as real_hosts
 from . import netcap, runtools, stopping
 from .plan import (
     COLUMNS,
@@ -199,6 +202,20 @@ def parser() -> argparse.ArgumentParser:
                          "uncapped inside it; uncapped runs: on loopback, Horovod seeing the "
                          "nodes -- and every compressor that gathers or sums integers runs twice: "
                          "hierarchical (mode sync) and flat (mode flat) (default 1)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--hosts", default=None, metavar="HOST:SLOTS,...",
+                       help="run on these hosts through horovodrun -H (e.g. h1:4,h2:4): ranks fill "
+                            "the hosts in order, each --np count must fit their slots; your network, "
+                            "uncapped (no --bandwidth rates, no --nodes). Rank 0 writes each run's "
+                            "summary into --out on the first host: list this machine first, or "
+                            "use a folder every host sees; Python and the examples must be at the "
+                            "same paths on every host (horovodrun starts them over ssh)")
+    where.add_argument("--hostfile", default=None, metavar="PATH",
+                       help="the hosts from a file in horovodrun's format: a line per host, "
+                            "'hostname slots=N'")
+    ap.add_argument("--hosts-bandwidth", type=rate_arg, default=None, metavar="RATE",
+                    help="with --hosts/--hostfile: the rate of the links between your hosts "
+                         "(e.g. 10gbit), written in the rows' link_bandwidth column for the cost model")
     ap.add_argument("--strategy", choices=("horovod", "mwms"), default="horovod",
                     help="mwms: also run TensorFlow's MultiWorkerMirroredStrategy (no Horovod, "
                          "uncompressed) as a baseline row per worker count and bandwidth "
@@ -234,6 +251,57 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_hosts(ap, args) -> None:
+    """--hosts/--hostfile: parsed into ``args.host_list`` (None without them), and what
+    they cannot run with refused before anything runs."""
+    args.host_list = None
+    if args.bandwidth is DEFAULT_BANDWIDTHS:  # (not given)
+        args.bandwidth = [UNCAPPED] if args.hosts or args.hostfile else list(DEFAULT_BANDWIDTHS)
+    if not (args.hosts or args.hostfile):
+        if args.hosts_bandwidth:
+            ap.error("--hosts-bandwidth is the rate between the hosts of --hosts or --hostfile")
+        return
+    flag = "--hosts" if args.hosts else "--hostfile"
+    try:
+        args.host_list = real_hosts.parse(args.hosts or real_hosts.read_hostfile(args.hostfile))
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.bandwidth != [UNCAPPED] or args.latency:
+        ap.error(f"{flag} runs on your hosts' own network, uncapped: --bandwidth takes only "
+                 f"'{UNCAPPED}' and --latency none with it (capped links are simulated on one "
+                 "machine, without --hosts)")
+    if args.nodes > 1:
+        ap.error(f"{flag} runs on real nodes: --nodes (simulated nodes on one machine) goes without it")
+    if args.strategy == "mwms":
+        ap.error(f"--strategy mwms runs on this machine only, without {flag}")
+    total = real_hosts.slots(args.host_list)
+    big = [n for n in args.np if n > total]
+    if big:
+        ap.error(f"--np {' '.join(map(str, big))} does not fit the {total} slots of "
+                 f"{real_hosts.text_of(args.host_list)}")
+    for n in args.np:
+        used = real_hosts.layout(args.host_list, n)
+        if len({w for _, w in used}) > 1:
+            print(f"compare: np {n} fills the hosts unevenly ({real_hosts.text_of(used)}); the cost "
+                  "model takes nodes of np/nodes workers", file=sys.stderr, flush=True)
+    first = args.host_list[0][0]
+    if not real_hosts.is_local(first):
+        print(f"compare: rank 0 runs on {first}, which writes each run's summary into {args.out}: "
+              "that folder must be the same on both machines (or list this machine first)",
+              file=sys.stderr, flush=True)
+
+
+def on_hosts(run, host_list, link_bandwidth=None):
+    """``run`` on real hosts: the hosts its ranks fill (``hosts``, as horovodrun places
+    them) and their number (``nodes``), and the stated rate between them."""
+    run = run.copy()
+    used = real_hosts.layout(host_list, int(run["np"]))
+    run["hosts"], run["nodes"] = real_hosts.text_of(used), len(used)
+    if link_bandwidth and len(used) > 1:
+        run["link_bandwidth"] = link_bandwidth
+    return run
+
+
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -263,6 +331,7 @@ def main(argv=None) -> int:
         stray = [s for s in args.modes_for if s not in args.compression]
         if stray:
             ap.error(f"--modes-for names specs that --compression does not: {' '.join(stray)}")
+    _check_hosts(ap, args)
     if args.nodes > 1 and any(n > 1 and n % args.nodes for n in args.np):
         ap.error(f"--np counts above 1 must be multiples of --nodes {args.nodes}")
     if args.nodes > 1 and args.strategy == "mwms":
@@ -316,6 +385,8 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     if 1 in args.np and any(b != UNCAPPED for b in args.bandwidth):
         print("compare: np 1 runs once, uncapped (a single worker sends nothing)", flush=True)
     runs = plan_runs(args, capped_ok)
+    if args.host_list:
+        runs = [on_hosts(r, args.host_list, args.hosts_bandwidth) for r in runs]
     csv_path = out / "results.csv"
     rows = read_csv(csv_path) if args.resume else []
     for r in rows:

@@ -1,5 +1,5 @@
 """Launching one run of a comparison: the example script's command line, under
-``horovodrun --gloo`` (uncapped), :mod:`.nodesrun` (simulated nodes),
+``horovodrun --gloo`` (uncapped; ``-H`` the user's hosts), :mod:`.nodesrun` (simulated nodes),
 :mod:`.mwms` (TensorFlow's strategy) or in capped namespaces (:mod:`.netcap`), and
 its ``--json`` summary read back into the run's CSV row."""
 
@@ -61,7 +61,8 @@ def example_command(args, run, json_path: Path) -> list[str]:
     for flag in ("min_numel", "start_step"):  # the per-tensor policy's knobs, when given
         if getattr(args, flag, None) is not None:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    extra += mode_flags(mode_of(run), nodes_of(run))
+    # simulated nodes pick the exchange of each mode; real hosts (--hosts) run the default
+    extra += mode_flags(mode_of(run), 1 if run.hosts else nodes_of(run))
     if getattr(args, "stop_at_target", False):
         extra += ["--stop-at", f"{args.target_accuracy:g}"]
     return [sys.executable, str(script), *extra, "--compression", run.compression,
@@ -89,7 +90,9 @@ def execute(args, run, out: Path) -> RunRow:
     t0 = time.perf_counter()
     try:
         if run.bandwidth == UNCAPPED:
-            if mode_of(run) == MWMS:
+            if run.hosts:  # the user's hosts (tools.hosts), as horovodrun places the ranks
+                full = [*horovodrun(), "-np", str(run.np), "-H", run.hosts, "--gloo", *cmd]
+            elif mode_of(run) == MWMS:
                 full = [sys.executable, "-m", "hvd_compress.tools.mwms", "-np", str(run.np), *cmd]
             elif nodes_of(run) > 1:  # Horovod sees the nodes; loopback links
                 full = [sys.executable, "-m", "hvd_compress.tools.nodesrun", "--nodes",

@@ -69,6 +69,8 @@ class RunRow(MutableMapping):
     nodes: int = ABSENT
     local_bytes_per_step: int = ABSENT
     hierarchical: str = ABSENT
+    hosts: str = ABSENT  # --hosts: the hosts the ranks filled, "host:workers,..."; "" elsewhere
+    link_bandwidth: str = ABSENT  # --hosts-bandwidth: the stated rate between those hosts
     #: keys outside :data:`COLUMNS`, as they came
     others: dict = field(default_factory=dict)
 
