@@ -131,7 +131,8 @@ class AutoChoice:
         at = 0
         if self.links is None:
             if self.node is not None and self.cross is not None:
-                between = self._fit(agreed[0:4], self.cross.size)
+                # the L cross sets were timed at once: a node's link carried L of them
+                between = self._fit(agreed[0:4], self.cross.size, self.node.size)
                 inside = self._fit(agreed[4:8], self.node.size)
                 at = 8
                 self.links = costs.Links(between[0], between[1], inside[0], inside[1])
@@ -144,11 +145,13 @@ class AutoChoice:
             at += 2
 
     @staticmethod
-    def _fit(seconds, p: int) -> tuple:
+    def _fit(seconds, p: int, sharing: int = 1) -> tuple:
+        """``(alpha, seconds per byte)`` of a link from the probes' ``seconds`` over ``p``
+        ranks, ``sharing`` such collectives crossing the link at once."""
         rows, i = [], 0
         for nbytes in PROBE_BYTES:
-            rows.append((2 * (p - 1), 2 * (p - 1) * nbytes // p, seconds[i]))
-            rows.append((p - 1, (p - 1) * nbytes, seconds[i + 1]))
+            rows.append((2 * (p - 1), sharing * 2 * (p - 1) * nbytes // p, seconds[i]))
+            rows.append((p - 1, sharing * (p - 1) * nbytes, seconds[i + 1]))
             i += 2
         return costs.link_from_timings(rows)
 

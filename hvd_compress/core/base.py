@@ -344,6 +344,13 @@ class Compressor:
     def payload_nbytes(self, meta: TensorMeta) -> int:
         raise NotImplementedError
 
+    @property
+    def carry_field(self):
+        """The state field that holds what error feedback kept back (``"residual"``; None
+        without error feedback): where the two-phase exchange puts what a tensor's chunks
+        held under another world size (:func:`.twophase.carried_over`)."""
+        return "residual" if self.ef else None
+
     def chunked(self, shape) -> bool:
         """Whether a tensor of ``shape`` may take the two-phase exchange (:mod:`.twophase`;
         DGC sends vectors whole, so they stay in the flat exchange)."""

@@ -199,6 +199,9 @@ class DGC(Sparsifier):
     def sends_indices(self, meta) -> bool:
         return not self.whole(meta)
 
+    #: DGC's accumulation ``v`` holds what it has not sent (it has no residual)
+    carry_field = "v"
+
     def chunked(self, shape) -> bool:
         """Tensors sent whole stay whole: only sparsified ones take the two-phase exchange."""
         return not self.whole(TensorMeta("", tuple(shape), "float32"))

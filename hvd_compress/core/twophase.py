@@ -104,6 +104,53 @@ def owner_of(comp):
     return made
 
 
+def _layouts(states: dict, name: str, p: int) -> dict:
+    """``{q: [(j, key)]}``: ``name``'s chunk states under world sizes ``q`` other than ``p``."""
+    prefix, out = f"{name}#", {}
+    for key in list(states):
+        if key.startswith(prefix):
+            j, _, q = key[len(prefix):].partition("/")
+            if j.isdigit() and q.isdigit() and int(q) != p:
+                out.setdefault(int(q), []).append((int(j), key))
+    return out
+
+
+def carried_over(comp, name: str, n: int, p: int, B, like):
+    """What tensor ``name``'s chunk states held under another world size (an elastic resize:
+    chunks and owners change with ``p``), as one vector of its ``n`` values, those states
+    removed -- the workers' (every chunk of theirs) and this rank's owner's; None where there
+    are none.  The two-phase exchange puts it back where error feedback keeps what it has
+    not sent (``comp.carry_field``), or else into the next input: nothing is lost.  Needs
+    the core's states (a framework that keeps them elsewhere carries nothing)."""
+    states = getattr(comp, "states", None)
+    if not isinstance(states, dict):
+        return None
+    checked = comp.__dict__.setdefault("_carry_checked", {})  # world size -> names looked at
+    if name in checked.setdefault(p, set()):
+        return None
+    checked[p].add(name)
+    own = owner_of(comp)
+    found = [(states, _layouts(states, name, p), comp.carry_field),
+             (own.states, _layouts(own.states, name, p), own.carry_field)]
+    if not any(layouts for _, layouts, _ in found):
+        return None
+    total = None
+    for where, layouts, field in found:
+        for q, entries in layouts.items():
+            bounds = chunk_bounds(n, q)
+            for j, key in entries:
+                st = where.pop(key)
+                kept = getattr(st, field) if field else None
+                if kept is None or j >= len(bounds):
+                    continue
+                a, b = bounds[j]
+                piece = B.concat([B.zeros((a,), "float32", like=like),
+                                  B.reshape(B.cast(kept, "float32"), (-1,)),
+                                  B.zeros((n - b,), "float32", like=like)])
+                total = piece if total is None else total + piece
+    return total
+
+
 class _Part:
     """The two-phase tensors of one batch that one compressor encodes: their worker
     encodings (``encs[i][j]``: tensor i, chunk j), the alltoall in flight, and what the
@@ -190,6 +237,9 @@ class TwoPhase:
                 raise ValueError(f"two-phase exchange: the noise for {name!r} must have one "
                                  f"value per element ({n}), got shape {B.shape(noise)}")
             bounds = chunk_bounds(n, p)
+            kept = carried_over(comp, name, n, p, B, v)
+            if kept is not None and comp.carry_field is None:  # no residual: the next input
+                v, kept = v + kept, None
             metas, encs = [], []
             for j, (a, b) in enumerate(bounds):
                 chunk = v[a:b]
@@ -197,6 +247,10 @@ class TwoPhase:
                 if len(cshape) == 2:
                     chunk = B.reshape(chunk, cshape)
                 cname = chunk_name(name, j, p)
+                if kept is not None:  # into the new chunk's residual (made now if new)
+                    st = comp.state(comp.meta_for(chunk, cname), like=v)
+                    field = comp.carry_field
+                    setattr(st, field, getattr(st, field) + kept[a:b])
                 enc = comp.encode(chunk, cname, noise=None if noise is None else
                                   B.reshape(noise, (-1,))[a:b])
                 metas.append(enc.meta)
