@@ -25,6 +25,7 @@ SOON = 10.0  # seconds from the signal to compare's exit (a loaded 2-core machin
 
 
 def _command(out, *args):
+    """compare's command line; ``args`` may name another ``--np`` (the last one counts)."""
     return [sys.executable, str(REPO / "scripts" / "compare.py"), "--out", str(out), "--quiet",
             "--example-args", TINY, "--np", "2", *args]
 
@@ -136,11 +137,12 @@ def _training(out):
 CASES = {
     # a SIGTERM to compare alone while the first run's launcher (horovodrun) is starting
     "sigterm-while-a-run-starts": (("--bandwidth", "uncapped"), _starting, signal.SIGTERM, False),
-    # Ctrl-C under the simulated nodes' launcher, its workers training in sessions of their own
-    "ctrl-c-simulated-nodes": (("--bandwidth", "uncapped", "--nodes", "2"), _training,
+    # Ctrl-C under the simulated nodes' launcher, its workers training in sessions of their
+    # own (nodes of two: sync under --nodes is the hierarchical exchange)
+    "ctrl-c-simulated-nodes": (("--bandwidth", "uncapped", "--nodes", "2", "--np", "4"), _training,
                                signal.SIGINT, True),
     # SIGTERM to the group under the capped links: namespaces, bridge, veths, tc qdiscs
-    "sigterm-capped-nodes": (("--bandwidth", "1gbit", "--nodes", "2"), _training,
+    "sigterm-capped-nodes": (("--bandwidth", "1gbit", "--nodes", "2", "--np", "4"), _training,
                              signal.SIGTERM, True),
 }
 
