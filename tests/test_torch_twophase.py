@@ -55,3 +55,16 @@ def test_auto_is_the_definition_of_what_it_chose_on_every_rank(results, spec):
 def test_allreduce_is_refused_for_gathered_payloads(results):
     for res in results:
         assert "needs payloads that add up" in res["report"]["refusal"]
+
+
+def test_two_phase_under_mpi():
+    """The same under Open MPI's controller (Horovod's MPI alltoall and allgather)."""
+    specs = ["topk:ratio=0.1", "onebit"]
+    results = run_horovod("tests.workers.torch_twophase:matches_reference", np=4,
+                          controller="mpi", kwargs={"specs": specs, "steps": 2,
+                                                    "exchanges": ["two-phase"]})
+    for res in results:
+        for spec in specs:
+            r = res["report"][f"{spec}|two-phase"]
+            assert r["max_diff"] == 0.0, (spec, r["max_diff"], r["worst_at"])
+            assert any(e == "two-phase" for e, _ in r["plan"].values())
