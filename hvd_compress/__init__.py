@@ -5,7 +5,7 @@ The numpy reference core (``hvd_compress.core``) defines every algorithm;
 on framework tensors and plug into Horovod's ``DistributedOptimizer``.
 """
 
-__version__ = "0.3.1"
+__version__ = "0.4.0"
 
 # The accelerators (numba kernels, loaded on first use) into the core's provider slot.
 from . import accel  # noqa: E402,F401
