@@ -67,6 +67,7 @@ from .plan import (
     DEFAULT_COMPRESSIONS,
     DEFAULT_EXAMPLE_ARGS,
     EXAMPLES,
+    EXCHANGE_MODES,
     FLAT,
     FRAMEWORK_DIRS,
     MWMS,
@@ -195,6 +196,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--modes-for", nargs="+", default=None, metavar="SPEC",
                     help="run the --local-sgd and --delay modes only for these of the "
                          "--compression specs (default: for all)")
+    ap.add_argument("--exchange", nargs="+", choices=EXCHANGE_MODES, default=None, metavar="E",
+                    help="also run each compressor that sends packed payloads with each of these "
+                         "exchanges (a mode each: " + ", ".join(EXCHANGE_MODES) + "; the "
+                         "hierarchical ones need --nodes); sync runs the examples' default, "
+                         "auto (under --nodes: hierarchical) (default: none)")
     ap.add_argument("--nodes", type=runtools.positive_int, default=1, metavar="N",
                     help="simulated nodes: each --np count (above 1, a multiple of N) runs as N "
                          "nodes of np/N workers -- capped runs: one network namespace per node, "
@@ -334,6 +340,9 @@ def main(argv=None) -> int:
     _check_hosts(ap, args)
     if args.nodes > 1 and any(n > 1 and n % args.nodes for n in args.np):
         ap.error(f"--np counts above 1 must be multiples of --nodes {args.nodes}")
+    hier = [e for e in args.exchange or () if e.startswith("hierarchical")]
+    if hier and args.nodes < 2:
+        ap.error(f"--exchange {' '.join(hier)} needs --nodes 2 or more (simulated nodes)")
     if args.nodes > 1 and args.strategy == "mwms":
         ap.error("--strategy mwms runs without --nodes")
     if args.strategy == "mwms" and args.example not in MWMS_EXAMPLES:
