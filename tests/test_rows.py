@@ -92,7 +92,7 @@ ADDED_COLUMNS = ["bandwidth", "latency", "status", "step_ms", "collectives_per_s
                  "log", "mode", "target_accuracy", "time_to_target_s", "epochs_to_target",
                  "best_accuracy", "curve", "nodes", "local_bytes_per_step", "hierarchical"]
 # appended since (issue 38: compare --hosts), after the older ones, which keep their places
-LATER_COLUMNS = ["hosts", "link_bandwidth"]
+LATER_COLUMNS = ["hosts", "link_bandwidth", "exchange", "wire_in_per_step", "wire_out_per_step"]
 PLANNED = {"framework": "torch", "example": "digits", "compression": "topk:ratio=0.01", "np": 2,
            "bandwidth": "1gbit", "latency": "", "mode": "sync", "nodes": 1}
 

@@ -48,6 +48,9 @@ MWMS = "TF MWMS"
 #: ``--exchange hierarchical``)
 FLAT = "flat"
 MWMS_EXAMPLES = ("digits", "digits-wide")
+#: ``--exchange``: modes that run the compressed tensors by one exchange
+#: (:func:`hvd_compress.session.resolve_exchange`); the hierarchical ones need ``--nodes``
+EXCHANGE_MODES = ("allgather", "two-phase", "hierarchical", "hierarchical+two-phase", "auto")
 
 
 def local_sgd_mode(period: int) -> str:
@@ -81,6 +84,8 @@ def mode_flags(mode: str, nodes: int = 1) -> list[str]:
         return ["--strategy", "mwms"]
     if mode == FLAT:
         return ["--exchange", "allgather"]
+    if mode in EXCHANGE_MODES:
+        return ["--exchange", mode]
     m = re.fullmatch(r"local SGD H=(\d+)", mode)
     if m:
         return ["--local-sgd", "--backward-passes-per-step", m.group(1)]
@@ -97,7 +102,7 @@ def check_modes(specs, modes) -> None:
     from ..localsteps import check_local_args
     for spec in specs:
         for mode in modes:
-            if mode in (MWMS, FLAT):  # MWMS: uncompressed whatever the specs; flat: any
+            if mode in (MWMS, FLAT) or mode in EXCHANGE_MODES:  # uncompressed / any spec
                 continue
             flags = mode_flags(mode)
             local = "--local-sgd" in flags
@@ -135,6 +140,12 @@ def takes_hierarchy(spec: str) -> bool:
     return any(sharded(build(s)) for s in specs_of(spec))
 
 
+def gathers(spec: str) -> bool:
+    """Whether some tensor of ``spec`` sends packed payloads (not summable)."""
+    from ..core import build
+    return any(not build(s).summable for s in specs_of(spec))
+
+
 def plan_runs(args, capped_ok: bool) -> list[RunRow]:
     runs = []
     modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
@@ -142,10 +153,18 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
     nodes = int(getattr(args, "nodes", 1) or 1)
     if nodes > 1:  # the hierarchical exchange (sync) and the flat one side by side
         modes.insert(1, FLAT)
+    for at, exchange in enumerate(getattr(args, "exchange", None) or (), start=2 if nodes > 1 else 1):
+        if exchange.startswith("hierarchical") and nodes == 1:
+            raise ValueError(f"--exchange {exchange} needs --nodes 2 or more")
+        if exchange not in modes:
+            modes.insert(at, exchange)
 
     def add(spec, mode):
         if mode == FLAT and not takes_hierarchy(spec):
             return  # summable payloads go by one allreduce either way
+        if mode in EXCHANGE_MODES and mode != "auto" and not gathers(spec) and \
+                not (mode.startswith("hierarchical") and takes_hierarchy(spec)):
+            return  # summable payloads: one allreduce whatever the exchange
         for np_ in args.np:
             if np_ == 1 and mode not in (SYNC, MWMS):
                 continue  # one worker: local SGD and DGA are plain SGD

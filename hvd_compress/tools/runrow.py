@@ -71,6 +71,9 @@ class RunRow(MutableMapping):
     hierarchical: str = ABSENT
     hosts: str = ABSENT  # --hosts: the hosts the ranks filled, "host:workers,..."; "" elsewhere
     link_bandwidth: str = ABSENT  # --hosts-bandwidth: the stated rate between those hosts
+    exchange: str = ABSENT  # how compressed tensors travelled (the example's summary)
+    wire_in_per_step: int = ABSENT  # bytes reaching a worker over its links (the account)
+    wire_out_per_step: int = ABSENT
     #: keys outside :data:`COLUMNS`, as they came
     others: dict = field(default_factory=dict)
 
