@@ -168,3 +168,35 @@ def test_a_stop_signal_leaves_nothing_behind(tmp_path, case):
         assert [d for d in devs if netcap._owner(d) == proc.pid] == [], qdiscs
         folders = os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []
         assert [d for d in folders if netcap._owner(d) == proc.pid] == [], folders
+
+
+def test_kill_tree_reaches_descendants_in_other_sessions_and_stop_spares_what_is_not_a_process(tmp_path):
+    """Without Horovod: a child whose grandchild runs in a session of its own is killed
+    with it (killing the child's group alone left such grandchildren running); and
+    workers.stop() of something whose pid is 0 (a test's stand-in) signals nothing --
+    killpg(0) would be the caller's own group (checked in a session of its own)."""
+    from hvd_compress.tools import stopping
+    marker = f"{tmp_path}/tree"
+    code = ("import subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],"
+            " start_new_session=True)\n"
+            "print('ready', flush=True); time.sleep(120)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert len(_processes(marker)) == 2
+        killed = stopping.kill_tree([child.pid])
+        assert child.wait(timeout=10) == -signal.SIGKILL and len(killed) == 2
+        stopping.reap()
+        _nothing_left(marker)
+    finally:
+        for pid in _processes(marker):
+            os.kill(pid, signal.SIGKILL)
+    spare = ("from hvd_compress.tools import workers\n"
+             "class Proc:\n    pid, returncode = 0, 0\n    def poll(self): return None\n"
+             "    def wait(self): return 0\n"
+             "workers.stop(Proc()); print('still here', flush=True)\n")
+    res = subprocess.run([sys.executable, "-c", spare], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, start_new_session=True)
+    assert res.returncode == 0 and "still here" in res.stdout, res.stdout + res.stderr

@@ -359,9 +359,9 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {"done": 0, "total": 0, "rows": None}
     with stopping.stop_signals():  # from here on, a stop signal ends the whole matrix
-        before = set(stopping.children(os.getpid()))
+        before = set(stopping.children(os.getpid()))  # (not ours to kill or reap)
+        state = {"done": 0, "total": 0, "rows": None, "before": before}
         reaper = stopping.become_subreaper()  # orphans of our launches come back to us
         try:
             return _matrix(args, out, state, reaper)
@@ -412,7 +412,7 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     for i, run in enumerate(todo):
         row = add_targets([execute(args, run, out)], args.target_accuracy)[0]
         if reaper:
-            stopping.reap()  # orphans that ended during the run
+            stopping.reap(spare=state["before"])  # orphans that ended during the run
         rows.append(row)
         state.update(done=state["done"] + 1, rows=rows)
         write_csv(csv_path, rows)

@@ -148,14 +148,16 @@ def kill_tree(roots, include_roots: bool = True, spare=()) -> set[int]:
     return frozen
 
 
-def reap(pids=None, timeout: float = 2.0) -> None:
+def reap(pids=None, timeout: float = 2.0, spare=()) -> None:
     """Collect the exit status of this process's children among ``pids`` (killed ones:
     waiting up to ``timeout`` s for each to end), or, without ``pids``, of every child
     that has ended (orphans reparented here by :func:`become_subreaper`; call it where no
-    ``subprocess.Popen`` of ours is still running, whose status it would take)."""
+    ``subprocess.Popen`` of ours is still running, whose status it would take; ``spare``:
+    children left to their owners)."""
     if pids is None:
         table = _table()
-        pids, timeout = [p for p in children(os.getpid(), table) if table[p][1] == "Z"], 0.0
+        pids = [p for p in children(os.getpid(), table) if table[p][1] == "Z" and p not in spare]
+        timeout = 0.0
     deadline = time.monotonic() + timeout
     for p in pids:
         while True:
