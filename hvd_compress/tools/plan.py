@@ -75,11 +75,12 @@ def mode_of(row: dict) -> str:
     return row.get("mode") or SYNC
 
 
-def mode_flags(mode: str, nodes: int = 1) -> list[str]:
+def mode_flags(mode: str, nodes: int = 1, np_: int = 0) -> list[str]:
     """The example flags a mode needs (``nodes``: the run's simulated nodes, where sync is
-    the hierarchical exchange and flat the allgather)."""
+    the hierarchical exchange -- with two or more workers a node, ``np_`` workers in all:
+    else it cannot run and sync is the default -- and flat the allgather)."""
     if mode in ("", SYNC):
-        return ["--exchange", "hierarchical"] if nodes > 1 else []
+        return ["--exchange", "hierarchical"] if nodes > 1 and np_ >= 2 * nodes else []
     if mode == MWMS:
         return ["--strategy", "mwms"]
     if mode == FLAT:

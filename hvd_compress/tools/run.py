@@ -62,7 +62,7 @@ def example_command(args, run, json_path: Path) -> list[str]:
         if getattr(args, flag, None) is not None:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     # simulated nodes pick the exchange of each mode; real hosts (--hosts) run the default
-    extra += mode_flags(mode_of(run), 1 if run.hosts else nodes_of(run))
+    extra += mode_flags(mode_of(run), 1 if run.hosts else nodes_of(run), int(run.np or 0))
     if getattr(args, "stop_at_target", False):
         extra += ["--stop-at", f"{args.target_accuracy:g}"]
     return [sys.executable, str(script), *extra, "--compression", run.compression,
