@@ -154,7 +154,7 @@ class Session:
         probe = registry.build(row.compression) if row.compressed else None
         flat = exchangecost.ALLGATHER if probe is not None and not probe.summable and \
             not probe.passthrough else exchangecost.ALLREDUCE
-        p = self.world[1] if self.world is not None else 1
+        p = self.engine.size if self.engine is not None else 1
         if mode == exchangecost.TWO_PHASE and not (probe and takes_two_phase(probe, row.shape, p)):
             return flat, f"{flat}: not two-phase (summable, whole, or fewer values than ranks)"
         if exchangecost.is_hierarchical(mode) and not (probe and sharded(probe)):

@@ -23,6 +23,7 @@ def test_tape_two_phase_is_its_definition(results, spec, mode):
         r = res["report"][f"{spec}|{mode}"]
         assert r["engine"] == "TFTwoPhase"
         assert r["two_phase"], spec  # (some tensors took it: the check has teeth)
+        assert {n for n, e in r["plan"].items() if e == "two-phase"} == set(r["two_phase"])
         assert r["max_diff"] <= (0.0 if mode == "eager" else 1e-7), \
             (spec, mode, r["max_diff"], r["worst_at"])
         if mode == "eager":

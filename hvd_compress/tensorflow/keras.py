@@ -103,7 +103,8 @@ class _DistributedOptimizer:
     def plan(self, variables):
         """Per variable (e.g. ``model.trainable_variables``): name, shape, dtype, the
         compressor it travels with (once compression has started), payload bytes per step."""
-        return plan_rows(self._hvdc_session.engine.comp, variables)
+        s = self._hvdc_session
+        return s.with_exchanges(plan_rows(s.engine.comp, variables))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

@@ -118,7 +118,7 @@ class _DistributedGradientTape(tf.GradientTape):
         """Per variable of ``sources``: name, shape, dtype, the compressor it travels with
         (once compression has started) and its payload bytes per step."""
         self._bind(list(sources))
-        return plan_rows(self._engine.comp, sources)
+        return self._session.with_exchanges(plan_rows(self._engine.comp, sources))
 
     def _plan(self, grads, names):
         return self._settings.plan("tensorflow.DistributedGradientTape", self._engine.comp,

@@ -50,7 +50,8 @@ def tape_matches_definition(specs=SPECS, steps=3):
                     if diff > worst:
                         worst, where = diff, f"{name} step {step}"
             stats = tapes[-1].last_stats
-            report[f"{spec}|{'traced' if traced else 'eager'}"] = {
+            plan = {r.name: r.exchange for r in tapes[-1].plan(model.trainable_variables)}
+            report[f"{spec}|{'traced' if traced else 'eager'}"] = {"plan": plan,
                 "max_diff": worst, "worst_at": where, "two_phase": two,
                 "engine": type(tapes[-1]._engine).__name__,
                 "wire_in": int(stats["wire_in"]) if not traced else None}
