@@ -15,6 +15,11 @@ ratio against float32; and, in the same run, the median time of a plain copy
 of the same float32 tensor, the yardstick the targets are stated against, and
 the floor: the least memory the step must move, in copies (``floor_copies``).
 DGC is measured past its warm-up (at its final sparsity).
+
+Several ``--numel`` sizes give a table (a JSON document) each: small sizes show the
+per-call cost that the two-phase exchange's chunks pay.  ``--serial-below N`` sets the
+size under which the numba kernels run their serial compilation instead of the thread
+pool (``hvd_compress.accel.jit.SERIAL_BELOW``; 0: the pool for every call).
 """
 
 from __future__ import annotations
@@ -159,7 +164,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--framework", default="numpy", help=f"one of: {', '.join(FRAMEWORKS)}")
-    ap.add_argument("--numel", type=int, default=DEFAULT_NUMEL, help="elements (default %(default)s)")
+    ap.add_argument("--numel", type=int, nargs="+", default=[DEFAULT_NUMEL], metavar="N",
+                    help="elements, one size or several (default %s)" % DEFAULT_NUMEL)
     ap.add_argument("--compression", action="append", metavar="SPEC",
                     help="compressor spec, repeatable (default: every compressor at its default)")
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats, median taken (default 5)")
@@ -168,9 +174,13 @@ def main(argv=None) -> int:
                     help="where the tensor lives: cpu (default), or cuda / cuda:N with --framework torch")
     ap.add_argument("--json", action="store_true",
                     help="print JSON: framework, device, numel, copy_ms, results: [{compression, encode_ms, "
-                         "decode_ms, payload_bytes, ratio, floor_copies}] (stable names)")
+                         "decode_ms, payload_bytes, ratio, floor_copies}] (stable names); with "
+                         "several --numel, a list of those, one a size")
+    ap.add_argument("--serial-below", type=int, default=None, metavar="N",
+                    help="numba kernels on arrays under N elements run serially (default: the "
+                         "library's SERIAL_BELOW; 0: always on the thread pool)")
     args = ap.parse_args(argv)
-    if args.numel < 1:
+    if min(args.numel) < 1:
         ap.error("--numel must be >= 1")
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -186,34 +196,60 @@ def main(argv=None) -> int:
             specmod.parse(s)
         except ValueError as exc:
             ap.error(str(exc))
+    if args.serial_below is not None and args.serial_below < 0:
+        ap.error("--serial-below must be >= 0")
+    serial_below = _serial_below(args.serial_below)
     B = get_backend(args.framework)
-    host = (np.random.default_rng(args.seed).standard_normal(args.numel, dtype=np.float32)
+    docs = [bench_size(B, specs, numel, args, serial_below) for numel in args.numel]
+    if args.json:
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        for doc in docs:
+            print_table(doc)
+    return 0
+
+
+def _serial_below(value):
+    """Set the numba kernels' serial threshold to ``value`` (None: leave it); returns
+    the threshold in force, or None without numba."""
+    try:
+        from hvd_compress.accel import jit
+    except ImportError:  # no numba: no kernels
+        return None
+    if value is not None:
+        jit.SERIAL_BELOW = value
+    return jit.SERIAL_BELOW
+
+
+def bench_size(B, specs, numel: int, args, serial_below) -> dict:
+    """One size's document: the copy's time and every compressor's figures."""
+    host = (np.random.default_rng(args.seed).standard_normal(numel, dtype=np.float32)
             * np.float32(1e-3))
     x = on_device(B.from_numpy(host), args.device)
     copy_ms, _ = _timed(lambda: _real_copy(B, x), B, max(args.repeats, 5))
     results = []
     for i, s in enumerate(specs, 1):
-        print(f"[{i}/{len(specs)}] {s} ...", file=sys.stderr, flush=True)
+        print(f"[{i}/{len(specs)}] {s} ({numel:,}) ...", file=sys.stderr, flush=True)
         results.append(bench_one(s, B, host, args.repeats, args.device))
-    doc = {"framework": args.framework, "device": args.device, "numel": args.numel,
-           "copy_ms": round(copy_ms, 3),
-           "repeats": args.repeats, "results": results}
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"framework {args.framework} on {args.device}, {args.numel:,} float32 elements, "
-              f"copy {copy_ms:.2f} ms (median of {args.repeats})")
-        print(f"{'compression':34s} {'encode ms':>10s} {'decode ms':>10s} {'(enc+dec)/copy':>15s} "
-              f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}")
-        for r in results:
-            rel = (r["encode_ms"] + r["decode_ms"]) / max(copy_ms, 1e-9)
-            gap = f"{rel / r['floor_copies']:7.1f}" if r["floor_copies"] else f"{'-':>7s}"
-            print(f"{r['compression']:34s} {r['encode_ms']:10.2f} {r['decode_ms']:10.2f} "
-                  f"{rel:15.1f} {r['floor_copies']:6.2f} {gap} "
-                  f"{r['payload_bytes']:14,d} {r['ratio']:8.1f}")
-        print("floor: the least memory a step must move, in copies of the tensor (see "
-              "floor_copies); /floor: how far above it the measured time is")
-    return 0
+    return {"framework": args.framework, "device": args.device, "numel": numel,
+            "copy_ms": round(copy_ms, 3), "serial_below": serial_below,
+            "repeats": args.repeats, "results": results}
+
+
+def print_table(doc: dict) -> None:
+    copy_ms, repeats = doc["copy_ms"], doc["repeats"]
+    print(f"framework {doc['framework']} on {doc['device']}, {doc['numel']:,} float32 elements, "
+          f"copy {copy_ms:.3f} ms (median of {repeats}), serial below {doc['serial_below']}")
+    print(f"{'compression':34s} {'encode ms':>10s} {'decode ms':>10s} {'(enc+dec)/copy':>15s} "
+          f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}")
+    for r in doc["results"]:
+        rel = (r["encode_ms"] + r["decode_ms"]) / max(copy_ms, 1e-9)
+        gap = f"{rel / r['floor_copies']:7.1f}" if r["floor_copies"] else f"{'-':>7s}"
+        print(f"{r['compression']:34s} {r['encode_ms']:10.3f} {r['decode_ms']:10.3f} "
+              f"{rel:15.1f} {r['floor_copies']:6.2f} {gap} "
+              f"{r['payload_bytes']:14,d} {r['ratio']:8.1f}")
+    print("floor: the least memory a step must move, in copies of the tensor (see "
+          "floor_copies); /floor: how far above it the measured time is")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ module keeps the helpers it inlines in the same file.
 from __future__ import annotations
 
 import functools
+import os
 import types
 
 from numba import njit, prange
@@ -35,7 +36,8 @@ __all__ = ["parallel", "inline", "prange", "Kernel", "SERIAL_BELOW"]
 #: one of those sizes, the serial one 15-150 us -- 27-116 ms against 23-150 us with 4
 #: such processes at once.  2**16 keeps the pool where it pays on an idle machine and
 #: takes the small calls (two-phase chunks, biases, small layers) off it.
-SERIAL_BELOW = 1 << 16
+#: ``HVD_COMPRESS_SERIAL_BELOW`` sets it at import (0: the pool for every call).
+SERIAL_BELOW = int(os.environ.get("HVD_COMPRESS_SERIAL_BELOW", 1 << 16))
 
 _OPTIONS = dict(nogil=True, cache=True, fastmath=False, error_model="numpy")
 
