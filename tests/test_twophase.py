@@ -357,3 +357,24 @@ def test_auto_picks_the_cheapest_for_injected_links(case):
     key = {"allgather": "flat"}.get(big, big)
     for r, (_, got) in enumerate(chosen):
         np.testing.assert_array_equal(got[names.index("big")], fixed[key][r][names.index("big")])
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.2", "onebit", "signsgd", "qsgd:levels=4",
+                                  "thresholdv:tau=0.5", "dgc:ratio=0.1"])
+def test_decoding_into_the_callers_buffers_gives_the_same_bits(spec):
+    """With ``outs`` (the gradient buffers a wrapper hands in) every owner's chunk is decoded
+    and scaled in its place: the buffers hold exactly what the engine returns without them."""
+    p, shapes = 3, {"w": (8, 7), "c": (5, 3, 2), "b": (37,)}
+    names = list(shapes)
+    _, plain, _, grads = _steps(spec, p, steps=2, shapes=shapes, predivide=2.0)
+    table = Table(p)
+    comps = [build(spec, rank=r, world_size=p) for r in range(p)]
+    engines = [TwoPhase(c, table.rank(r), predivide=2.0) for r, c in enumerate(comps)]
+    for step in range(2):
+        outs = [[np.full(s, 7.0, np.float32) for s in shapes.values()] for _ in range(p)]
+        got = _on_ranks(p, lambda r: engines[r].run(grads[step][r], names, new_stats(),
+                                                    tag=f".{step}", outs=outs[r]))
+        for r in range(p):
+            for i in range(len(names)):
+                assert got[r][i] is outs[r][i]
+                np.testing.assert_array_equal(outs[r][i], plain[step][r][i], err_msg=spec)

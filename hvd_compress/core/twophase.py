@@ -46,7 +46,7 @@ from __future__ import annotations
 import time
 
 from . import registry
-from .base import TensorMeta
+from .base import Encoded, TensorMeta
 from .exchange import Exchange, _numel
 from .layout import column_shape, layout_of
 
@@ -290,9 +290,10 @@ class TwoPhase:
                 self._own(part, b.tag, stats)
         for j, b in enumerate(batches):
             for part in b.parts:
-                for i, value in zip(part.positions, self._finish(part, stats)):
-                    out = None if outs[j] is None else outs[j][i]
-                    results[j][i] = value if out is None else part.comp.B.icopy(out, value)
+                into = [None if outs[j] is None else outs[j][i] for i in part.positions]
+                for i, out, value in zip(part.positions, into, self._finish(part, stats, into)):
+                    results[j][i] = value if out is None or value is out else \
+                        part.comp.B.icopy(out, value)
         return results[0] if single else results
 
     def run(self, tensors, names, stats, tag: str = "", outs=None) -> list:
@@ -390,8 +391,9 @@ class TwoPhase:
         part.gather = self.coll.allgather(row, name)
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
 
-    def _finish(self, part: _Part, stats) -> list:
-        """Every owner's chunk decoded into place; each tensor averaged and in its shape."""
+    def _finish(self, part: _Part, stats, outs) -> list:
+        """Every owner's chunk decoded into place -- straight into ``outs[i]`` (a gradient
+        buffer) where it is float32 host memory -- each tensor averaged and in its shape."""
         B, p, r = part.comp.B, self.size, self._rank()
         t0 = time.perf_counter()
         table = self.coll.wait(part.gather)
@@ -418,6 +420,22 @@ class TwoPhase:
                     for q in range(p)]
         out = []
         for i, metas in enumerate(part.metas):
+            flat = outs[i] is not None and part.dtypes[i] == "float32" and B.is_host(outs[i])
+            flat = B.flat_view(outs[i]) if flat else None
+            if flat is not None:  # each chunk decoded (and scaled) in its place
+                factor = (1.0 if part.free else self.predivide) / p if self.average else 1.0
+                at = 0
+                for q in range(p):
+                    k = metas[q].numel
+                    enc = Encoded(payloads[q][i] if q != r else part.owned[i].payload, metas[q],
+                                  0, ctx=None if q != r else part.owned[i].ctx)
+                    view = B.reshape(flat[at:at + k], metas[q].shape)
+                    owner.aggregate([enc.payload], enc, out=view)
+                    if factor != 1.0:
+                        owner.scaled(view, [enc.payload], enc, factor)
+                    at += k
+                out.append(outs[i])
+                continue
             pieces = [B.reshape(owner.decode(payloads[q][i], metas[q]), (-1,))
                       if q != r else B.reshape(owner.decode(part.owned[i].payload, metas[q],
                                                             part.owned[i].ctx), (-1,))
