@@ -30,11 +30,19 @@ def _command(out, *args):
             "--example-args", TINY, "--np", "2", *args]
 
 
+def _from_a_terminal():
+    """What a shell at a terminal starts a command with: the stop signals at their defaults
+    (a test run in the background, ``cmd &`` in a script, inherits SIGINT ignored, which
+    compare rightly leaves ignored)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start(out, *args):
     """compare in a session of its own (its process group is the one a terminal signals)."""
     log = open(out.parent / f"{out.name}.txt", "w")
     proc = subprocess.Popen(_command(out, *args), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_from_a_terminal)
     proc.output = log.name
     return proc
 
