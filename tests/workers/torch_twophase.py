@@ -33,7 +33,7 @@ def _expected(spec, size, refs, flat_ref, everyone, exchange_of):
     return out
 
 
-def matches_reference(specs=SPECS, steps=3, exchanges=("two-phase", "auto")):
+def matches_reference(specs=SPECS, steps=2, exchanges=("two-phase", "auto")):
     """Per spec and exchange: every step's averaged gradients against the definition of
     the exchange each tensor took, the ranks' choices alike, the account's bytes."""
     import horovod.torch as hvd
