@@ -48,7 +48,7 @@ from . import agreement
 from .stats import Stats, new_stats
 
 __all__ = ["Collectives", "ProcessSetCollectives", "Loopback", "Exchange", "Batch", "Stats",
-           "new_stats", "MAX"]
+           "new_stats", "MAX", "Runs", "receive_flat"]
 
 #: the ``op`` of an extra round whose payloads combine by element-wise maximum (the
 #: scales integer-summed quantizers share, :mod:`.intsum`); every Collectives honours it
@@ -131,6 +131,37 @@ class Loopback(Collectives):
         return flat, list(splits)
 
 
+class Runs:
+    """What every engine builds on its ``send`` and ``receive`` (the flat one, the
+    hierarchical, two-phase and routed ones): one exchange, and one collective per tensor."""
+
+    def run(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
+        """:meth:`send` then :meth:`receive`: the averaged (or summed) tensors."""
+        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
+
+    def run_each(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
+        """Like :meth:`run`, each tensor in a collective of its own (all in flight at
+        once): for tensors whose dtypes differ, or to keep collectives per variable."""
+        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
+        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
+        return [r for (r,) in results]
+
+
+def receive_flat(flat, batches, stats, outs, results) -> None:
+    """Finish the flat engine's part of ``batches`` (each with ``flat``: its batch or None,
+    ``flat_at``: its tensors' positions) all at once, into ``results`` (and ``outs``): what
+    the hierarchical and two-phase engines leave to the flat one."""
+    sent = [(j, b) for j, b in enumerate(batches) if b.flat is not None]
+    if not sent:
+        return
+    got = flat.receive([b.flat for _, b in sent], stats,
+                       [None if outs[j] is None else [outs[j][i] for i in b.flat_at]
+                        for j, b in sent])
+    for (j, b), res in zip(sent, got):
+        for i, r in zip(b.flat_at, res):
+            results[j][i] = r
+
+
 class _Part:
     """Tensors of a batch that travel in one collective per round: one compressor's
     (``comp``), needing the same number of rounds, with payloads of one dtype."""
@@ -170,7 +201,7 @@ class Batch:
         return out
 
 
-class Exchange:
+class Exchange(Runs):
     """The protocol for lists of tensors; see the module docstring.
 
     ``comp`` is a compressor (core, or a framework wrapper that binds its state)
@@ -256,17 +287,6 @@ class Exchange:
     def native(self, comp) -> bool:
         """Uncompressed with the user's op: the collective reduces (Horovod's own way)."""
         return bool(getattr(comp, "passthrough", False)) and self.op is not None
-
-    def run(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
-        """:meth:`send` then :meth:`receive`: the averaged (or summed) tensors."""
-        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
-
-    def run_each(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
-        """Like :meth:`run`, each tensor in a collective of its own (all in flight at
-        once): for tensors whose dtypes differ, or to keep collectives per variable."""
-        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
-        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
-        return [r for (r,) in results]
 
     def agree(self, plan, key=None) -> None:
         """Check that every rank holds ``plan`` (a dict, or a callable making one; see

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import time
 
-from .exchange import Exchange, _numel
+from .exchange import Exchange, Runs, _numel, receive_flat
 from .layout import column_shape, layout_of
 
 __all__ = ["Hierarchical", "shard_name", "shard_length", "sharded"]
@@ -81,7 +81,7 @@ class _Batch:
         self.free = free  # each sharded tensor's compressor's ``scale_free``
 
 
-class Hierarchical:
+class Hierarchical(Runs):
     """The exchange over ``N`` nodes of ``L`` workers; see the module docstring.
 
     ``comp``: a compressor or a per-tensor router (as :class:`~.exchange.Exchange`
@@ -168,15 +168,7 @@ class Hierarchical:
         batches = [batches] if single else list(batches)
         outs = [None] * len(batches) if outs is None else ([outs] if single else list(outs))
         results = [[None] * b.count for b in batches]
-        # the summable tensors: the flat engine, all batches at once
-        flat = [(j, b) for j, b in enumerate(batches) if b.flat is not None]
-        if flat:
-            got = self.flat.receive([b.flat for _, b in flat], stats,
-                                    [None if outs[j] is None else [outs[j][i] for i in b.flat_at]
-                                     for j, b in flat])
-            for (j, b), res in zip(flat, got):
-                for i, r in zip(b.flat_at, res):
-                    results[j][i] = r
+        receive_flat(self.flat, batches, stats, outs, results)  # the summable tensors
         # the sharded ones: the node's sums, then every batch's cross exchange, then the
         # node's allgathers (all started before any is waited for)
         sharded = [(j, b) for j, b in enumerate(batches) if b.handle is not None]
@@ -230,12 +222,4 @@ class Hierarchical:
                 results[j][i] = dense if out is None else B.icopy(out, dense)
             stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
         return results[0] if single else results
-
-    def run(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
-        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
-
-    def run_each(self, tensors, names, stats: dict, tag: str = "", outs=None) -> list:
-        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
-        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
-        return [r for (r,) in results]
 

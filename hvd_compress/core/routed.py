@@ -11,6 +11,8 @@ its collectives in the order the others started them.
 
 from __future__ import annotations
 
+from .exchange import Runs
+
 __all__ = ["Routed"]
 
 
@@ -19,7 +21,7 @@ class _Batch:
         self.count, self.parts = count, parts  # [(engine key, positions, engine batch)]
 
 
-class Routed:
+class Routed(Runs):
     """``engines``: ``{key: engine}`` (the same ``comp`` and agreed plans; the first is the
     one :meth:`agree` goes through); ``route(name, shape, dtype, comp) -> key``;
     ``before_send(tensors, names)`` (optional): what must happen on every rank before the
@@ -99,11 +101,3 @@ class Routed:
                 for i, r in zip(pos, res):
                     results[j][i] = r
         return results[0] if single else results
-
-    def run(self, tensors, names, stats, tag: str = "", outs=None) -> list:
-        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
-
-    def run_each(self, tensors, names, stats, tag: str = "", outs=None) -> list:
-        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
-        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
-        return [r for (r,) in results]

@@ -47,7 +47,7 @@ import time
 
 from . import registry
 from .base import Encoded, TensorMeta
-from .exchange import Exchange, _numel
+from .exchange import Exchange, Runs, _numel, receive_flat
 from .layout import column_shape, layout_of
 
 __all__ = ["TwoPhase", "chunk_bounds", "chunk_name", "owner_of", "takes_two_phase"]
@@ -173,7 +173,7 @@ class _Batch:
         self.count, self.flat, self.flat_at, self.parts, self.tag = count, flat, flat_at, parts, tag
 
 
-class TwoPhase:
+class TwoPhase(Runs):
     """The two-phase exchange over one set of ``p`` ranks (module docstring); the same
     ``send`` / ``receive`` / ``run`` / ``run_each`` / ``agree`` as
     :class:`~.exchange.Exchange`, which it uses for the tensors that do not go this way.
@@ -277,14 +277,7 @@ class TwoPhase:
         batches = [batches] if single else list(batches)
         outs = [None] * len(batches) if outs is None else ([outs] if single else list(outs))
         results = [[None] * b.count for b in batches]
-        flat = [(j, b) for j, b in enumerate(batches) if b.flat is not None]
-        if flat:
-            got = self.flat.receive([b.flat for _, b in flat], stats,
-                                    [None if outs[j] is None else [outs[j][i] for i in b.flat_at]
-                                     for j, b in flat])
-            for (j, b), res in zip(flat, got):
-                for i, r in zip(b.flat_at, res):
-                    results[j][i] = r
+        receive_flat(self.flat, batches, stats, outs, results)
         for b in batches:
             for part in b.parts:
                 self._own(part, b.tag, stats)
@@ -295,14 +288,6 @@ class TwoPhase:
                     results[j][i] = value if out is None or value is out else \
                         part.comp.B.icopy(out, value)
         return results[0] if single else results
-
-    def run(self, tensors, names, stats, tag: str = "", outs=None) -> list:
-        return self.receive(self.send(tensors, names, stats, tag), stats, outs)
-
-    def run_each(self, tensors, names, stats, tag: str = "", outs=None) -> list:
-        batches = [self.send([x], [n], stats, tag) for x, n in zip(tensors, names)]
-        results = self.receive(batches, stats, None if outs is None else [[o] for o in outs])
-        return [r for (r,) in results]
 
     # -- the phases --------------------------------------------------------------------------
     def _rows(self, B, payloads: list, variable: bool):
