@@ -3,14 +3,13 @@
 
 import pytest
 
-from tests.harness import run_nodes
+from tests.launches import TF_NODES
 
 pytestmark = pytest.mark.multiprocess
 
 
 def test_tape_aggregate_is_its_definition_eagerly_and_traced():
-    results = run_nodes("tests.workers.tf_hierarchy:tape_matches_definition", nodes=2, np=4,
-                        timeout=600, env={"HVD_COMPRESS_EXCHANGE": "hierarchical"})
+    results = TF_NODES("tf-nodes", "hierarchy")  # (one launch with tests/test_tensorflow_twophase.py)
     for res in results:
         for key, r in res["report"].items():
             assert r["hierarchical"], key

@@ -1,11 +1,13 @@
-"""The two-phase exchange in TensorFlow under horovodrun -np 4 (Gloo; one launch): the tape's
+"""The two-phase exchange in TensorFlow under 4 workers (Gloo; the launch of
+tests/test_tensorflow_hierarchy.py, tests.launches.TF_NODES: two simulated nodes, which the
+exchange over the whole world does not see): the tape's
 averaged gradients are bit for bit the numpy definition
 (:func:`hvd_compress.core.twophase.reference`) eagerly, and within float rounding inside
 tf.function (grappler may rearrange the 1-bit column means' arithmetic: one ulp seen)."""
 
 import pytest
 
-from tests.harness import run_horovod
+from tests.launches import TF_NODES
 from tests.workers.tf_twophase import SPECS
 
 pytestmark = pytest.mark.multiprocess
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def results():
-    return run_horovod("tests.workers.tf_twophase:tape_matches_definition", np=4, timeout=900)
+    return TF_NODES("tf-nodes", "two-phase")
 
 
 @pytest.mark.parametrize("mode", ["eager", "traced"])
