@@ -5,6 +5,7 @@ two ranks below kept gradients 2 and 4 instead of averaging 3).  Launched as
 ``horovodrun -np 2`` (Horovod's launcher without its start-up probe, tests.harness.HOROVODRUN)
 running ``python -c`` directly: the import order is the point, so no harness imports first."""
 
+import functools
 import subprocess
 import sys
 
@@ -73,17 +74,23 @@ def test_an_empty_global_process_set_is_refused_among_workers(framework, other):
 # One worker, then (as an elastic job that grew) two: the wrapper made while the job had
 # one worker is let through, and refuses at its first exchange once there are two.
 # ``hvd.size`` answering 2 stands in for the growth; the emptied process set is Horovod's.
+# The wrappers of one framework share a process per import order (the tape and the Keras
+# optimizer: both built, then both stepped; each prints its lines under its own name).
 GROWN = """
 import horovod.{first}, horovod.{second}
 import horovod.{framework} as hvd
 hvd.init()
-{build}
+{builds}
 hvd.size = lambda: 2
+{steps}
+"""
+
+STEP = """
 try:
     {step}
-    print("STEPPED", hvd.global_process_set.ranks)
+    print("{wrapper} STEPPED", hvd.global_process_set.ranks)
 except RuntimeError as e:
-    print("REFUSED", e)
+    print("{wrapper} REFUSED", e)
 """
 
 GROWN_PARTS = {
@@ -91,34 +98,40 @@ GROWN_PARTS = {
 m = torch.nn.Linear(4, 1, bias=False)
 opt = hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                               named_parameters=m.named_parameters(), compression="none")
-m(torch.ones(2, 4)).sum().backward()
-print("BUILT")""", "opt.step()"),
+m(torch.ones(2, 4)).sum().backward()""", "opt.step()"),
     "tape": ("""import tensorflow as tf, hvd_compress.tensorflow as hct
 v = tf.Variable(tf.ones((4, 1)))
 with tf.GradientTape() as t:
     loss = tf.reduce_sum(tf.ones((2, 4)) @ v)
-tape = hct.DistributedGradientTape(t, compression="none")
-print("BUILT")""", "tape.gradient(loss, [v])"),
+tape = hct.DistributedGradientTape(t, compression="none")""", "tape.gradient(loss, [v])"),
     "keras": ("""import tensorflow as tf, keras, hvd_compress.tensorflow.keras as hck
-v = tf.Variable(tf.ones((4, 1)))
-opt = hck.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="none")
-print("BUILT")""", "opt.apply_gradients([(tf.ones((4, 1)), v)])"),
+kv = tf.Variable(tf.ones((4, 1)))
+kopt = hck.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="none")""",
+              "kopt.apply_gradients([(tf.ones((4, 1)), kv)])"),
 }
+FRAMEWORK = {"torch": "torch", "tape": "tensorflow", "keras": "tensorflow"}
+
+
+@functools.lru_cache(maxsize=None)
+def _grown(framework, first, second):
+    """One plain process (one worker) with every wrapper of ``framework``, horovod.``first``
+    imported before horovod.``second``: ``{wrapper: its marker lines, unprefixed}``."""
+    wrappers = sorted(w for w in GROWN_PARTS if FRAMEWORK[w] == framework)
+    builds = "\n".join(f'{GROWN_PARTS[w][0]}\nprint("{w} BUILT")' for w in wrappers)
+    steps = "".join(STEP.format(step=GROWN_PARTS[w][1], wrapper=w) for w in wrappers)
+    lines = _launch(GROWN.format(first=first, second=second, framework=framework,
+                                 builds=builds, steps=steps), workers=None)
+    return {w: [line.split(" ", 1)[1] for line in lines if line.startswith(w + " ")]
+            for w in wrappers}
 
 
 @pytest.mark.parametrize("wrapper", sorted(GROWN_PARTS))
 def test_an_empty_global_process_set_is_refused_once_the_job_grows(wrapper):
     pytest.importorskip("tensorflow")
-    framework = "torch" if wrapper == "torch" else "tensorflow"
-    other = "tensorflow" if wrapper == "torch" else "torch"
-    build, step = GROWN_PARTS[wrapper]
-
-    def run(first, second):  # one plain process: one worker
-        return _launch(GROWN.format(first=first, second=second, framework=framework,
-                                    build=build, step=step), workers=None)
-
-    bad = run(framework, other)  # the other imported last: the global set is empty
+    framework = FRAMEWORK[wrapper]
+    other = "tensorflow" if framework == "torch" else "torch"
+    bad = _grown(framework, framework, other)[wrapper]  # the other imported last: the set is empty
     assert bad[0] == "BUILT" and len(bad) == 2 and bad[1].startswith("REFUSED") and \
         "holds no ranks" in bad[1], bad
-    good = run(other, framework)
+    good = _grown(framework, other, framework)[wrapper]
     assert good == ["BUILT", "STEPPED [0]"], good
