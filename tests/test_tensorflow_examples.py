@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import REPO, run_horovod, run_script
+from tests.harness import REPO, run_horovod, run_script, shared_launches
 
 pytestmark = pytest.mark.multiprocess
 
@@ -100,16 +100,32 @@ def test_synthetic_tape_with_local_sgd(tmp_path):
     assert doc["local_sgd"] and doc["steps"] == 4 and doc["bytes_per_step"] > 0
 
 
-def test_keras_optimizer_checkpoint_resumes_identically(tmp_path):
-    """One launch for the compressors' first halves (Gloo), one for the resumes (MPI: a
-    checkpoint does not depend on the controller that wrote it)."""
-    specs = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
-    path = str(tmp_path / "ckpt")
-    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="gloo",
-                       kwargs={"specs": specs, "path": path, "phase": "run"}, timeout=600)
+CKPT_SPECS = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
+WARMUP_SPEC = "dgc:ratio=0.01,warmup_epochs=2"
+
+
+@pytest.fixture(scope="module")
+def gloo_bodies(tmp_path_factory):
+    """``(checkpoint folder, results(group, key))``: this module's np 2 Gloo worker bodies
+    in one launch (tests.harness.run_many: the checkpoints' first halves, then DGC's warm-up
+    under Keras fit; each builds its own models and optimizers)."""
+    path = str(tmp_path_factory.mktemp("keras") / "ckpt")
+    w = "tests.workers.tf_tape:"
+    calls = [("checkpoint", w + "keras_checkpoint_phases",
+              {"specs": CKPT_SPECS, "path": path, "phase": "run"}),
+             ("warmup", w + "keras_dgc_warmup", {"spec": WARMUP_SPEC})]
+    return path, shared_launches({"gloo": (run_horovod, calls, {"np": 2, "controller": "gloo",
+                                                                "timeout": 900})})
+
+
+def test_keras_optimizer_checkpoint_resumes_identically(gloo_bodies):
+    """The compressors' first halves in the module's Gloo launch, the resumes in a launch
+    of their own (MPI: a checkpoint does not depend on the controller that wrote it)."""
+    path, results = gloo_bodies
+    full = results("gloo", "checkpoint")
     resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="mpi",
-                          kwargs={"specs": specs, "path": path, "phase": "resume"}, timeout=600)
-    for spec in specs:
+                          kwargs={"specs": CKPT_SPECS, "path": path, "phase": "resume"}, timeout=600)
+    for spec in CKPT_SPECS:
         for a, b in zip(full, resumed):
             assert a[spec]["params"] == b[spec]["params"], spec
             assert a[spec]["iterations"] == b[spec]["iterations"] == 6, spec
@@ -168,12 +184,11 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
         assert all(v > 0 for v in split) and doc["split_measured"].startswith("eager sample")
 
 
-def test_keras_dgc_warmup_callback_retraces_when_the_density_changes():
+def test_keras_dgc_warmup_callback_retraces_when_the_density_changes(gloo_bodies):
     """A traced step keeps the payload sizes of its trace: CompressionWarmupCallback traces it again
     when DGC's density changes; a bare set_epoch leaves the stale trace and warns."""
     from hvd_compress.core import build
-    spec = "dgc:ratio=0.01,warmup_epochs=2"
-    core = build(spec)
+    core = build(WARMUP_SPEC)
     per_epoch = []
     for epoch in range(4):
         core.set_epoch(epoch)
@@ -181,8 +196,7 @@ def test_keras_dgc_warmup_callback_retraces_when_the_density_changes():
                              for n, s in (("k", (30, 40)), ("b", (40,)), ("k2", (40, 4)),
                                           ("b2", (4,)))))
     assert per_epoch[0] > per_epoch[1] > per_epoch[2] == per_epoch[3]
-    for rank in run_horovod("tests.workers.tf_tape:keras_dgc_warmup", np=2, timeout=600,
-                            kwargs={"spec": spec}):
+    for rank in gloo_bodies[1]("gloo", "warmup"):  # (the module's Gloo launch)
         assert rank["callback"] == {"bytes": per_epoch, "warned": False}, rank
         assert rank["plain"]["bytes"] == [per_epoch[0]] * 4 and rank["plain"]["warned"], rank
 
