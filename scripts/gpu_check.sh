@@ -16,6 +16,9 @@
 #    tests/test_bench_kernels.py, the tests whose id says cuda (the CPU ones run in CI).
 # 3. scripts/bench_kernels.py --framework torch --device cuda, twice.
 #
+# With GPU_CHECK_BUILD_ONLY=1 it stops after step 1 (Horovod built and importable), for a
+# device call that needs Horovod for something else (e.g. hvd-compress-compare --nodes).
+#
 # Logs and JSON go to $OUT (default ./gpu-check-out).  Exit status: pytest's.
 set -uo pipefail
 
@@ -83,6 +86,7 @@ fi
 "$PY" -c "import horovod.torch as hvd; print('horovod', hvd.__file__, 'gloo', hvd.gloo_built(), 'nccl', hvd.nccl_built(), 'cuda', hvd.cuda_built())" || exit 1
 "$PY" -c "import horovod.torch as hvd, sys; sys.exit(0 if hvd.cuda_built() else 1)" \
     || echo "note: this Horovod was built without CUDA; CUDA tensors go through host memory" >&2
+[ -n "${GPU_CHECK_BUILD_ONLY:-}" ] && { say "built; GPU_CHECK_BUILD_ONLY: no tests"; exit 0; }
 
 say "CUDA tests"
 "$PY" -m pytest -p no:cacheprovider -q -rs -k cuda tests/test_torch_same_bits.py \
