@@ -173,10 +173,12 @@ class Session:
     def average(self) -> bool:
         return self.op == self.hvd.Average
 
-    def make_engine(self, comp, agreed=None, wrap=None):
+    def make_engine(self, comp, agreed=None, wrap=None, known=None):
         """The engine for compressor ``comp`` (kept as :attr:`engine`); ``agreed``: a set
         of agreed plans to share (TensorFlow keeps it with the compressor); ``wrap``:
-        what the shell puts around it (the torch optimizer's sparse-gradient path)."""
+        what the shell puts around it (the torch optimizer's sparse-gradient path);
+        ``known``: where ``exchange="auto"`` keeps what it measured and chose
+        (:class:`~.core.autoexchange.AutoChoice`; TensorFlow: with the compressor)."""
         kw = dict(average=self.average, predivide=self.predivide, op=self.op)
         world = self.collectives(self.process_set)
         mode, self.auto = self.exchange_mode, None
@@ -193,8 +195,15 @@ class Session:
                 for key in (exchangecost.HIERARCHICAL, exchangecost.HIERARCHICAL_TWO_PHASE):
                     engines[key] = self._tiered_engine(comp, world, key, kw)
             per_node = node.size if node is not None else 1
+
+            def make(key, probe):  # the same kind of engine, for a probe compressor
+                if key == "flat":
+                    return self._flat(probe, world, **kw)
+                if key == "two-phase":
+                    return self._twophase(probe, world, **kw)
+                return self._tiered_engine(probe, world, key, kw)
             choice = self.auto = AutoChoice(world.size, per_node, engines, world, node, cross,
-                                            links=self._links)
+                                            links=self._links, make_engine=make, known=known)
             engine = self._routed(engines, choice.route,
                                   before_send=lambda xs, ns: choice.measure(engine.comp, xs, ns))
         else:  # allgather, allreduce (summable or not: the flat engine sends each its way)

@@ -270,3 +270,68 @@ def test_the_hierarchical_engines_account_is_the_formula(spec):
             want = xc.traffic(HIERARCHICAL, n, p, per, size, rank=r)
             got = (stats[r].wire_out, stats[r].wire_in, stats[r].local_bytes)
             assert got == (want.sent, want.received, want.local_bytes), (spec, nodes, per, r)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_codec_calls_per_exchange(p):
+    """The allgather encodes once and decodes p payloads; two-phase encodes p chunks and
+    the owner's sum, decodes p contributions and p owners' chunks; the hierarchy's calls
+    are its exchange among the N nodes'."""
+    calls = {e: (t.encode_calls, t.decode_calls) for e in xc.EXCHANGES[:3]
+             for t in [xc.traffic(e, 1000, p, 1, header)]}
+    assert calls == {ALLREDUCE: (1, 1), ALLGATHER: (1, p), TWO_PHASE: (p + 1, 2 * p)}
+    h = xc.traffic(HIERARCHICAL, 1000, 4 * p, 4, header)
+    h2 = xc.traffic(HIERARCHICAL_TWO_PHASE, 1000, 4 * p, 4, header)
+    assert (h.encode_calls, h.decode_calls) == (1, p)
+    assert (h2.encode_calls, h2.decode_calls) == (p + 1, 2 * p)
+
+
+def test_a_codec_calls_fixed_cost_is_priced():
+    """Each codec call's fixed cost counts once a call: with a call as dear as 10 ms,
+    two-phase's 2p + 1 calls at p = 8 cost 170 ms more than nothing; where per-value rates
+    alone would pick two-phase for a middling tensor, the calls' cost turns it to the
+    allgather (p + 1 calls)."""
+    base = dict(alpha_s=50e-6, s_per_byte=8 / 1e9, encode_s=1e-9, decode_s=1e-9)
+    per_value = Links(**base)
+    called = Links(**base, encode_call_s=10e-3, decode_call_s=10e-3)
+    n, p = 400_000, 8
+    assert xc.cost_s(TWO_PHASE, n, p, 1, onebit, called) == pytest.approx(
+        xc.cost_s(TWO_PHASE, n, p, 1, onebit, per_value) + (p + 1 + 2 * p) * 10e-3)
+    assert xc.choose(GATHERED, n, p, 1, onebit, per_value).exchange == TWO_PHASE
+    assert xc.choose(GATHERED, n, p, 1, onebit, called).exchange == ALLGATHER
+
+
+class _SleepyCodec:
+    """A compressor whose encode and decode take ``fixed + per * values`` seconds."""
+
+    def __init__(self, fixed, per):
+        self.fixed, self.per = fixed, per
+
+    def _wait(self, m):
+        import time
+        time.sleep(self.fixed + self.per * m)
+
+    def encode(self, x, name):
+        from types import SimpleNamespace
+        self._wait(x.size)
+        return SimpleNamespace(payload=x, meta=x.size, ctx=None)
+
+    def decode(self, payload, meta, ctx):
+        self._wait(meta)
+        return payload
+
+
+def test_codec_timing_tells_a_calls_fixed_cost_from_its_rate():
+    """The probe times the codecs at two sizes: the line through them gives the fixed
+    cost a call and the cost per value (one size alone took 5 ms a call for a rate)."""
+    from hvd_compress.core.autoexchange import codec_seconds
+    from hvd_compress.core.backend import NUMPY
+    fixed, per = 5e-3, 2e-8
+    ev, dv, ec, dc = codec_seconds(_SleepyCodec(fixed, per), NUMPY, None,
+                                   largest=1 << 20)
+    for rate, call in ((ev, ec), (dv, dc)):
+        assert rate == pytest.approx(per, rel=0.35) and call == pytest.approx(fixed, rel=0.35)
+    # a small model: the large probe is the largest tensor, at least 16K values
+    ev, _, ec, _ = codec_seconds(_SleepyCodec(fixed, 1e-6), NUMPY, None,
+                                 largest=100)
+    assert ev == pytest.approx(1e-6, rel=0.35) and ec == pytest.approx(fixed, rel=0.35)

@@ -5,6 +5,7 @@ account's bytes equal the formula and do not grow with the ranks, and the owners
 survives a checkpoint."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -357,6 +358,95 @@ def test_auto_picks_the_cheapest_for_injected_links(case):
     key = {"allgather": "flat"}.get(big, big)
     for r, (_, got) in enumerate(chosen):
         np.testing.assert_array_equal(got[names.index("big")], fixed[key][r][names.index("big")])
+
+
+def test_auto_figures_kept_with_known_are_taken_up_by_the_next_choice():
+    """``known`` (TensorFlow keeps it with the compressor: a tape a step) hands a new
+    choice the figures and choices of the last, for the same world only: measured once."""
+    from hvd_compress.core.autoexchange import AutoChoice
+    from hvd_compress.core.exchangecost import Links
+    comp, shape = build("topk:ratio=0.1"), (64, 50)
+    links, known = Links(1e-6, 1e-3), {}
+    world = Table(1).rank(0)
+    first = AutoChoice(4, 1, {"flat", "two-phase"}, world, links=links, known=known)
+    first.measure(comp, [np.ones(shape, np.float32)], ["w"])
+    assert set(first.rates) == {str(comp.spec)} and len(first.rates[str(comp.spec)]) == 4
+    chosen = first.choose("w", shape, comp)
+    again = AutoChoice(4, 1, {"flat", "two-phase"}, None, links=links, known=known)
+    again.measure(comp, [], [])  # nothing timed (no collectives: its world is None)
+    assert again.choose("w", shape, comp) is chosen and again.rates == first.rates
+    other = AutoChoice(8, 1, {"flat", "two-phase"}, world, links=links, known=known)
+    assert other.rates == {} and other.choices == {} and other.links is links
+    first.resize(2)  # elastic: figures and choices dropped, for every holder of known
+    assert known["rates"] == {} and known["choices"] == {}
+
+
+class _Slowed:
+    """An engine whose runs take ``delay`` seconds more (what the model cannot see)."""
+
+    def __init__(self, engine, delay):
+        self.engine, self.delay = engine, delay
+
+    def run(self, *args, **kwargs):
+        time.sleep(self.delay)
+        return self.engine.run(*args, **kwargs)
+
+
+@pytest.mark.parametrize("slow", ["hierarchical", "two-phase"])
+def test_auto_times_each_exchange_end_to_end_and_scales_the_model(slow):
+    """Links measured (not given): every exchange is also run end to end on a probe tensor
+    by fresh engines, and its time over the model's scales its prices.  An engine slower
+    than its collectives and codecs say (here by a sleep) is priced so: the hierarchy, or
+    two-phase, refused for every tensor on every rank, the ranks agreeing on the figures;
+    the user's compressors untouched by the probes."""
+    from hvd_compress.core.autoexchange import AutoChoice
+    from hvd_compress.core.hierarchy import Hierarchical
+    from hvd_compress.core.routed import Routed
+    from tests.test_hierarchy import Cluster
+    nodes, per, spec = 2, 2, "topk:ratio=0.1"
+    p, cl = nodes * per, Cluster(nodes, per)
+    shapes = {"big": (64, 50), "mid": (40, 20)}
+    names = list(shapes)
+    g = [_grads(r, 0, shapes) for r in range(p)]
+
+    def engines_of(comp, r):
+        world = cl.world.rank(r)
+        c, li = divmod(r, per)
+        node, cross = cl.node[c].rank(li), cl.cross[li].rank(c)
+        return {"flat": Exchange(comp, world), "two-phase": TwoPhase(comp, world),
+                "hierarchical": Hierarchical(comp, world, node, cross, li),
+                "hierarchical+two-phase": Hierarchical(comp, world, node, cross, li,
+                                                       between=TwoPhase)}
+
+    def auto(r):
+        comp = build(spec, rank=r, world_size=p)
+        engines = engines_of(comp, r)
+        c, li = divmod(r, per)
+
+        def make(key, probe):
+            engine = engines_of(probe, r)[key]
+            return _Slowed(engine, 0.3) if key.startswith(slow) else engine
+        choice = AutoChoice(p, per, engines, cl.world.rank(r), cl.node[c].rank(li),
+                            cl.cross[li].rank(c), make_engine=make)
+        eng = Routed(engines, choice.route, before_send=lambda xs, ns: choice.measure(comp, xs, ns))
+        eng.run(g[r], names, new_stats())
+        return choice, comp
+    got = _on_ranks(p, auto)
+    choices = [c for c, _ in got]
+    key = str(got[0][1].spec)
+    scale = choices[0].scale[key]
+    assert set(scale) == {"allgather", "two-phase", "hierarchical", "hierarchical+two-phase"}
+    for c in choices[1:]:
+        assert c.scale == choices[0].scale and c.plan() == choices[0].plan()
+    slowed = [e for e in scale if e.startswith(slow)]
+    assert min(scale[e] for e in slowed) > max(scale[e] for e in scale if e not in slowed)
+    for name, (exchange, why) in choices[0].plan().items():
+        assert not exchange.startswith(slow), (name, why)
+        assert "timed/modelled" in why
+    # the probes ran on compressors of their own: the user's holds residuals of its tensors only
+    for _, comp in got:
+        tensors = comp.state_dict()["tensors"]
+        assert tensors and all("probe" not in str(k) for k in tensors)
 
 
 @pytest.mark.parametrize("spec", ["topk:ratio=0.2", "onebit", "signsgd", "qsgd:levels=4",

@@ -193,7 +193,8 @@ def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
                            {"bytes_sent": sent, **(split or {})},
                            accuracy, wall_s, **runtools.local_fields(args),
                            hierarchical=bool(getattr(model.optimizer, "hierarchical", False)),
-                           exchange=runtools.exchange_used(model.optimizer), **extra)
+                           exchange=runtools.exchange_used(model.optimizer),
+                           exchange_why=runtools.exchange_why(model.optimizer), **extra)
     runtools.write_summary(args.json, doc)
 
 

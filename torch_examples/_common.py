@@ -75,7 +75,8 @@ def finish(args, example: str, steps: int, images: int, train_s: float, opt, acc
     doc = runtools.summary("torch", example, args.compression, hvd.size(), steps, images,
                            train_s, stats_of(opt), accuracy, wall_s, **runtools.local_fields(args),
                            hierarchical=bool(getattr(opt, "hierarchical", False)),
-                           exchange=runtools.exchange_used(opt), **extra)
+                           exchange=runtools.exchange_used(opt),
+                           exchange_why=runtools.exchange_why(opt), **extra)
     runtools.write_summary(args.json, doc)
 
 

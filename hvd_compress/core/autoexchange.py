@@ -3,13 +3,25 @@ per tensor.
 
 At the first exchange every rank times a few collectives -- an allreduce and an allgather
 of 1 KiB and of 256 KiB, the best of three -- over all workers, and, where the node process
-sets are registered, inside its node and across nodes (its cross set); and it times its
-compressors' encode and decode on a probe tensor.  One allreduce of the maxima makes every
-rank hold the same figures (so every rank routes every tensor alike).  The links' latency
-and seconds per byte follow by least squares (:func:`.exchangecost.link_from_timings`),
-and :func:`.exchangecost.choose` prices every exchange a tensor can take and keeps the
-cheapest: a hierarchy only where the measurement says it is cheaper.  :meth:`AutoChoice.plan`
-says which and why, per tensor.
+sets are registered, inside its node (also 4 MiB: the hierarchy's dense traffic there is
+whole tensors, and large messages move slower than small ones suggest) and across nodes
+(its cross set); and it times its compressors' encode and decode on probe tensors of two
+sizes (4,096 values and up to the largest tensor's, at most 1M), so a codec call's fixed
+cost is told from its cost per value (on one size alone the fixed cost passed for a rate
+20 times too high, and the exchanges that encode fewer values per worker won wrongly).
+One allreduce of the maxima makes every rank hold the same figures (so every rank routes
+every tensor alike).  Then every exchange a compressor can take is run end to end on a probe
+tensor (fresh compressors: no state of the user's is touched) and timed; where the slowest
+rank's time exceeds the model's figure, that exchange's prices are raised by the ratio (what
+the model leaves out -- the engines' own copies and waits, collectives that do not overlap,
+message sizes the probes missed -- counts: on 16 cores at 200 Mbit/s the model chose the
+hierarchy where it ran at half the speed of the best exchange).  Never lowered: a probe
+that ran faster than modelled (collectives overlapping, a quiet moment on shared cores)
+promises nothing for the step, and on 2 shared cores such ratios picked the slower
+exchange.  The links' latency and seconds per byte follow by least squares
+(:func:`.exchangecost.link_from_timings`), and :func:`.exchangecost.choose` prices every
+exchange a tensor can take and keeps the cheapest: a hierarchy only where the measurement
+says it is cheaper.  :meth:`AutoChoice.plan` says which and why, per tensor.
 
 ``links=`` (a :class:`~.exchangecost.Links`) skips the measurement (tests, or a user who
 measured the cluster once).
@@ -24,15 +36,20 @@ import numpy as np
 from . import exchangecost as costs
 from .base import TensorMeta
 from .exchange import MAX
+from .stats import new_stats
 from .twophase import takes_two_phase
 
 __all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF"]
 
 #: the probe collectives' sizes (bytes), each timed :data:`REPEATS` times (the best kept)
 PROBE_BYTES = (1 << 10, 1 << 18)
+#: inside a node (the hierarchy's dense reduce-scatter and allgather of whole tensors)
+NODE_PROBE_BYTES = PROBE_BYTES + (1 << 22,)
 REPEATS = 3
-#: values of the tensor the codecs are timed on
-PROBE_VALUES = 1 << 16
+#: values of the tensors the codecs are timed on: this and the largest tensor's numel
+#: clipped to ``CODEC_LARGE``
+PROBE_VALUES = 1 << 12
+CODEC_LARGE = (1 << 14, 1 << 20)
 #: which engine runs each exchange (:class:`~.routed.Routed`'s keys)
 ENGINE_OF = {costs.ALLREDUCE: "flat", costs.ALLGATHER: "flat", costs.TWO_PHASE: "two-phase",
              costs.HIERARCHICAL: "hierarchical",
@@ -51,12 +68,13 @@ def _time(coll, kind: str, x, name: str) -> float:
     return best
 
 
-def probe_timings(coll, B, like, tag: str) -> list:
-    """``[(steps, bytes, seconds)]`` of the probe collectives over ``coll`` (its traffic by
-    :func:`.exchangecost.traffic`'s counting: a ring allreduce, a direct allgather)."""
+def probe_timings(coll, B, like, tag: str, sizes=PROBE_BYTES) -> list:
+    """``[(steps, bytes, seconds)]`` of the probe collectives of ``sizes`` bytes over
+    ``coll`` (its traffic by :func:`.exchangecost.traffic`'s counting: a ring allreduce, a
+    direct allgather)."""
     p = coll.size
     rows = []
-    for nbytes in PROBE_BYTES:
+    for nbytes in sizes:
         x = B.zeros((nbytes // 4,), "float32", like=like)
         for kind in ("allreduce", "allgather"):
             t = _time(coll, kind, x, f"hvd_compress.probe.{tag}.{kind}.{nbytes}")
@@ -67,35 +85,83 @@ def probe_timings(coll, B, like, tag: str) -> list:
     return rows
 
 
-def codec_seconds(probe, B, like) -> tuple:
-    """``(encode, decode)`` seconds per value of ``probe`` (a fresh compressor: no state of
-    the user's is touched) on this rank, on a tensor where ``like`` lives."""
+def _codec_once(probe, B, like, m: int, tag: str) -> tuple:
+    """(encode, decode) seconds of ``probe`` on ``m`` values, the best of two."""
     rng = np.random.default_rng(0)
-    x = B.asarray(rng.standard_normal(PROBE_VALUES).astype(np.float32), "float32", like=like)
-    enc = probe.encode(x, "hvd_compress.probe")  # (a first call: caches, compiled kernels)
-    t0 = time.perf_counter()
-    enc = probe.encode(x, "hvd_compress.probe")
-    t1 = time.perf_counter()
+    x = B.asarray(rng.standard_normal(m).astype(np.float32), "float32", like=like)
+    enc = probe.encode(x, tag)  # (a first call: caches, compiled kernels)
     probe.decode(enc.payload, enc.meta, enc.ctx)
-    t2 = time.perf_counter()
-    return (t1 - t0) / PROBE_VALUES, (t2 - t1) / PROBE_VALUES
+    best_e = best_d = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        enc = probe.encode(x, tag)
+        t1 = time.perf_counter()
+        probe.decode(enc.payload, enc.meta, enc.ctx)
+        t2 = time.perf_counter()
+        best_e, best_d = min(best_e, t1 - t0), min(best_d, t2 - t1)
+    return best_e, best_d
+
+
+def codec_seconds(probe, B, like, largest: int = CODEC_LARGE[1]) -> tuple:
+    """``(encode per value, decode per value, encode per call, decode per call)`` seconds
+    of ``probe`` (a fresh compressor: no state of the user's is touched) on this rank, on
+    tensors where ``like`` lives: timed on :data:`PROBE_VALUES` values and on ``largest``
+    (clipped to :data:`CODEC_LARGE`), the line through both (neither term negative)."""
+    small = PROBE_VALUES
+    large = max(CODEC_LARGE[0], min(CODEC_LARGE[1], int(largest)))
+    e1, d1 = _codec_once(probe, B, like, small, "hvd_compress.probe.small")
+    e2, d2 = _codec_once(probe, B, like, large, "hvd_compress.probe.large")
+
+    def line(t1, t2):
+        per = max(0.0, (t2 - t1) / (large - small))
+        return per, max(0.0, t1 - per * small)
+    (ev, ec), (dv, dc) = line(e1, e2), line(d1, d2)
+    return ev, dv, ec, dc
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 class AutoChoice:
     """What ``exchange="auto"`` knows: the world (``p`` workers in nodes of ``per_node``),
     which engines exist (``engines``: keys of :data:`ENGINE_OF`'s values), the measured
     links (or given ``links``) and each tensor's choice.  :meth:`measure` is collective;
-    :meth:`route` is :class:`~.routed.Routed`'s rule."""
+    :meth:`route` is :class:`~.routed.Routed`'s rule.  ``known``: a dict the figures and
+    choices are kept in, to be taken up by the next choice made with it for the same world
+    (TensorFlow makes a tape, so a session, every step: measured once, not every step --
+    and a step traced twice routes alike both times)."""
 
     def __init__(self, p: int, per_node: int, engines, world, node=None, cross=None,
-                 links: costs.Links | None = None):
+                 links: costs.Links | None = None, make_engine=None, known: dict | None = None):
         self.p, self.per_node = int(p), int(per_node)
+        #: ``make_engine(key, comp)``: a fresh engine of kind ``key`` for a probe compressor
+        #: (None: no end-to-end timing, the model's prices unscaled)
+        self.make_engine = make_engine
         self.engines = set(engines)
         self.world, self.node, self.cross = world, node, cross
-        self.links = links
         self._given = links is not None
-        self.rates = {}     # spec text -> (encode, decode) seconds per value
-        self.choices = {}   # tensor name -> Choice
+        known = {} if known is None else known
+        if known.get("world") != (self.p, self.per_node, links):
+            known.clear()
+            known.update(world=(self.p, self.per_node, links), links=links, rates={}, scale={},
+                         choices={})
+        self._known = known
+        self.rates = known["rates"]      # spec text -> encode, decode per value, per call
+        self.scale = known["scale"]      # spec text -> {exchange: timed / modelled seconds}
+        self.choices = known["choices"]  # (tensor name, shape) -> Choice
+
+    @property
+    def links(self):
+        """The links measured (or given); None before the first exchange."""
+        return self._known["links"]
+
+    @links.setter
+    def links(self, value) -> None:
+        self._known["links"] = value
 
     def resize(self, p: int) -> None:
         """A new world (elastic): the links measured again at the next exchange (unless
@@ -103,8 +169,10 @@ class AutoChoice:
         self.p = int(p)
         self.choices.clear()
         self.rates.clear()
+        self.scale.clear()
         if not self._given:
             self.links = None
+        self._known["world"] = (self.p, self.per_node, self.links if self._given else None)
 
     # -- the measurement (every rank at once) ------------------------------------------------
     def measure(self, comp, tensors, names) -> None:
@@ -119,37 +187,83 @@ class AutoChoice:
             if self.links is None:
                 if self.node is not None and self.cross is not None:
                     figures += [t for _, _, t in probe_timings(self.cross, B, like, "cross")]
-                    figures += [t for _, _, t in probe_timings(self.node, B, like, "node")]
+                    figures += [t for _, _, t in probe_timings(self.node, B, like, "node",
+                                                               NODE_PROBE_BYTES)]
                 else:
                     figures += [t for _, _, t in probe_timings(self.world, B, like, "world")]
-            rates = [codec_seconds(c, B, like) for c in specs.values()]
-            figures += [v for pair in rates for v in pair]
-            mine = B.asarray(np.array(figures, dtype=np.float64), "float64", like=like)
-            agreed = self.world.wait(self.world.allreduce(mine, "hvd_compress.probe.agree",
-                                                          op=MAX))
-            agreed = [float(v) for v in B.to_numpy(agreed).reshape(-1)]
+            largest = max([_numel(B.shape(t)) for t in tensors or ()] or [0])
+            rates = [codec_seconds(c, B, like, largest) for c in specs.values()]
+            figures += [v for pair in rates for v in pair] + [float(largest)]
+            agreed = self._agree(figures, B, like, "agree")
         at = 0
         if self.links is None:
             if self.node is not None and self.cross is not None:
                 # the L cross sets were timed at once: a node's link carried L of them
                 between = self._fit(agreed[0:4], self.cross.size, self.node.size)
-                inside = self._fit(agreed[4:8], self.node.size)
-                at = 8
+                at = 4 + 2 * len(NODE_PROBE_BYTES)
+                inside = self._fit(agreed[4:at], self.node.size, sizes=NODE_PROBE_BYTES)
                 self.links = costs.Links(between[0], between[1], inside[0], inside[1])
             else:
                 alpha, beta = self._fit(agreed[0:4], self.world.size)
                 at = 4
                 self.links = costs.Links(alpha, beta)
         for key in specs:
-            self.rates[key] = (agreed[at], agreed[at + 1])
-            at += 2
+            self.rates[key] = tuple(agreed[at:at + 4])
+            at += 4
+        if self.make_engine is not None and not self._given and self.p > 1:
+            self._calibrate(specs, B, like, int(agreed[at]))
+
+    def _agree(self, figures, B, like, tag: str) -> list:
+        """Every rank's figures, the maxima over ranks (one allreduce)."""
+        mine = B.asarray(np.array(figures, dtype=np.float64), "float64", like=like)
+        got = self.world.wait(self.world.allreduce(mine, f"hvd_compress.probe.{tag}", op=MAX))
+        return [float(v) for v in B.to_numpy(got).reshape(-1)]
+
+    def _calibrate(self, specs, B, like, largest: int) -> None:
+        """Run every exchange each spec can take on a probe tensor of up to ``largest``
+        values (:data:`CODEC_LARGE`), best of two after a first run (plans agreed, kernels
+        compiled); keep the slowest rank's time over the model's, per exchange, where above
+        1."""
+        from .registry import build
+        m = max(CODEC_LARGE[0], min(CODEC_LARGE[1], largest))
+        x = np.random.default_rng(1).standard_normal(m).astype(np.float32)
+        runs, times = [], []
+        with self.world.eager():
+            for key in specs:
+                shape = (m,)
+                allowed = self.allowed(specs[key], shape)
+                if len(allowed) < 2:
+                    continue
+                for exchange in allowed:
+                    comp = build(key, backend=B, rank=self.world.rank, world_size=self.p)
+                    engine = self.make_engine(ENGINE_OF[exchange], comp)
+                    name = f"hvd_compress.probe.{exchange}"
+                    best = float("inf")
+                    for i in range(3):
+                        xs = B.asarray(x, "float32", like=like)
+                        t0 = time.perf_counter()
+                        engine.run([xs], [name], new_stats(), tag=f".{i}")
+                        if i:
+                            best = min(best, time.perf_counter() - t0)
+                    runs.append((key, exchange, shape))
+                    times.append(best)
+            if not runs:
+                return
+            times = self._agree(times, B, like, "timed")
+        for (key, exchange, shape), t in zip(runs, times):
+            probe = specs[key]
+            modelled = costs.cost_s(exchange, m, self.p, self.per_node,
+                                    self._payload(probe, "probe", shape), self._links(key),
+                                    summable=bool(probe.summable))
+            self.scale.setdefault(key, {})[exchange] = max(1.0, t / modelled) if modelled > 0 \
+                else 1.0
 
     @staticmethod
-    def _fit(seconds, p: int, sharing: int = 1) -> tuple:
-        """``(alpha, seconds per byte)`` of a link from the probes' ``seconds`` over ``p``
-        ranks, ``sharing`` such collectives crossing the link at once."""
+    def _fit(seconds, p: int, sharing: int = 1, sizes=PROBE_BYTES) -> tuple:
+        """``(alpha, seconds per byte)`` of a link from the probes' ``seconds`` (of
+        ``sizes``) over ``p`` ranks, ``sharing`` such collectives crossing the link at once."""
         rows, i = [], 0
-        for nbytes in PROBE_BYTES:
+        for nbytes in sizes:
             rows.append((2 * (p - 1), sharing * 2 * (p - 1) * nbytes // p, seconds[i]))
             rows.append((p - 1, sharing * (p - 1) * nbytes, seconds[i + 1]))
             i += 2
@@ -176,7 +290,8 @@ class AutoChoice:
                 out.append(costs.HIERARCHICAL)
             return out
         out = [costs.ALLGATHER]
-        two = takes_two_phase(comp, shape, self.p)
+        # at two workers two-phase moves the same bytes in more steps and encodes twice
+        two = self.p > 2 and takes_two_phase(comp, shape, self.p)
         if two and "two-phase" in self.engines:
             out.append(costs.TWO_PHASE)
         if "hierarchical" in self.engines:
@@ -192,26 +307,32 @@ class AutoChoice:
         if got is not None:
             return got
         allowed = self.allowed(comp, shape)
-        n = 1
-        for d in shape:
-            n *= int(d)
+        n = _numel(shape)
         if len(allowed) == 1 or self.p <= 1:
             got = costs.Choice(allowed[0], {}, f"{allowed[0]}: the only exchange it can take")
         else:
-            enc, dec = self.rates.get(str(comp.spec), (0.0, 0.0))
-            links = costs.Links(self.links.alpha_s, self.links.s_per_byte,
-                                self.links.local_alpha_s, self.links.local_s_per_byte, enc, dec)
-            matrix = len(shape) >= 2
-
-            def payload(m):
-                m = max(1, int(round(m)))
-                return comp.payload_nbytes(TensorMeta(name, (m, 1) if matrix else (m,),
-                                                      "float32"))
-            got = costs.choose(allowed, n, self.p, self.per_node, payload, links,
-                               summable=bool(comp.summable),
-                               integer_sum=bool(getattr(comp, "integer_sum", False)))
+            got = costs.choose(allowed, n, self.p, self.per_node, self._payload(comp, name, shape),
+                               self._links(str(comp.spec)), summable=bool(comp.summable),
+                               integer_sum=bool(getattr(comp, "integer_sum", False)),
+                               scale=self.scale.get(str(comp.spec)))
         self.choices[key] = got
         return got
+
+    def _links(self, spec: str) -> costs.Links:
+        """The measured links with ``spec``'s codec rates."""
+        enc, dec, enc_call, dec_call = self.rates.get(spec, (0.0, 0.0, 0.0, 0.0))
+        return costs.Links(self.links.alpha_s, self.links.s_per_byte, self.links.local_alpha_s,
+                           self.links.local_s_per_byte, enc, dec, enc_call, dec_call)
+
+    @staticmethod
+    def _payload(comp, name: str, shape):
+        """``m -> comp``'s payload bytes for ``m`` values of a tensor shaped like ``shape``."""
+        matrix = len(shape) >= 2
+
+        def payload(m):
+            m = max(1, int(round(m)))
+            return comp.payload_nbytes(TensorMeta(name, (m, 1) if matrix else (m,), "float32"))
+        return payload
 
     def route(self, name, shape, dtype, comp) -> str:
         return ENGINE_OF[self.choose(name, shape, comp).exchange]

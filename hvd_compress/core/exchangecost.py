@@ -91,7 +91,10 @@ class Traffic:
     direction (where all workers share one node: the worker's own ``max(sent, received)``).
     ``local_bytes``: the hierarchy's dense bytes this worker sends inside its node.
     ``steps``/``local_steps``: latency-bound message steps between workers / inside the
-    node.  ``encoded``/``decoded``: values this worker encodes and decodes."""
+    node.  ``encoded``/``decoded``: values this worker encodes and decodes, in
+    ``encode_calls``/``decode_calls`` codec calls (each has a fixed cost: a kernel launch,
+    Python: the two-phase exchange makes ``p + 1`` and ``2p`` of them, the allgather 1 and
+    ``p``)."""
 
     sent: float
     received: float
@@ -101,6 +104,8 @@ class Traffic:
     local_steps: int
     encoded: float
     decoded: float
+    encode_calls: int = 1
+    decode_calls: int = 1
 
 
 def _node_span(p: int, per_node: int) -> int:
@@ -153,12 +158,12 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
     if exchange == ALLGATHER:
         c = payload_bytes(n)
         b = (p - 1) * c  # rows all of c: the ring's links carry p - 1 of them
-        return Traffic(b, b, b, 0, p - 1, 0, n, p * n)
+        return Traffic(b, b, b, 0, p - 1, 0, n, p * n, 1, p)
     if exchange == TWO_PHASE:
         lengths = chunk_lengths(n, p, exact)
         out, got, wire, dec = _two_phase(lengths, rank, first, L, payload_bytes, owner_bytes)
         return Traffic(out, got, max(out, got) if one_node else wire, 0, 2 * (p - 1), 0,
-                       n + lengths[rank], dec)
+                       n + lengths[rank], dec, p + 1, 2 * p)
     # hierarchical: shards of ceil(n/L), the dense node traffic, the cross set's exchange
     if L < 2 or p % L or p // L < 2:
         raise ValueError(f"{exchange} needs two nodes of two workers or more (p={p}, "
@@ -172,10 +177,12 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
     else:
         lengths = chunk_lengths(k, N, exact)
         out, got, _, dec = _two_phase(lengths, rank // L, rank // L, 1, payload_bytes, owner_bytes)
-        between = Traffic(out, got, max(out, got), 0, 2 * (N - 1), 0, k + lengths[rank // L], dec)
+        between = Traffic(out, got, max(out, got), 0, 2 * (N - 1), 0, k + lengths[rank // L], dec,
+                          N + 1, 2 * N)
     # the node's link carries its L workers' cross sets, each worker on its own node there
     return Traffic(between.sent, between.received, L * between.wire, local, between.steps,
-                   2 * (L - 1), between.encoded, between.decoded)
+                   2 * (L - 1), between.encoded, between.decoded, between.encode_calls,
+                   between.decode_calls)
 
 
 @dataclass(frozen=True)
@@ -183,7 +190,8 @@ class Links:
     """Measured costs: ``alpha_s`` per message step and ``s_per_byte`` through a node's link
     to the other nodes (every worker its own node: its link); the same inside a node, per
     worker (None: the workers share no node, or it was not measured: no hierarchy then);
-    the codec's seconds per value encoded and decoded.  Fit them
+    the codec's seconds per value encoded and decoded, and per call (what a call costs
+    whatever its size: on a probe of 65K values that was most of it).  Fit them
     (:func:`link_from_timings`) with the bytes :attr:`Traffic.wire` counts: the ``L``
     cross sets of a node timed at once put ``L`` times a worker's bytes on its link."""
 
@@ -193,6 +201,8 @@ class Links:
     local_s_per_byte: float | None = None
     encode_s: float = 0.0
     decode_s: float = 0.0
+    encode_call_s: float = 0.0
+    decode_call_s: float = 0.0
 
     @property
     def inside(self) -> bool:
@@ -201,7 +211,8 @@ class Links:
 
 
 def _priced(t: Traffic, links: Links, one_node: bool) -> float:
-    codec = t.encoded * links.encode_s + t.decoded * links.decode_s
+    codec = (t.encoded * links.encode_s + t.decoded * links.decode_s
+             + t.encode_calls * links.encode_call_s + t.decode_calls * links.decode_call_s)
     if one_node and links.inside:  # every collective runs inside the node
         return t.steps * links.local_alpha_s + t.wire * links.local_s_per_byte + codec
     s = t.steps * links.alpha_s + t.wire * links.s_per_byte + codec
@@ -237,12 +248,14 @@ def _ms(s: float) -> str:
 
 def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links: Links, *,
            summable: bool = False, integer_sum: bool = False,
-           owner_bytes: Callable | None = None) -> Choice:
+           owner_bytes: Callable | None = None, scale: dict | None = None) -> Choice:
     """The cheapest of ``allowed`` exchanges (those the compressor can take:
     :func:`exchanges_for`) for a tensor of ``numel`` values.  A hierarchical exchange is a
     candidate only with two nodes of two workers or more and measured links inside a node,
     and wins only where it is cheaper (ties go to the flat exchanges).  ``reason``: one
-    line for the plan printout.  ``owner_bytes``: as :func:`traffic` takes it."""
+    line for the plan printout.  ``owner_bytes``: as :func:`traffic` takes it.  ``scale``:
+    ``{exchange: factor}`` each exchange's price is multiplied by (the exchanges timed end
+    to end over the model's figure: :mod:`.autoexchange`)."""
     can = exchanges_for(summable, integer_sum)
     wanted = [e for e in EXCHANGES if e in set(allowed) & set(can)]
     if not wanted:
@@ -257,11 +270,15 @@ def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links
         flat = flat_of(wanted[0], summable)
         costs = {flat: cost_s(flat, numel, p, per_node, payload_bytes, links, summable=summable,
                               owner_bytes=owner_bytes)}
+    scaled = {e: f for e, f in (scale or {}).items() if e in costs and f != 1.0}
+    costs = {e: c * scaled.get(e, 1.0) for e, c in costs.items()}
     best = min(costs, key=lambda e: (costs[e], EXCHANGES.index(e)))
     others = sorted((e for e in costs if e != best), key=lambda e: costs[e])
     reason = f"{best}: {_ms(costs[best])}" + (
         " vs " + ", ".join(f"{e} {_ms(costs[e])}" for e in others) if others else
         " (the only exchange priced)")
+    if scaled:
+        reason += "; timed/modelled " + ", ".join(f"{e} {f:.2g}" for e, f in scaled.items())
     if skipped:
         why = "one node" if not nodes_ok else "no link inside a node measured"
         reason += f"; {', '.join(skipped)} not priced ({why})"

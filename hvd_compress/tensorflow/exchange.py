@@ -207,6 +207,8 @@ def _eager_sizes(engine, tensors, names) -> None:
 #: the plans each compressor's ranks agreed on: a tape is made anew every step, the
 #: compressor (and the state it holds for the variables) is not
 _AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: what exchange="auto" measured and chose for each compressor (for the same reason)
+_KNOWN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def session(op=hvd.Average, gradient_predivide_factor=1.0, process_set=hvd.global_process_set,
@@ -224,7 +226,8 @@ def session(op=hvd.Average, gradient_predivide_factor=1.0, process_set=hvd.globa
 def bind(s: Session, compression):
     """``s``'s engine for ``compression`` (a TFCompressor or TFPolicy, whose methods bind
     its variables as the core's state), sharing the plans agreed with that compressor."""
-    return s.make_engine(compression, agreed=_AGREED.setdefault(compression, set()))
+    return s.make_engine(compression, agreed=_AGREED.setdefault(compression, set()),
+                         known=_KNOWN.setdefault(compression, {}))
 
 
 def describe(x) -> tuple:

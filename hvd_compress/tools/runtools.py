@@ -171,6 +171,21 @@ def exchange_used(wrapper) -> str:
     return "auto: " + ", ".join(f"{e} {n}" for e, n in sorted(counts.items()))
 
 
+def exchange_why(wrapper) -> dict:
+    """``exchange="auto"``'s evidence, for a run's summary: the links and codec rates it
+    measured and, per tensor, the exchange and its priced alternatives ({} otherwise)."""
+    s = getattr(wrapper, "_session", None) or getattr(wrapper, "_hvdc_session", None)
+    if s is None or s.auto is None or s.auto.links is None:
+        return {}
+    links = s.auto.links
+    return {"links": {k: getattr(links, k) for k in ("alpha_s", "s_per_byte", "local_alpha_s",
+                                                     "local_s_per_byte")},
+            "codec_s": {spec: dict(zip(("encode_per_value", "decode_per_value",
+                                         "encode_per_call", "decode_per_call"), r))
+                        for spec, r in s.auto.rates.items()},
+            "tensors": {name: why for name, (_, why) in s.auto.plan().items()}}
+
+
 def local_fields(args) -> dict:
     """Summary keys saying how often workers talk (local SGD period, DGA delay)."""
     return {"backward_passes_per_step": args.backward_passes_per_step,
