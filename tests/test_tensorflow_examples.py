@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import REPO, run_horovod, run_script, shared_launches
+from tests.harness import REPO, run_horovod, run_script
+from tests.launches import TF_GLOO
 
 pytestmark = pytest.mark.multiprocess
 
@@ -104,25 +105,19 @@ CKPT_SPECS = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
 WARMUP_SPEC = "dgc:ratio=0.01,warmup_epochs=2"
 
 
-@pytest.fixture(scope="module")
-def gloo_bodies(tmp_path_factory):
-    """``(checkpoint folder, results(group, key))``: this module's np 2 Gloo worker bodies
-    in one launch (tests.harness.run_many: the checkpoints' first halves, then DGC's warm-up
-    under Keras fit; each builds its own models and optimizers)."""
-    path = str(tmp_path_factory.mktemp("keras") / "ckpt")
-    w = "tests.workers.tf_tape:"
-    calls = [("checkpoint", w + "keras_checkpoint_phases",
-              {"specs": CKPT_SPECS, "path": path, "phase": "run"}),
-             ("warmup", w + "keras_dgc_warmup", {"spec": WARMUP_SPEC})]
-    return path, shared_launches({"gloo": (run_horovod, calls, {"np": 2, "controller": "gloo",
-                                                                "timeout": 900})})
+# DGC's warm-up under Keras fit runs in the np 2 Gloo launch other modules share
+# (tests.launches)
+TF_GLOO.add(__name__, "warmup", "tests.workers.tf_tape:keras_dgc_warmup", {"spec": WARMUP_SPEC})
 
 
-def test_keras_optimizer_checkpoint_resumes_identically(gloo_bodies):
-    """The compressors' first halves in the module's Gloo launch, the resumes in a launch
-    of their own (MPI: a checkpoint does not depend on the controller that wrote it)."""
-    path, results = gloo_bodies
-    full = results("gloo", "checkpoint")
+def test_keras_optimizer_checkpoint_resumes_identically(tmp_path):
+    """One launch for the compressors' first halves (Gloo), one for the resumes (MPI: a
+    checkpoint does not depend on the controller that wrote it).  The first halves launch on
+    their own: the compressors' state is keyed by the variables' names, which Keras numbers
+    per process (a model built after another body's is named dense_1, ...)."""
+    path = str(tmp_path / "ckpt")
+    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="gloo",
+                       kwargs={"specs": CKPT_SPECS, "path": path, "phase": "run"}, timeout=600)
     resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="mpi",
                           kwargs={"specs": CKPT_SPECS, "path": path, "phase": "resume"}, timeout=600)
     for spec in CKPT_SPECS:
@@ -184,7 +179,7 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
         assert all(v > 0 for v in split) and doc["split_measured"].startswith("eager sample")
 
 
-def test_keras_dgc_warmup_callback_retraces_when_the_density_changes(gloo_bodies):
+def test_keras_dgc_warmup_callback_retraces_when_the_density_changes(request):
     """A traced step keeps the payload sizes of its trace: CompressionWarmupCallback traces it again
     when DGC's density changes; a bare set_epoch leaves the stale trace and warns."""
     from hvd_compress.core import build
@@ -196,7 +191,7 @@ def test_keras_dgc_warmup_callback_retraces_when_the_density_changes(gloo_bodies
                              for n, s in (("k", (30, 40)), ("b", (40,)), ("k2", (40, 4)),
                                           ("b2", (4,)))))
     assert per_epoch[0] > per_epoch[1] > per_epoch[2] == per_epoch[3]
-    for rank in gloo_bodies[1]("gloo", "warmup"):  # (the module's Gloo launch)
+    for rank in TF_GLOO.results(request, "warmup"):
         assert rank["callback"] == {"bytes": per_epoch, "warned": False}, rank
         assert rank["plain"]["bytes"] == [per_epoch[0]] * 4 and rank["plain"]["warned"], rank
 

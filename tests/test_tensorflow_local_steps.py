@@ -7,7 +7,7 @@ the numpy hand computation of tests/workers/local_hand.py.
 import numpy as np
 import pytest
 
-from tests.harness import run_horovod, shared_launches
+from tests.launches import TF_GLOO
 from tests.workers.local_hand import check_local_log
 
 pytestmark = pytest.mark.multiprocess
@@ -30,18 +30,22 @@ def _key(kind, *args):
     return ":".join(map(str, (kind, *args)))
 
 
+_W = "tests.workers.tf_local_steps:"
+# every case one after another in one launch, with other modules' np 2 bodies
+# (tests.launches; each builds its own model and optimizer)
+for _c in LOCAL_SGD:
+    TF_GLOO.add(__name__, _key("local_sgd", *_c[:5]), _W + "local_sgd",
+                {"api": _c[0], "spec": _c[1], "period": _c[2], "steps": LOCAL_STEPS,
+                 "warmup": _c[3], "traced": _c[4]})
+for _c in DGA:
+    TF_GLOO.add(__name__, _key("dga", *_c), _W + "dga",
+                dict(zip(("api", "spec", "delay", "steps", "traced"), _c)))
+
+
 @pytest.fixture(scope="module")
-def logs():
-    """``logs(key)``: per-rank logs of a case, every case run one after another in one
-    launch (tests.harness.run_many; each builds its own model and optimizer)."""
-    w = "tests.workers.tf_local_steps:"
-    calls = [(_key("local_sgd", *c[:5]), w + "local_sgd",
-              {"api": c[0], "spec": c[1], "period": c[2], "steps": LOCAL_STEPS, "warmup": c[3],
-               "traced": c[4]}) for c in LOCAL_SGD]
-    calls += [(_key("dga", *c), w + "dga", dict(zip(("api", "spec", "delay", "steps", "traced"), c)))
-              for c in DGA]
-    results = shared_launches({"gloo": (run_horovod, calls, {"np": 2, "timeout": 900})})
-    return lambda key: results("gloo", key)
+def logs(request):
+    """``logs(key)``: per-rank logs of a case."""
+    return lambda key: TF_GLOO.results(request, key)
 
 
 @pytest.mark.parametrize("api, spec, period, warmup, traced, exact", LOCAL_SGD)

@@ -3,7 +3,7 @@
 import pytest
 
 from hvd_compress.core import build
-from tests.harness import run_horovod, shared_launches
+from tests.launches import TF_GLOO, TF_MPI
 from tests.workers.tf_tape import SPECS
 
 pytestmark = pytest.mark.multiprocess
@@ -11,24 +11,33 @@ pytestmark = pytest.mark.multiprocess
 BPPS_SPECS = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "powersgd:rank=2"]
 
 
+W = "tests.workers.tf_tape:"
+
+
+def _reference(traced):
+    return (f"reference:{traced}", W + "aggregate_matches_reference", {"traced": traced})
+
+
+def _bpps(traced):
+    return (f"bpps:{traced}", W + "aggregate_matches_reference",
+            {"specs": BPPS_SPECS, "bpps": 2, "traced": traced})
+
+
+# one launch per controller, shared with other modules' np 2 bodies (tests.launches; the
+# cases run one after another, each with its own variables and tapes)
+_OWN = ("horovod_own", W + "horovod_own_tape", {})
+for _call in [_reference(True), _OWN, _bpps(False), ("state", W + "state_ownership", {})]:
+    TF_GLOO.add(__name__, *_call)
+for _call in [_reference(False), _OWN, _bpps(True)]:
+    TF_MPI.add(__name__, *_call)
+
+
 @pytest.fixture(scope="module")
-def launched():
-    """``launched(controller, key)``: per-rank results of a case from one launch per
-    controller (tests.harness.run_many; the cases run one after another, each with its own
-    variables and tapes)."""
-    w = "tests.workers.tf_tape:"
-
-    def reference(traced):
-        return (f"reference:{traced}", w + "aggregate_matches_reference", {"traced": traced})
-
-    def bpps(traced):
-        return (f"bpps:{traced}", w + "aggregate_matches_reference",
-                {"specs": BPPS_SPECS, "bpps": 2, "traced": traced})
-    own = ("horovod_own", w + "horovod_own_tape", {})
-    gloo = [reference(True), own, bpps(False), ("state", w + "state_ownership", {})]
-    mpi = [reference(False), own, bpps(True)]
-    return shared_launches({"gloo": (run_horovod, gloo, {"np": 2, "timeout": 900, "controller": "gloo"}),
-                            "mpi": (run_horovod, mpi, {"np": 2, "timeout": 900, "controller": "mpi"})})
+def launched(request):
+    """``launched(controller, key)``: per-rank results of a case from the controller's
+    shared launch."""
+    shared = {"gloo": TF_GLOO, "mpi": TF_MPI}
+    return lambda controller, key: shared[controller].results(request, key)
 
 
 # Pairwise: each controller and each execution mode once (the controller moves the bytes,

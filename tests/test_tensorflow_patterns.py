@@ -12,26 +12,31 @@ controller, the np 3 process-set body has its own):
 import numpy as np
 import pytest
 
-from tests.harness import run_horovod, shared_launches
+from tests.harness import run_horovod
+from tests.launches import TF_GLOO, TF_MPI
 from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
 
 F, SPEC = 3.0, "threshold:tau=0.05"  # test_gradient_predivide_factor_is_horovods
-# The np 2 bodies run in one launch per controller (tests.harness.run_many), one after
-# another: launching and importing TensorFlow cost seconds.
+# The np 2 bodies run in one launch per controller, one after another, with other modules'
+# np 2 bodies (tests.launches): launching and importing TensorFlow cost seconds.
 NP2 = {"gloo": [("keras_callbacks", {}), ("broadcast_variables", {}), ("join_uneven", {}),
                 ("predivide", {"factor": F, "spec": SPEC})],
        "mpi": [("keras_callbacks", {}), ("broadcast_variables", {}), ("join_uneven", {})]}
 
 
+_SHARED = {"gloo": TF_GLOO, "mpi": TF_MPI}
+for _c, _cases in NP2.items():
+    for _b, _kw in _cases:
+        _SHARED[_c].add(__name__, _b, f"tests.workers.tf_patterns:{_b}", _kw)
+
+
 @pytest.fixture(scope="module")
-def np2():
+def np2(request):
     """``np2(controller, body)``: that body's per-rank results from the controller's one
     np 2 launch."""
-    return shared_launches({c: (run_horovod, [(b, f"tests.workers.tf_patterns:{b}", kw) for b, kw in cases],
-                                {"np": 2, "timeout": 900, "controller": c})
-                            for c, cases in NP2.items()})
+    return lambda controller, body: _SHARED[controller].results(request, body)
 
 
 @pytest.fixture(scope="module", params=["gloo", "mpi"])
