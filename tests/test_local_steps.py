@@ -9,7 +9,7 @@ import pytest
 
 from hvd_compress import spec as specmod
 from hvd_compress.localsteps import LocalSGDSchedule, check_local_args, check_wrapper_args
-from tests.harness import run_horovod, run_many
+from tests.launches import TORCH_GLOO
 from tests.workers.local_hand import check_local_log
 
 
@@ -64,8 +64,8 @@ def test_ops_other_than_average_or_sum_go_with_none_only():
             check_wrapper_args(*args, [specmod.parse("none"), specmod.parse(spec)], op_sums=False)
 
 
-# Every multi-process case below runs in one launch (tests.harness.run_many): launching
-# costs seconds; the cases each build their own model and optimizer.
+# Every multi-process case below runs in one launch, with other modules' np 2 bodies
+# (tests.launches): launching costs seconds; the cases each build their own model and optimizer.
 LOCAL_SGD = [("none", 4, 0, 12), ("none", 2, 3, 12), ("fp16", 4, 0, 12),  # spec, period, warmup, steps
              ("topk:ratio=0.4", 4, 0, 8), ("onebit", 4, 0, 8), ("powersgd:rank=1", 4, 0, 8)]
 DGA = [("none", 2, 8), ("none", 0, 5), ("topk:ratio=0.4", 2, 7)]  # spec, delay, steps
@@ -75,14 +75,26 @@ def _key(kind, *args):
     return ":".join(map(str, (kind, *args)))
 
 
+for _c in LOCAL_SGD:
+    TORCH_GLOO.add(__name__, _key("local_sgd", *_c), "tests.workers.local_steps:local_sgd",
+                   dict(zip(("spec", "period", "warmup", "steps"), _c)))
+for _c in DGA:
+    TORCH_GLOO.add(__name__, _key("dga", *_c), "tests.workers.local_steps:dga",
+                   dict(zip(("spec", "delay", "steps"), _c)))
+
+
 @pytest.fixture(scope="module")
-def logs():
-    """Per case key, the per-rank logs of one launch that ran every case."""
-    calls = [(_key("local_sgd", *c), "tests.workers.local_steps:local_sgd",
-              dict(zip(("spec", "period", "warmup", "steps"), c))) for c in LOCAL_SGD]
-    calls += [(_key("dga", *c), "tests.workers.local_steps:dga",
-               dict(zip(("spec", "delay", "steps"), c))) for c in DGA]
-    return run_many(run_horovod, calls, np=2, timeout=900)
+def logs(request):
+    """Per case key, the per-rank logs of the launch that ran every case."""
+    return _Logs(request)
+
+
+class _Logs:
+    def __init__(self, request):
+        self.request = request
+
+    def __getitem__(self, key):
+        return TORCH_GLOO.results(self.request, key)
 
 
 def test_torch_optimizer_rejects_bad_combinations():

@@ -5,7 +5,7 @@ check fails by a case without the error or by the launch's time-out."""
 
 import pytest
 
-from tests.harness import run_horovod
+from tests.launches import TF_GLOO, TORCH_GLOO
 
 pytestmark = pytest.mark.multiprocess
 
@@ -18,14 +18,20 @@ MISMATCHES = {  # case -> (field that must be named, what rank 0 and rank 1 show
 }
 
 
-@pytest.fixture(scope="module")
-def torch_results():
-    return run_horovod("tests.workers.plan_check:torch_cases", np=2, timeout=240)
+TORCH_GLOO.add(__name__, "torch_cases", "tests.workers.plan_check:torch_cases")  # (tests.launches)
 
 
 @pytest.fixture(scope="module")
-def tf_results():
-    return run_horovod("tests.workers.plan_check:tf_cases", np=2, timeout=300)
+def torch_results(request):
+    return TORCH_GLOO.results(request, "torch_cases")
+
+
+TF_GLOO.add(__name__, "tf_cases", "tests.workers.plan_check:tf_cases")  # (tests.launches)
+
+
+@pytest.fixture(scope="module")
+def tf_results(request):
+    return TF_GLOO.results(request, "tf_cases")
 
 
 def _mismatch(results, case, field, shown):

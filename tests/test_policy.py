@@ -10,7 +10,7 @@ import pytest
 
 from hvd_compress import spec as specmod
 from hvd_compress.core import policy as pm
-from tests.harness import run_horovod
+from tests.launches import TF_GLOO, TORCH_GLOO
 
 
 def test_mapping_text_is_told_from_a_spec():
@@ -143,14 +143,20 @@ def test_plan_is_the_same_in_both_frameworks(compression, min_numel, compressed)
     assert sum(r["compressed"] for r in t_rows) == compressed
 
 
-@pytest.fixture(scope="module")
-def torch_results():
-    return run_horovod("tests.workers.policy:torch_checks", np=2)
+TORCH_GLOO.add(__name__, "torch_checks", "tests.workers.policy:torch_checks")  # (tests.launches)
 
 
 @pytest.fixture(scope="module")
-def tf_results():
-    return run_horovod("tests.workers.policy:tf_checks", np=2)
+def torch_results(request):
+    return TORCH_GLOO.results(request, "torch_checks")
+
+
+TF_GLOO.add(__name__, "tf_checks", "tests.workers.policy:tf_checks")  # (tests.launches)
+
+
+@pytest.fixture(scope="module")
+def tf_results(request):
+    return TF_GLOO.results(request, "tf_checks")
 
 
 def test_torch_mixed_plan_matches_the_reference(torch_results):

@@ -1,11 +1,17 @@
 """hvd_compress.torch under real horovodrun -np 2 launches (Gloo and MPI)."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 import torch
 
 from hvd_compress.core import build
-from tests.harness import run_horovod, shared_launches
+from tests.harness import run_horovod
+from tests.launches import TORCH_GLOO, TORCH_MPI
 from tests.workers.torch_opt import SPECS
 
 pytestmark = pytest.mark.multiprocess
@@ -19,13 +25,16 @@ BPPS_SPECS = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "qsgd:lev
 MISSING_SPECS = ["topk:ratio=0.1", "onebit", "dgc:ratio=0.1,momentum=0"]
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """``launched(controller, key)``: per-rank results of a CPU case from one launch per
-    controller (tests.harness.run_many; the cases run one after another, each with its own
-    model and optimizer).  The CUDA cases and the checkpoint's two phases (a fresh launch
-    is the point) launch on their own."""
-    w = "tests.workers.torch_opt:"
+# The CPU cases: one launch per controller, shared with other modules' np 2 bodies
+# (tests.launches; the cases run one after another, each with its own model and optimizer).
+# The CUDA cases and the checkpoint's two phases (a fresh launch is the point) launch on
+# their own.
+_W = "tests.workers.torch_opt:"
+_RESUME = os.path.join(tempfile.mkdtemp(prefix="hvd-test-resume-"), "ckpt.pt")
+atexit.register(shutil.rmtree, os.path.dirname(_RESUME), True)
+
+
+def _register(w=_W):
     gloo = [("reference", w + "aggregate_matches_reference", {"device": "cpu"}),
             ("bpps", w + "aggregate_matches_reference",
              {"specs": BPPS_SPECS, "bpps": 2, "steps": 2, "device": "cpu"}),
@@ -34,9 +43,21 @@ def launched(tmp_path_factory):
             ("broadcast_every", w + "broadcast_every_optimizer", {})]
     mpi = [("reference", w + "aggregate_matches_reference", {"device": "cpu"}),
            ("resume_with_broadcast", w + "resume_with_broadcast",
-            {"path": str(tmp_path_factory.mktemp("resume") / "ckpt.pt")})]
-    return shared_launches({"gloo": (run_horovod, gloo, {"np": 2, "timeout": 900, "controller": "gloo"}),
-                            "mpi": (run_horovod, mpi, {"np": 2, "timeout": 900, "controller": "mpi"})})
+            {"path": _RESUME})]
+    for call in gloo:
+        TORCH_GLOO.add(__name__, *call)
+    for call in mpi:
+        TORCH_MPI.add(__name__, *call)
+
+
+_register()
+
+
+@pytest.fixture(scope="module")
+def launched(request):
+    """``launched(controller, key)``: per-rank results of a CPU case."""
+    shared = {"gloo": TORCH_GLOO, "mpi": TORCH_MPI}
+    return lambda controller, key: shared[controller].results(request, key)
 
 
 @pytest.mark.parametrize("controller,device", [("gloo", "cpu"), ("mpi", "cpu"),

@@ -12,7 +12,8 @@ import re
 import numpy as np
 import pytest
 
-from tests.harness import LaunchError, run_horovod, shared_launches
+from tests.harness import LaunchError, run_horovod
+from tests.launches import TORCH_GLOO, TORCH_MPI
 from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
@@ -32,15 +33,17 @@ def _key(body, kwargs):
     return ":".join([body, *map(str, kwargs.values())])
 
 
+_SHARED = {"gloo": TORCH_GLOO, "mpi": TORCH_MPI}  # (with other modules' np 2 bodies: tests.launches)
+for _c, _cases in CASES.items():
+    for _b, _kw in _cases:
+        _SHARED[_c].add(__name__, _key(_b, _kw), f"tests.workers.torch_patterns:{_b}", _kw)
+
+
 @pytest.fixture(scope="module")
-def launched():
+def launched(request):
     """``launched(controller, body, **kwargs)``: the per-rank results of that case, from
     the controller's one launch."""
-    results = shared_launches({c: (run_horovod, [(_key(b, kw), f"tests.workers.torch_patterns:{b}", kw)
-                                                 for b, kw in cases],
-                                   {"np": 2, "timeout": 600, "controller": c})
-                               for c, cases in CASES.items()})
-    return lambda controller, body, **kwargs: results(controller, _key(body, kwargs))
+    return lambda controller, body, **kwargs: _SHARED[controller].results(request, _key(body, kwargs))
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)

@@ -10,15 +10,19 @@ densified, compressed, and goes back sparse, the ranks in agreement.
 import numpy as np
 import pytest
 
-from tests.harness import run_horovod
+from tests.launches import TORCH_GLOO, TORCH_MPI
 
 pytestmark = pytest.mark.multiprocess
 
 
+_SHARED = {"gloo": TORCH_GLOO, "mpi": TORCH_MPI}  # (with other modules' np 2 bodies: tests.launches)
+for _launch in _SHARED.values():
+    _launch.add(__name__, "sparse_embeddings", "tests.workers.torch_sparse:sparse_embeddings")
+
+
 @pytest.fixture(scope="module", params=["gloo", "mpi"])
 def runs(request):
-    return run_horovod("tests.workers.torch_sparse:sparse_embeddings", np=2, timeout=300,
-                       controller=request.param)
+    return _SHARED[request.param].results(request, "sparse_embeddings")
 
 
 def test_none_is_horovods_sparse_allreduce(runs):
