@@ -106,3 +106,27 @@ def test_two_phase_runs_fit_validate_and_fill_the_planning_tables():
     flat = md[md.index("## Predicted images/s"):md.index("## Crossover")]
     assert "| `onebit (two-phase)` (derived) |" in flat and "| `topk:ratio=0.01 (two-phase)` |" in flat
     assert "hierarchical+two-phase" not in flat
+
+
+def test_rows_as_compare_writes_them_count_with_their_exchange():
+    """compare's rows: two-phase runs in mode 'two-phase' (``--exchange two-phase``), the
+    allgather in mode 'flat', the hierarchy in 'sync', and ``none`` saying 'hierarchical'
+    (its summed floats go by one allreduce).  The fixed exchange modes are fitted and
+    validated like sync (their profiles measured, not derived); ``auto`` (an exchange per
+    tensor) is not."""
+    link = Link(50e-6, 0.9, local_s_per_bit=1e-9)
+    rows = []
+    for r in _rows(link):
+        mode = {xc.TWO_PHASE: "two-phase", xc.ALLGATHER: "flat",
+                xc.HIERARCHICAL_TWO_PHASE: "hierarchical+two-phase"}.get(r["exchange"], "sync")
+        if r["compression"] == "none":
+            r = dict(r, exchange=xc.HIERARCHICAL)
+        rows.append(dict(r, mode=mode))
+    assert predictions.exchange_of(rows[0]) == xc.ALLREDUCE  # none in 2 nodes, "hierarchical"
+    auto = dict(rows[3], mode="auto", exchange="auto: allgather 3, two-phase 2", step_ms="1")
+    md, say = predictions.predict(rows + [auto])
+    n = 2 * len(RUNS)
+    assert f"{n}/{n} within 25%" in say[0] and "worst 0.0%" in say[0], say
+    assert "| `topk:ratio=0.01` (two-phase) | 4 | 1gbit |" in md
+    assert "`topk:ratio=0.01 (two-phase)` (derived)" not in md
+    assert "| `topk:ratio=0.01 (two-phase)` |" in md

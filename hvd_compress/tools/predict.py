@@ -14,7 +14,7 @@ import math
 from ..core import exchangecost as xc
 from ..core.base import TensorMeta
 from . import costmodel, netcap
-from .plan import FLAT, SYNC, UNCAPPED, mode_of, nodes_of, specs_of, takes_hierarchy
+from .plan import EXCHANGE_MODES, FLAT, SYNC, UNCAPPED, mode_of, nodes_of, specs_of, takes_hierarchy
 from .report import add_targets, curve_of, number, ok_rows
 
 
@@ -65,8 +65,13 @@ def exchange_of(r: dict) -> str:
     go flat), else what the compressor's payloads take (allreduce or allgather)."""
     named = str(r.get("exchange") or "")
     if named in xc.EXCHANGES:
-        return named if nodes_of(r) > 1 or not xc.is_hierarchical(named) else \
-            xc.flat_of(named, _collective(r["compression"]) == costmodel.ALLREDUCE)
+        own = _collective(r["compression"])
+        tiered = nodes_of(r) > 1 and takes_hierarchy(r["compression"])
+        if xc.is_hierarchical(named) and not tiered:  # the hierarchy asked for, not run
+            return own if own == xc.ALLREDUCE else xc.flat_of(named)
+        if own == xc.ALLREDUCE and not tiered:  # summed payloads: one allreduce
+            return xc.ALLREDUCE
+        return named
     if nodes_of(r) > 1 and str(r.get("hierarchical", "")).lower() in ("true", "1") and \
             takes_hierarchy(r["compression"]):
         return xc.HIERARCHICAL
@@ -234,12 +239,15 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
             ) -> tuple[str, list[str]]:
     """(prediction.md text, lines worth printing).  ``alpha_us``: the per-message-step
     latency to assume (default: fitted when the runs cover two or more worker counts,
-    else :data:`DEFAULT_ALPHA_US`).  Only sync-mode rows are used: the model is one exchange
-    per step.  ``target``: also predict the time to that test accuracy
-    (:func:`time_to_target_lines`).  Runs in simulated nodes (``--nodes``) count with
-    their exchange (hierarchical or flat, :func:`variant`); ``per_node`` and ``local_bps``
-    set the nodes of the node table (:func:`node_lines`)."""
-    rows = [r for r in ok_rows(rows) if mode_of(r) in (SYNC, FLAT)]
+    else :data:`DEFAULT_ALPHA_US`).  Only rows of one exchange a step are used (sync, flat
+    and the fixed ``--exchange`` modes; not ``auto``, local SGD or DGA).  ``target``: also
+    predict the time to that test accuracy (:func:`time_to_target_lines`).  Runs in
+    simulated nodes (``--nodes``) count with their exchange (hierarchical or flat,
+    :func:`variant`); ``per_node`` and ``local_bps`` set the nodes of the node table
+    (:func:`node_lines`)."""
+    # one exchange a step: sync, flat and the fixed --exchange modes (auto mixes them)
+    rows = [r for r in ok_rows(rows)
+            if mode_of(r) in (SYNC, FLAT) or (mode_of(r) in EXCHANGE_MODES and mode_of(r) != "auto")]
     # capped: runs at a known rate (a cap, or real hosts' stated rate), validated; uncapped:
     # runs without a cap (real hosts' too), each compressor's profile
     capped = [r for r in rows if math.isfinite(_rate(r)) and int(r["np"]) > 1 and not r.get("latency")]
@@ -297,7 +305,8 @@ def predict(rows: list[dict], alpha_us: float | None = None, target: float | Non
             meas = number(r, "step_ms")
             err = (pred - meas) / meas
             errors.append(abs(err))
-            md.append(f"| `{r['compression']}` | {r['np']} | {rate_label(r)} | {meas:.1f} | {pred:.1f} | "
+            name = f"`{r['compression']}`" + variant(r)[len(r["compression"]):]
+            md.append(f"| {name} | {r['np']} | {rate_label(r)} | {meas:.1f} | {pred:.1f} | "
                       f"{100 * err:+.1f}% |")
         if errors:
             within = sum(e <= 0.25 for e in errors)
