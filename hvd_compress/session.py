@@ -93,6 +93,14 @@ def fuse_uncompressed(groups, uncompressed, least: int = 2) -> list:
     return [tuple(x for (x,) in dense)] + rest
 
 
+def _size(world):
+    """The world's size, None before ``hvd.init()`` (a wrapper may be made before it)."""
+    try:
+        return world.size
+    except ValueError:
+        return None
+
+
 class Session:
     """One wrapper's exchange session over ``process_set`` (module docstring).
 
@@ -186,7 +194,7 @@ class Session:
             engine = self._twophase(comp, world, **kw)
         elif exchangecost.is_hierarchical(mode):
             engine = self._tiered_engine(comp, world, mode, kw)
-        elif mode == AUTO and world.size > 1:
+        elif mode == AUTO and _size(world) != 1:
             engines = {"flat": self._flat(comp, world, **kw),
                        "two-phase": self._twophase(comp, world, **kw)}
             node = cross = None
@@ -202,7 +210,7 @@ class Session:
                 if key == "two-phase":
                     return self._twophase(probe, world, **kw)
                 return self._tiered_engine(probe, world, key, kw)
-            choice = self.auto = AutoChoice(world.size, per_node, engines, world, node, cross,
+            choice = self.auto = AutoChoice(_size(world), per_node, engines, world, node, cross,
                                             links=self._links, make_engine=make, known=known)
             engine = self._routed(engines, choice.route,
                                   before_send=lambda xs, ns: choice.measure(engine.comp, xs, ns))

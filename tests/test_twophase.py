@@ -379,6 +379,11 @@ def test_auto_figures_kept_with_known_are_taken_up_by_the_next_choice():
     assert other.rates == {} and other.choices == {} and other.links is links
     first.resize(2)  # elastic: figures and choices dropped, for every holder of known
     assert known["rates"] == {} and known["choices"] == {}
+    # made before hvd.init() (p unknown): the world's size read at the first exchange
+    early = AutoChoice(None, 1, {"flat", "two-phase"}, world, links=links)
+    assert early.p is None and early.plan() == {}
+    early.measure(comp, [np.ones(shape, np.float32)], ["w"])
+    assert early.p == 1 and early.choose("w", shape, comp).exchange == "allgather"
 
 
 class _Slowed:

@@ -133,23 +133,31 @@ class AutoChoice:
     :meth:`route` is :class:`~.routed.Routed`'s rule.  ``known``: a dict the figures and
     choices are kept in, to be taken up by the next choice made with it for the same world
     (TensorFlow makes a tape, so a session, every step: measured once, not every step --
-    and a step traced twice routes alike both times)."""
+    and a step traced twice routes alike both times).  ``p=None``: the world's size, read
+    at the first exchange (a wrapper made before ``hvd.init()``)."""
 
-    def __init__(self, p: int, per_node: int, engines, world, node=None, cross=None,
+    def __init__(self, p, per_node: int, engines, world, node=None, cross=None,
                  links: costs.Links | None = None, make_engine=None, known: dict | None = None):
-        self.p, self.per_node = int(p), int(per_node)
+        self.per_node = int(per_node)
         #: ``make_engine(key, comp)``: a fresh engine of kind ``key`` for a probe compressor
         #: (None: no end-to-end timing, the model's prices unscaled)
         self.make_engine = make_engine
         self.engines = set(engines)
         self.world, self.node, self.cross = world, node, cross
         self._given = links is not None
-        known = {} if known is None else known
-        if known.get("world") != (self.p, self.per_node, links):
+        self._links_given = links
+        self._known = {} if known is None else known
+        self.p, self.rates, self.scale, self.choices = None, {}, {}, {}
+        if p is not None:
+            self._set_world(int(p))
+
+    def _set_world(self, p: int) -> None:
+        """Take up what ``known`` holds for this world, or start it afresh."""
+        self.p, known, links = p, self._known, self._links_given
+        if known.get("world") != (p, self.per_node, links):
             known.clear()
-            known.update(world=(self.p, self.per_node, links), links=links, rates={}, scale={},
+            known.update(world=(p, self.per_node, links), links=links, rates={}, scale={},
                          choices={})
-        self._known = known
         self.rates = known["rates"]      # spec text -> encode, decode per value, per call
         self.scale = known["scale"]      # spec text -> {exchange: timed / modelled seconds}
         self.choices = known["choices"]  # (tensor name, shape) -> Choice
@@ -157,7 +165,7 @@ class AutoChoice:
     @property
     def links(self):
         """The links measured (or given); None before the first exchange."""
-        return self._known["links"]
+        return self._known.get("links")
 
     @links.setter
     def links(self, value) -> None:
@@ -177,7 +185,12 @@ class AutoChoice:
     # -- the measurement (every rank at once) ------------------------------------------------
     def measure(self, comp, tensors, names) -> None:
         """Time the links and ``comp``'s codecs (once) and agree on the figures."""
+        if self.p is None:
+            self._set_world(int(self.world.size))
         if self.links is not None and self.rates:
+            return
+        if self.p <= 1:  # one worker: nothing to choose
+            self.links = self.links or costs.Links(0.0, 0.0)
             return
         B = comp.B
         like = tensors[0] if tensors else None
