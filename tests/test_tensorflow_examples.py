@@ -167,7 +167,7 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
     out = tmp_path / "s.json"
     text = run_script("tf_examples/synthetic_benchmark.py",
                       ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
-                       "--json", out, *extra], timeout=600)
+                       "--num-warmup-batches", "1", "--json", out, *extra], timeout=600)
     assert "total img/sec on 2 workers" in text
     doc = json.loads(out.read_text())
     assert set(SUMMARY_KEYS) <= set(doc) and doc["steps"] == 4 and doc["test_accuracy"] is None

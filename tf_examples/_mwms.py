@@ -114,7 +114,7 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
                                steps * args.batch_size * size, train_s,
                                {"bytes_sent": dense * steps}, acc, time.perf_counter() - t_start,
                                strategy="mwms", **runtools.local_fields(args), hierarchical=False,
-                               exchange="",
+                               exchange="", exchange_why={},
                                split_measured="not measured: TensorFlow's all-reduce runs inside "
                                               "its own step",
                                epochs=len(points), curve=points)

@@ -122,6 +122,7 @@ def main(argv=None):
                                parameters=nparams,
                                hierarchical=bool(made and made[0].hierarchical),
                                exchange=runtools.exchange_used(made[0]) if made else "",
+                               exchange_why=runtools.exchange_why(made[0]) if made else {},
                                img_sec_per_worker_mean=round(mean, 2),
                                img_sec_per_worker_conf=round(conf, 2), split_measured=how)
         runtools.write_summary(args.json, doc)

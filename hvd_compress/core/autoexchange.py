@@ -189,7 +189,7 @@ class AutoChoice:
             self._set_world(int(self.world.size))
         if self.links is not None and self.rates:
             return
-        if self.p <= 1:  # one worker: nothing to choose
+        if self.p <= 2 and self.node is None:  # nothing to choose: the allgather (allowed)
             self.links = self.links or costs.Links(0.0, 0.0)
             return
         B = comp.B
