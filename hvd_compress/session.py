@@ -195,21 +195,19 @@ class Session:
         elif exchangecost.is_hierarchical(mode):
             engine = self._tiered_engine(comp, world, mode, kw)
         elif mode == AUTO and _size(world) != 1:
-            engines = {"flat": self._flat(comp, world, **kw),
-                       "two-phase": self._twophase(comp, world, **kw)}
+            def make(key, c):  # an engine of kind ``key`` (also for auto's probe compressors)
+                if key == "flat":
+                    return self._flat(c, world, **kw)
+                if key == "two-phase":
+                    return self._twophase(c, world, **kw)
+                return self._tiered_engine(c, world, key, kw)
+            keys = ["flat", "two-phase"]
             node = cross = None
             if self._sets is not None:
                 node, cross = (self.collectives(s) for s in self._sets[:2])
-                for key in (exchangecost.HIERARCHICAL, exchangecost.HIERARCHICAL_TWO_PHASE):
-                    engines[key] = self._tiered_engine(comp, world, key, kw)
+                keys += [exchangecost.HIERARCHICAL, exchangecost.HIERARCHICAL_TWO_PHASE]
+            engines = {key: make(key, comp) for key in keys}
             per_node = node.size if node is not None else 1
-
-            def make(key, probe):  # the same kind of engine, for a probe compressor
-                if key == "flat":
-                    return self._flat(probe, world, **kw)
-                if key == "two-phase":
-                    return self._twophase(probe, world, **kw)
-                return self._tiered_engine(probe, world, key, kw)
             choice = self.auto = AutoChoice(_size(world), per_node, engines, world, node, cross,
                                             links=self._links, make_engine=make, known=known)
             engine = self._routed(engines, choice.route,

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import exchangecost as costs
 from .base import TensorMeta
-from .exchange import MAX
+from .exchange import MAX, _numel
 from .stats import new_stats
 from .twophase import takes_two_phase
 
@@ -119,13 +119,6 @@ def codec_seconds(probe, B, like, largest: int = CODEC_LARGE[1]) -> tuple:
     return ev, dv, ec, dc
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 class AutoChoice:
     """What ``exchange="auto"`` knows: the world (``p`` workers in nodes of ``per_node``),
     which engines exist (``engines``: keys of :data:`ENGINE_OF`'s values), the measured
@@ -144,8 +137,7 @@ class AutoChoice:
         self.make_engine = make_engine
         self.engines = set(engines)
         self.world, self.node, self.cross = world, node, cross
-        self._given = links is not None
-        self._links_given = links
+        self._given = links  # (None: measured)
         self._known = {} if known is None else known
         self.p, self.rates, self.scale, self.choices = None, {}, {}, {}
         if p is not None:
@@ -153,7 +145,7 @@ class AutoChoice:
 
     def _set_world(self, p: int) -> None:
         """Take up what ``known`` holds for this world, or start it afresh."""
-        self.p, known, links = p, self._known, self._links_given
+        self.p, known, links = p, self._known, self._given
         if known.get("world") != (p, self.per_node, links):
             known.clear()
             known.update(world=(p, self.per_node, links), links=links, rates={}, scale={},
@@ -178,19 +170,20 @@ class AutoChoice:
         self.choices.clear()
         self.rates.clear()
         self.scale.clear()
-        if not self._given:
-            self.links = None
-        self._known["world"] = (self.p, self.per_node, self.links if self._given else None)
+        self.links = self._given
+        self._known["measured"] = False
+        self._known["world"] = (self.p, self.per_node, self._given)
 
     # -- the measurement (every rank at once) ------------------------------------------------
     def measure(self, comp, tensors, names) -> None:
         """Time the links and ``comp``'s codecs (once) and agree on the figures."""
         if self.p is None:
             self._set_world(int(self.world.size))
-        if self.links is not None and self.rates:
+        if self._known.get("measured"):  # once per world (also where no spec has a choice)
             return
         if self.p <= 2 and self.node is None:  # nothing to choose: the allgather (allowed)
             self.links = self.links or costs.Links(0.0, 0.0)
+            self._known["measured"] = True
             return
         B = comp.B
         like = tensors[0] if tensors else None
@@ -223,8 +216,9 @@ class AutoChoice:
         for key in specs:
             self.rates[key] = tuple(agreed[at:at + 4])
             at += 4
-        if self.make_engine is not None and not self._given and self.p > 1:
+        if self.make_engine is not None and self._given is None and self.p > 1:
             self._calibrate(specs, B, like, int(agreed[at]))
+        self._known["measured"] = True
 
     def _agree(self, figures, B, like, tag: str) -> list:
         """Every rank's figures, the maxima over ranks (one allreduce)."""
@@ -240,10 +234,9 @@ class AutoChoice:
         from .registry import build
         m = max(CODEC_LARGE[0], min(CODEC_LARGE[1], largest))
         x = np.random.default_rng(1).standard_normal(m).astype(np.float32)
-        runs, times = [], []
+        runs, times, shape = [], [], (m,)
         with self.world.eager():
             for key in specs:
-                shape = (m,)
                 allowed = self.allowed(specs[key], shape)
                 if len(allowed) < 2:
                     continue

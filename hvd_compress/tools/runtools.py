@@ -157,10 +157,15 @@ EXCHANGES = ("auto", "allgather", "allreduce", "two-phase", "hierarchical",
              "hierarchical+two-phase")
 
 
+def _session_of(wrapper):
+    """A wrapper's :class:`~hvd_compress.session.Session` (None: Horovod's own)."""
+    return getattr(wrapper, "_session", None) or getattr(wrapper, "_hvdc_session", None)
+
+
 def exchange_used(wrapper) -> str:
     """What a wrapper's exchange was, for a run's summary: the one asked for, or ``auto``'s
     choices counted (``"auto: allgather 3, two-phase 2"``); "" for Horovod's own."""
-    s = getattr(wrapper, "_session", None) or getattr(wrapper, "_hvdc_session", None)
+    s = _session_of(wrapper)
     if s is None:
         return ""
     if s.auto is None:
@@ -174,7 +179,7 @@ def exchange_used(wrapper) -> str:
 def exchange_why(wrapper) -> dict:
     """``exchange="auto"``'s evidence, for a run's summary: the links and codec rates it
     measured and, per tensor, the exchange and its priced alternatives ({} otherwise)."""
-    s = getattr(wrapper, "_session", None) or getattr(wrapper, "_hvdc_session", None)
+    s = _session_of(wrapper)
     if s is None or s.auto is None or s.auto.links is None:
         return {}
     links = s.auto.links
