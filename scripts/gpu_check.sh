@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check: every CUDA-parameterised PyTorch test and the kernel benchmark on an NVIDIA GPU.
+# GPU check: the CUDA-parameterised PyTorch tests, the kernel benchmark, the examples and the
+# comparison on an NVIDIA GPU.
 #
 #   bash scripts/gpu_check.sh [HOROVOD_SDIST]
 #
@@ -7,19 +8,32 @@
 # (the GPU machines this project borrows have PyTorch, nvcc and CMake, no Horovod):
 #
 # 1. Horovod, when `python3 -c "import horovod.torch"` fails: built from the 0.28.1 sdist
-#    (HOROVOD_SDIST, else ./.devcarry/horovod-0.28.1.tar.gz, else downloaded) with
-#    PyTorch, Gloo and its CUDA kernels for this GPU (no NCCL, no MPI: ranks sharing one
-#    GPU stage CUDA tensors through host memory), the fixes of scripts/horovod_fixes.sh and
-#    those newer toolchains need (below), into $HVD_GPU_SITE (default /tmp/hvd-gpu-site).
-#    About 2 minutes on 4 cores.
-# 2. pytest: tests/test_torch_same_bits.py, tests/test_torch_multiprocess.py and
+#    (HOROVOD_SDIST, else ./.devcarry/horovod-0.28.1.tar.gz, else downloaded) with the
+#    fixes of scripts/horovod_fixes.sh and those newer toolchains need (below), twice and
+#    at the same time:
+#    - PyTorch, Gloo and its CUDA kernels for this GPU into $HVD_GPU_SITE (default
+#      /tmp/hvd-gpu-site): ranks sharing one GPU stage CUDA tensors through host memory
+#      (NCCL refuses two ranks on one GPU);
+#    - the same with NCCL for CUDA tensors (HOROVOD_GPU_OPERATIONS=NCCL) into
+#      $HVD_GPU_SITE-nccl, where the machine has NCCL: the `nvidia-nccl` wheel that CUDA
+#      PyTorch brings (its folder becomes HOROVOD_NCCL_HOME, linked shared), or
+#      HOROVOD_NCCL_HOME if set. GPU_CHECK_NCCL=0 skips it.
+#    About 2-3 minutes on 16 cores. `--check-build` of each is printed.
+# 2. tests: pytest on tests/test_torch_same_bits.py, tests/test_torch_multiprocess.py and
 #    tests/test_bench_kernels.py, the tests whose id says cuda (the CPU ones run in CI).
-# 3. scripts/bench_kernels.py --framework torch --device cuda, twice.
+# 3. bench: scripts/bench_kernels.py --framework torch --device cuda, twice.
+# 4. examples: the torch examples with --device cuda at np 1 through the NCCL build (the
+#    Gloo build without NCCL), and at np 2 on the one GPU through the Gloo build.
+# 5. compare: hvd-compress-compare --device cuda --np 1 2 (top-k 1%, 1-bit, none; the
+#    Gloo build: its np 2 shares the GPU), results under $OUT/compare.
 #
-# With GPU_CHECK_BUILD_ONLY=1 it stops after step 1 (Horovod built and importable), for a
-# device call that needs Horovod for something else (e.g. hvd-compress-compare --nodes).
+# GPU_CHECK_STEPS picks steps (default "tests bench"; "all" = tests bench examples
+# compare); Horovod is built whatever it says. GPU_CHECK_BUILD_ONLY=1 is
+# GPU_CHECK_STEPS="" (Horovod built and importable, nothing else), for a device call that
+# needs Horovod for something else (e.g. hvd-compress-compare --nodes).
 #
-# Logs and JSON go to $OUT (default ./gpu-check-out).  Exit status: pytest's.
+# Logs and JSON go to $OUT (default ./gpu-check-out).  Exit status: the first failed
+# step's (pytest's, an example's or compare's), else 0.
 set -uo pipefail
 
 case "${1:-}" in
@@ -58,43 +72,134 @@ apply_toolchain_fixes() {  # $1 = extracted source tree; what scripts/horovod_fi
     sed -i 's/setup_requires=require_list if is_build_action() else \[\],/setup_requires=[],/' "$src/setup.py"
 }
 
-if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
-    say "building Horovod 0.28.1 (PyTorch, Gloo, CUDA kernels) into $SITE; log $OUT/horovod-build.log"
+nccl_home() {  # NCCL for Horovod's build: HOROVOD_NCCL_HOME, else the nvidia-nccl wheel's folder
+    if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then echo "$HOROVOD_NCCL_HOME"; return 0; fi
+    "$PY" - <<'PYEOF'
+import glob, os, sys
+try:
+    import nvidia.nccl as m  # the wheel CUDA PyTorch depends on (nvidia-nccl-cu*)
+except ImportError:
+    sys.exit(1)
+for d in m.__path__:
+    if os.path.exists(os.path.join(d, "include", "nccl.h")) and glob.glob(os.path.join(d, "lib", "libnccl.so*")):
+        print(d)
+        sys.exit(0)
+sys.exit(1)
+PYEOF
+}
+
+build_horovod() {  # $1 = target site folder, $2 = "nccl" or "gloo", $3 = make jobs; log $OUT/horovod-build-$2.log
+    local site=$1 kind=$2 jobs=$3 log=$OUT/horovod-build-$2.log work src cc nccl stage
     work=$(mktemp -d)
-    if [ ! -f "$SDIST" ]; then
-        "$PY" -m pip download --no-deps --no-binary :all: horovod==0.28.1 -d "$work" >"$OUT/horovod-build.log" 2>&1 \
-            || { echo "no Horovod sdist at $SDIST and none could be downloaded" >&2; exit 1; }
-        SDIST=$work/horovod-0.28.1.tar.gz
+    local sdist=$SDIST
+    if [ ! -f "$sdist" ]; then
+        "$PY" -m pip download --no-deps --no-binary :all: horovod==0.28.1 -d "$work" >"$log" 2>&1 \
+            || { echo "no Horovod sdist at $SDIST and none could be downloaded" >&2; return 1; }
+        sdist=$work/horovod-0.28.1.tar.gz
     fi
-    tar xzf "$SDIST" -C "$work"
+    tar xzf "$sdist" -C "$work"
     src=$work/horovod-0.28.1
     # shellcheck source=scripts/horovod_fixes.sh
     source "$ROOT/scripts/horovod_fixes.sh"
-    apply_horovod_fixes "$src" || exit 1
+    apply_horovod_fixes "$src" >>"$log" 2>&1 || return 1
     apply_toolchain_fixes "$src"
     cc=$("$PY" -c "import torch; a, b = torch.cuda.get_device_capability(); print(f'{a}{b}')")
     (
         export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
                HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_BUILD_CUDA_CC_LIST=$cc \
-               CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$(nproc) \
+               CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$jobs \
                CXXFLAGS="-include cstdint -include string -include stdexcept -include memory -include functional -include algorithm -include limits -include vector -include mutex -include atomic"
+        if [ "$kind" = nccl ]; then
+            nccl=$(nccl_home) || { echo "no NCCL on this machine"; exit 1; }
+            # the wheel has lib/libnccl.so.2 only; CMake's find_library wants libnccl.so
+            stage=$work/nccl
+            mkdir -p "$stage/lib"
+            ln -s "$nccl/include" "$stage/include"
+            ln -s "$(ls "$nccl"/lib/libnccl.so* | head -1)" "$stage/lib/libnccl.so"
+            export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_NCCL_HOME=$stage \
+                   HOROVOD_NCCL_INCLUDE=$stage/include HOROVOD_NCCL_LIB=$stage/lib
+            echo "NCCL from $nccl"
+        fi
         cd "$src" && "$PY" -m pip wheel --no-deps --no-build-isolation -v -w "$work/whl" . \
-            && "$PY" -m pip install -q --no-deps --no-compile --target "$SITE" "$work"/whl/horovod-*.whl
-    ) >>"$OUT/horovod-build.log" 2>&1 || { tail -30 "$OUT/horovod-build.log"; echo "Horovod build failed" >&2; exit 1; }
-    say "Horovod built"
+            && "$PY" -m pip install -q --no-deps --no-compile --target "$site" "$work"/whl/horovod-*.whl
+    ) >>"$log" 2>&1 || { tail -30 "$log"; echo "Horovod build ($kind) failed, log $log" >&2; return 1; }
+}
+
+NCCL_SITE=$SITE-nccl
+WANT_NCCL=${GPU_CHECK_NCCL:-1}
+[ "$WANT_NCCL" = 1 ] && ! nccl_home >/dev/null && { say "no NCCL on this machine: Gloo build only"; WANT_NCCL=0; }
+pids=()
+if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
+    say "building Horovod 0.28.1 (PyTorch, Gloo, CUDA kernels) into $SITE"
+    jobs=$(nproc); [ "$WANT_NCCL" = 1 ] && jobs=$(( (jobs + 1) / 2 ))
+    build_horovod "$SITE" gloo "$jobs" & pids+=($!)
 fi
-"$PY" -c "import horovod.torch as hvd; print('horovod', hvd.__file__, 'gloo', hvd.gloo_built(), 'nccl', hvd.nccl_built(), 'cuda', hvd.cuda_built())" || exit 1
+if [ "$WANT_NCCL" = 1 ] && ! PYTHONPATH=$NCCL_SITE "$PY" -c "import horovod.torch as h, sys; sys.exit(0 if h.nccl_built() else 1)" 2>/dev/null; then
+    say "building Horovod 0.28.1 (PyTorch, Gloo, CUDA, NCCL) into $NCCL_SITE"
+    build_horovod "$NCCL_SITE" nccl "$(( ($(nproc) + 1) / 2 ))" & pids+=($!)
+fi
+for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
+[ ${#pids[@]} -gt 0 ] && say "Horovod built"
+check_build() {  # $1 = site
+    PYTHONPATH=$1:$ROOT "$PY" -c "import horovod.torch as hvd; print('horovod', hvd.__file__, 'gloo', hvd.gloo_built(), 'nccl', hvd.nccl_built(), 'cuda', hvd.cuda_built())" || return 1
+    PYTHONPATH=$1:$ROOT "$PY" -m horovod.runner.launch --check-build
+}
+check_build "$SITE" | tee "$OUT/check-build-gloo.txt" || exit 1
 "$PY" -c "import horovod.torch as hvd, sys; sys.exit(0 if hvd.cuda_built() else 1)" \
     || echo "note: this Horovod was built without CUDA; CUDA tensors go through host memory" >&2
-[ -n "${GPU_CHECK_BUILD_ONLY:-}" ] && { say "built; GPU_CHECK_BUILD_ONLY: no tests"; exit 0; }
+if [ "$WANT_NCCL" = 1 ]; then
+    check_build "$NCCL_SITE" | tee "$OUT/check-build-nccl.txt" || exit 1
+else
+    NCCL_SITE=$SITE
+fi
 
-say "CUDA tests"
-"$PY" -m pytest -p no:cacheprovider -q -rs -k cuda tests/test_torch_same_bits.py \
-    tests/test_torch_multiprocess.py tests/test_bench_kernels.py 2>&1 | tee "$OUT/pytest-cuda.log" | tail -15
-rc=${PIPESTATUS[0]}
-for i in 1 2; do
-    say "bench_kernels --framework torch --device cuda, run $i"
-    "$PY" scripts/bench_kernels.py --framework torch --device cuda | tee "$OUT/bench-cuda-$i.txt"
-done
-say "done (pytest exit status $rc)"
+STEPS=${GPU_CHECK_STEPS-tests bench}
+[ -n "${GPU_CHECK_BUILD_ONLY:-}" ] && STEPS=""
+[ "$STEPS" = all ] && STEPS="tests bench examples compare"
+[ -z "$STEPS" ] && { say "built; no steps asked for"; exit 0; }
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+rc=0
+fail() { [ "$rc" -eq 0 ] && rc=$1; }
+
+if has tests; then
+    say "CUDA tests"
+    "$PY" -m pytest -p no:cacheprovider -q -rs -k cuda tests/test_torch_same_bits.py \
+        tests/test_torch_multiprocess.py tests/test_bench_kernels.py 2>&1 | tee "$OUT/pytest-cuda.log" | tail -15
+    fail "${PIPESTATUS[0]}"
+fi
+if has bench; then
+    for i in 1 2; do
+        say "bench_kernels --framework torch --device cuda, run $i"
+        "$PY" scripts/bench_kernels.py --framework torch --device cuda | tee "$OUT/bench-cuda-$i.txt"
+        fail "${PIPESTATUS[0]}"
+    done
+fi
+hvdrun() {  # $1 = site, $2 = np, then the command
+    local site=$1 np=$2; shift 2
+    PYTHONPATH=$site:$ROOT timeout -s INT 300 "$PY" -m horovod.runner.launch -np "$np" -H "localhost:$np" --gloo "$@"
+}
+if has examples; then
+    SYN=(--device cuda --num-warmup-batches 2 --num-iters 3 --num-batches-per-iter 5)
+    for spec in none topk:ratio=0.01 onebit; do
+        say "synthetic benchmark on CUDA, $spec, np 1 (NCCL build where there is one)"
+        hvdrun "$NCCL_SITE" 1 "$PY" torch_examples/synthetic_benchmark.py "${SYN[@]}" --compression "$spec" \
+            2>&1 | tee "$OUT/example-synthetic-$spec-np1.log" | tail -3
+        fail "${PIPESTATUS[0]}"
+        say "synthetic benchmark on CUDA, $spec, np 2 sharing the GPU (Gloo build)"
+        hvdrun "$SITE" 2 "$PY" torch_examples/synthetic_benchmark.py "${SYN[@]}" --compression "$spec" \
+            2>&1 | tee "$OUT/example-synthetic-$spec-np2.log" | tail -3
+        fail "${PIPESTATUS[0]}"
+    done
+    say "digits on CUDA, top-k 1%, np 1 (NCCL build where there is one)"
+    hvdrun "$NCCL_SITE" 1 "$PY" torch_examples/train_digits.py --device cuda --compression topk:ratio=0.01 \
+        --epochs 3 2>&1 | tee "$OUT/example-digits-np1.log" | tail -3
+    fail "${PIPESTATUS[0]}"
+fi
+if has compare; then
+    say "hvd-compress-compare --device cuda --np 1 2 (Gloo build)"
+    PYTHONPATH=$SITE:$ROOT timeout -s INT 400 "$PY" -m hvd_compress.tools.compare --device cuda --np 1 2 \
+        --compression none topk:ratio=0.01 onebit --out "$OUT/compare" 2>&1 | tee "$OUT/compare.log" | tail -25
+    fail "${PIPESTATUS[0]}"
+fi
+say "done (exit status $rc)"
 exit "$rc"
