@@ -51,6 +51,7 @@ T0=$(date +%s)
 say() { echo "[$(($(date +%s) - T0))s] $*"; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 
+command -v nvidia-smi >/dev/null || { echo "gpu_check.sh: no NVIDIA GPU here (nvidia-smi not found)" >&2; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || exit 1
 "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda); assert torch.cuda.is_available(), 'PyTorch sees no GPU'" || exit 1
 
