@@ -8,6 +8,8 @@ CPU torch tensors -- and the accelerator modules :mod:`.host_signs`,
 Importing this package registers them and installs the host provider in the core
 (:func:`hvd_compress.core.backend.set_host_fast_paths`); it imports no numba.
 TensorFlow's compiled ops register in :mod:`hvd_compress.tensorflow.fused_ops`.
+:mod:`.device` holds the device fast paths, Triton kernels for CUDA tensors that the torch
+backend asks for (triton imported on the first such question, never with the package).
 """
 
 from ..core.backend import set_host_fast_paths

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..accel.device import device_decoder, device_encoder, device_unpack
 from ..core.backend import fill_uniform, host_fast_decoders, host_fast_paths, selection_sample
 from ..core.layout import OUT_FIRST
 
@@ -70,6 +71,8 @@ class TorchBackend:
         return torch.arange(n, dtype=_DTYPES[dtype], device=_dev(like))
 
     def scalar(self, value, dtype="float32", like=None):
+        if isinstance(value, (int, float, np.generic)):  # a number copied to a GPU waits for it
+            return torch.full((), value, dtype=_DTYPES[dtype], device=_dev(like))
         return torch.tensor(value, dtype=_DTYPES[dtype], device=_dev(like))
 
     def copy(self, x):
@@ -189,16 +192,17 @@ class TorchBackend:
 
     def fused_encoder(self, codec, cols, like=None):
         """For CPU tensors (``like``), the host fast path the numpy backend has (numba
-        kernels, :mod:`hvd_compress.accel.host`, over numpy views); None on devices."""
+        kernels, :mod:`hvd_compress.accel.host`, over numpy views); on CUDA devices the
+        Triton kernels where triton imports (:mod:`hvd_compress.accel.device`), else None."""
         if like is not None and not self.is_host(like):
-            return None
+            return device_encoder(self, codec, cols, like)
         provider = host_fast_paths()
         return None if provider is None else provider(self, codec, cols)
 
     def fused_decoder(self, codec, cols, like=None):
-        """For CPU tensors, the host decoders (numba); None on devices."""
+        """For CPU tensors, the host decoders (numba); on CUDA devices the Triton ones."""
         if like is not None and not self.is_host(like):
-            return None
+            return device_decoder(self, codec, cols, like)
         provider = host_fast_decoders()
         return None if provider is None else provider(self, codec, cols)
 
@@ -206,9 +210,13 @@ class TorchBackend:
         """On devices, codes of 1, 2 or 4 bits: shifted out of each byte, then one 1-d
         look-up of ``values`` (the chain's 256-row table gather took 2.0-3.9 ms for
         25.6M codes on an H200; a 1-d look-up of as many took 0.1 ms); the same
-        float32 values.  None elsewhere (host memory has its own decoders)."""
-        if self.is_host(data) or cols != 1 or bits not in (1, 2, 4):
+        float32 values; one Triton kernel instead where it runs.  None elsewhere (host
+        memory has its own decoders)."""
+        if self.is_host(data) or cols != 1:
             return None
+        fast = device_unpack(self, data, bits, n, values, factors, d)
+        if fast is not None or bits not in (1, 2, 4):
+            return fast
         shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=data.device)
         codes = ((data.to(torch.int32).unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:n]
         out = self.asarray(values, "float32", like=data).index_select(0, codes)
@@ -292,8 +300,9 @@ class TorchBackend:
             an = a.detach().numpy() if isinstance(a, torch.Tensor) else np.asarray(a, _np_dtype(ref))
             bn = b.detach().numpy() if isinstance(b, torch.Tensor) else np.asarray(b, _np_dtype(ref))
             return torch.from_numpy(np.asarray(np.true_divide(an, bn)))
-        a = torch.as_tensor(a, dtype=ref.dtype, device=ref.device)
-        b = torch.as_tensor(b, dtype=ref.dtype, device=ref.device)
+        a, b = (torch.full((), t, dtype=ref.dtype, device=ref.device)  # a number: no H2D wait
+                if isinstance(t, (int, float, np.generic))
+                else torch.as_tensor(t, dtype=ref.dtype, device=ref.device) for t in (a, b))
         shape = torch.broadcast_shapes(a.shape, b.shape)
         return torch.div(a.expand(shape).contiguous(), b.expand(shape).contiguous())
 

@@ -1,0 +1,87 @@
+"""The device fast paths: Triton kernels behind the torch backend's ``fused_encoder``,
+``fused_decoder`` and ``fused_unpack`` hooks for CUDA tensors, registered against the
+algorithm's class, as the host paths are (:mod:`.host`).
+
+Where they run: CUDA tensors, triton importable, ``HVD_COMPRESS_FUSED`` and
+``HVD_COMPRESS_TRITON`` not ``0``; and, for the tests, CPU tensors when Triton's
+interpreter is on (``TRITON_INTERPRET=1`` before triton is imported).  Anywhere else
+each hook answers None and today's torch chain runs, with no warning.  Importing this
+module imports neither torch nor triton: the kernels' wrappers
+(:mod:`.triton_quantizers`) are imported on the first question about an eligible
+tensor; that module's ``ENCODERS`` and ``DECODERS`` tables, keyed by the
+algorithm's class, say what each algorithm has.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from .registry import requested
+
+__all__ = ["enabled", "interpreting", "available", "device_encoder", "device_decoder",
+           "device_unpack"]
+
+_KERNELS = None  # .triton_quantizers once imported, False where triton is missing
+
+
+def enabled() -> bool:
+    """``HVD_COMPRESS_FUSED=0`` turns every fast path off, ``HVD_COMPRESS_TRITON=0`` the
+    Triton kernels alone."""
+    return requested() and os.environ.get("HVD_COMPRESS_TRITON", "1") != "0"
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter is asked for (``TRITON_INTERPRET=1``): kernels then run
+    on CPU tensors, in numpy (the tests' way without a GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available():
+    """The kernels' wrappers (:mod:`.triton_quantizers`, triton imported there, once), or
+    False where triton is not installed or does not import."""
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = False
+        if importlib.util.find_spec("triton") is not None:
+            try:
+                from . import triton_quantizers
+                _KERNELS = triton_quantizers
+            except Exception:  # a broken triton install: today's path, silently
+                _KERNELS = False
+    return _KERNELS
+
+
+def _kernels(like):
+    """The wrappers' module where ``like`` (a tensor) is one the kernels run on, else None."""
+    kind = getattr(getattr(like, "device", None), "type", None)
+    if kind != "cuda" and not (kind == "cpu" and interpreting()):
+        return None
+    if not enabled():
+        return None
+    return available() or None
+
+
+def device_encoder(B, obj, cols: int, like):
+    """The fused encoder for ``obj`` (a codec) on ``like``'s device, or None: the contract
+    of ``NumpyBackend.fused_encoder``, ``finite`` a 0-d tensor."""
+    k = _kernels(like)
+    make = None if k is None else k.ENCODERS.find(obj)
+    return None if make is None else make(B, obj, cols)
+
+
+def device_decoder(B, obj, cols: int, like):
+    """The fused decoder for ``obj`` on ``like``'s device -- ``(fields, n) -> float32[n]``,
+    the chain's bits -- or None."""
+    k = _kernels(like)
+    make = None if k is None else k.DECODERS.find(obj)
+    return None if make is None else make(B, obj, cols)
+
+
+def device_unpack(B, data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
+    """:func:`~hvd_compress.core.bitpack.unpack_values` as one kernel (codes of 1, 2, 4 or 8
+    bits, one column), or None."""
+    if cols != 1 or bits not in (1, 2, 4, 8):
+        return None
+    k = _kernels(data)
+    return None if k is None else k.unpack(B, data, bits, n, values, factors, d)

@@ -1,0 +1,182 @@
+"""Triton kernels of the device fast paths: the quantizers' statistics, codes with their
+packing and error feedback, and the packed codes' decoding, each one pass over memory
+where the torch chain makes several (importing this imports triton).
+
+Every kernel computes what the reference chain computes, operation by operation, with
+its roundings: products and sums rounded one by one (the launches pass
+``enable_fp_fusion=False``: no fused multiply-adds), divisions correctly rounded
+(``div_rn``; Triton's ``/`` is approximate on NVIDIA GPUs), NaN/Inf entries read as 0
+(the chain's ``zero_nonfinite``) and counted.  Floats sums of squares accumulate in
+float64, as the reference's do.  The wrappers are in :mod:`.triton_quantizers`.
+"""
+
+import triton
+import triton.language as tl
+
+INF = float("inf")
+
+
+@triton.jit
+def _clean(x):
+    """``x`` with NaN/Inf read as 0, and whether each entry was finite."""
+    fin = tl.abs(x) < INF
+    return tl.where(fin, x, 0.0), fin
+
+
+@triton.jit
+def bucket_stats(x_ptr, r_ptr, n, d, sum_ptr, sumsq_ptr, lo_ptr, hi_ptr, top_ptr, bad_ptr,
+                 HAS_R: tl.constexpr, SUMS: tl.constexpr, MINMAX: tl.constexpr,
+                 TOP: tl.constexpr, BLOCK: tl.constexpr):
+    """Per bucket of ``d`` values of ``v = x (+ r)`` with NaN/Inf read as 0 (one program a
+    bucket): the float64 sum and sum of squares (``SUMS``), the min and max (``MINMAX``),
+    max |v| (``TOP``), and how many entries were not finite (always)."""
+    b = tl.program_id(0).to(tl.int64)
+    start = b * d
+    acc1 = tl.zeros([BLOCK], tl.float64)
+    acc2 = tl.zeros([BLOCK], tl.float64)
+    lo = tl.full([BLOCK], INF, tl.float32)
+    hi = tl.full([BLOCK], -INF, tl.float32)
+    top = tl.zeros([BLOCK], tl.float32)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for off in range(0, d, BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        idx = start + j
+        m = (j < d) & (idx < n)
+        x = tl.load(x_ptr + idx, mask=m, other=0.0)
+        if HAS_R:
+            x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+        x, fin = _clean(x)
+        bad += (m & (fin == 0)).to(tl.int32)
+        if SUMS:
+            x64 = x.to(tl.float64)
+            acc1 += x64
+            acc2 += x64 * x64
+        if MINMAX:
+            lo = tl.minimum(lo, tl.where(m, x, INF))
+            hi = tl.maximum(hi, tl.where(m, x, -INF))
+        if TOP:
+            top = tl.maximum(top, tl.abs(x))
+    if SUMS:
+        tl.store(sum_ptr + b, tl.sum(acc1, 0))
+        tl.store(sumsq_ptr + b, tl.sum(acc2, 0))
+    if MINMAX:
+        tl.store(lo_ptr + b, tl.min(lo, 0))
+        tl.store(hi_ptr + b, tl.max(hi, 0))
+    if TOP:
+        tl.store(top_ptr + b, tl.max(top, 0))
+    tl.store(bad_ptr + b, tl.sum(bad, 0))
+
+
+@triton.jit
+def _pack(code, BITS: tl.constexpr, PER: tl.constexpr):
+    """Rows of ``PER`` codes of ``BITS`` bits as one byte each, the first in the low bits."""
+    shifts = (tl.arange(0, PER) * BITS)[None, :]
+    return tl.sum(code << shifts, 1).to(tl.uint8)
+
+
+@triton.jit
+def _layout(BYTES: tl.constexpr, PER: tl.constexpr):
+    """The program's bytes and each byte's ``PER`` value indices (rows x PER)."""
+    byte = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+    idx = byte[:, None] * PER + tl.arange(0, PER)[None, :]
+    return byte, idx
+
+
+@triton.jit
+def qsgd_codes(x_ptr, r_ptr, u_ptr, inv_ptr, f_ptr, n, nbytes, d, s, sf, codes_ptr, res_ptr,
+               HAS_R: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
+               BYTES: tl.constexpr):
+    """QSGD codes ``s + sign * min(floor(|v| * inv[bucket] + u), s)`` packed ``PER`` a byte,
+    and with ``HAS_R`` the new residual ``v - (code - s) * f[bucket]`` (``sf``: ``s`` as a
+    float)."""
+    byte, idx = _layout(BYTES, PER)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    u = tl.load(u_ptr + idx, mask=m, other=0.0)
+    bucket = idx // d
+    inv = tl.load(inv_ptr + bucket, mask=m, other=0.0)
+    t = tl.abs(x) * inv
+    t = t + u
+    lv = tl.minimum(tl.floor(t), sf).to(tl.int32)
+    code = s + lv - 2 * lv * (x < 0).to(tl.int32)
+    code = tl.where(m, code, 0)
+    tl.store(codes_ptr + byte, _pack(code, BITS, PER), mask=byte < nbytes)
+    if HAS_R:
+        f = tl.load(f_ptr + bucket, mask=m, other=0.0)
+        tl.store(res_ptr + idx, x - (code - s).to(tl.float32) * f, mask=m)
+
+
+@triton.jit
+def terngrad_codes(x_ptr, r_ptr, u_ptr, cap_ptr, safe_ptr, scale_ptr, n, nbytes, codes_ptr,
+                   res_ptr, HAS_R: tl.constexpr, CLIP: tl.constexpr, BYTES: tl.constexpr):
+    """TernGrad codes (1: +scale, 2: -scale, 0) kept with probability ``min(|v|, cap) /
+    safe``, packed 4 a byte, and with ``HAS_R`` the new residual ``v - decoded``."""
+    byte, idx = _layout(BYTES, 4)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    u = tl.load(u_ptr + idx, mask=m, other=0.0)
+    mag = tl.abs(x)
+    if CLIP:
+        mag = tl.minimum(mag, tl.load(cap_ptr))
+    prob = tl.div_rn(mag, tl.load(safe_ptr) + tl.zeros_like(mag))
+    keep = ((u < prob) & m).to(tl.int32)
+    code = keep + keep * (x < 0).to(tl.int32)
+    tl.store(codes_ptr + byte, _pack(code, 2, 4), mask=byte < nbytes)
+    if HAS_R:
+        scale = tl.load(scale_ptr)
+        dec = tl.where(code == 1, scale, tl.where(code == 2, -scale, 0.0 * scale))
+        tl.store(res_ptr + idx, x - dec, mask=m)
+
+
+@triton.jit
+def uniform_codes(x_ptr, r_ptr, u_ptr, inv_ptr, loinv_ptr, scale_ptr, lo_ptr, n, nbytes, d,
+                  levels, codes_ptr, res_ptr, HAS_R: tl.constexpr, STOCHASTIC: tl.constexpr,
+                  BITS: tl.constexpr, PER: tl.constexpr, BYTES: tl.constexpr):
+    """Uniform max-min codes ``min(floor(clip(v * inv - lo * inv, 0, L) + u), L)`` (``u``
+    the noise, or 0.5 to round to nearest) packed ``PER`` a byte, and with ``HAS_R`` the
+    new residual ``v - (code * scale + lo)``."""
+    byte, idx = _layout(BYTES, PER)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    bucket = idx // d
+    t = x * tl.load(inv_ptr + bucket, mask=m, other=0.0)
+    t = t - tl.load(loinv_ptr + bucket, mask=m, other=0.0)
+    t = tl.minimum(tl.maximum(t, 0.0), levels)
+    if STOCHASTIC:
+        t = t + tl.load(u_ptr + idx, mask=m, other=0.0)
+    else:
+        t = t + 0.5
+    code = tl.minimum(tl.floor(t), levels).to(tl.int32)
+    code = tl.where(m, code, 0)
+    tl.store(codes_ptr + byte, _pack(code, BITS, PER), mask=byte < nbytes)
+    if HAS_R:
+        step = code.to(tl.float32) * tl.load(scale_ptr + bucket, mask=m, other=0.0)
+        tl.store(res_ptr + idx, x - (step + tl.load(lo_ptr + bucket, mask=m, other=0.0)), mask=m)
+
+
+@triton.jit
+def unpack_values(data_ptr, values_ptr, f_ptr, lo_ptr, n, nbytes, d, out_ptr, HAS_F: tl.constexpr,
+                  HAS_LO: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
+                  BYTES: tl.constexpr):
+    """``values[code]`` for ``n`` packed ``BITS``-bit codes (``PER`` a byte), times
+    ``f[bucket]`` (``HAS_F``), plus ``lo[bucket]`` (``HAS_LO``), buckets of ``d``."""
+    byte, idx = _layout(BYTES, PER)
+    m = idx < n
+    data = tl.load(data_ptr + byte, mask=byte < nbytes, other=0).to(tl.int32)
+    shifts = (tl.arange(0, PER) * BITS)[None, :]
+    code = (data[:, None] >> shifts) & ((1 << BITS) - 1)
+    out = tl.load(values_ptr + code, mask=m, other=0.0)
+    if HAS_F:
+        out = out * tl.load(f_ptr + idx // d, mask=m, other=0.0)
+    if HAS_LO:
+        out = out + tl.load(lo_ptr + idx // d, mask=m, other=0.0)
+    tl.store(out_ptr + idx, out, mask=m)

@@ -1,0 +1,184 @@
+"""The device paths' wrappers: QSGD, TernGrad and uniform max-min quantization as a
+statistics pass and a codes pass each (codes, packing and the error-feedback residual in
+one), and the packed codes' decoding as one pass (every codec that decodes through
+:func:`~hvd_compress.core.bitpack.unpack_values`: QSGD, TernGrad, 1-bit, threshold, the
+sign methods, natural's signs; uniform's with its bucket minimums added).  Kernels:
+:mod:`.triton_kernels`; chosen by :mod:`.device`.
+
+The same bits as the torch chain on the device: the noise is drawn as the chain draws
+it (the compressor's generator, ``torch.rand`` on the tensor's device, the same
+values in the same order; nothing else draws from it), the scales come from the
+codecs' own helpers on the few per-bucket values, and the kernels keep the chain's
+roundings.  No value is read on the host: finiteness is a 0-d tensor (the core flags
+the payload's floats and keeps the old residual on it).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..core.bitpack import packed_nbytes
+from ..core.levels import UniformCodec
+from ..core.qsgd import QSGDCodec
+from ..core.terngrad import TernGradCodec
+from . import triton_kernels as K
+from .registry import ByClass
+
+__all__ = ["ENCODERS", "DECODERS", "unpack"]
+
+_VALUES = 1024  # values a program of the codes and decoding kernels handles
+_CHUNK = 8192  # values a program of TernGrad's statistics pass sums
+
+
+def _launch(kernel, n_programs: int, *args, **meta):
+    """``kernel`` on ``n_programs`` programs, without fused multiply-adds (the chain
+    rounds each product)."""
+    kernel[(max(n_programs, 1),)](*args, enable_fp_fusion=False, **meta)
+
+
+def _stats(x, r, d: int, *, sums=False, minmax=False, top=False):
+    """Per bucket of ``d`` values of ``x (+ r)``: ``(sum, sumsq, lo, hi, top, bad)``, the
+    ones not asked for None; ``bad`` counts the NaN/Inf entries (read as 0)."""
+    n = x.shape[0]
+    nb = -(-n // d)
+    f64 = lambda: torch.empty(nb, dtype=torch.float64, device=x.device)  # noqa: E731
+    f32 = lambda: torch.empty(nb, dtype=torch.float32, device=x.device)  # noqa: E731
+    s1, s2 = (f64(), f64()) if sums else (None, None)
+    lo, hi = (f32(), f32()) if minmax else (None, None)
+    mx = f32() if top else None
+    bad = torch.empty(nb, dtype=torch.int32, device=x.device)
+    block = min(triton.next_power_of_2(d), 2048)
+    _launch(K.bucket_stats, nb, x, x if r is None else r, n, d, *(a if a is not None else bad
+            for a in (s1, s2, lo, hi, mx)), bad, HAS_R=r is not None, SUMS=sums,
+            MINMAX=minmax, TOP=top, BLOCK=block)
+    return s1, s2, lo, hi, mx, bad
+
+
+def _finite(bad):
+    """The step's finiteness as a 0-d bool tensor (no host read)."""
+    return bad.amax() == 0
+
+
+def _codes_out(x, n: int, bits: int, ef: bool):
+    """Fresh packed codes and, with error feedback, a fresh residual."""
+    codes = torch.empty(packed_nbytes(n, bits), dtype=torch.uint8, device=x.device)
+    return codes, (torch.empty_like(x) if ef else None)
+
+
+def _noise(codec, noise, noise_source, g):
+    """The noise given, else drawn as the chain draws it (the compressor's generator)."""
+    if not codec.needs_noise:
+        return g
+    return noise if noise is not None else noise_source.draw(g.shape[0], like=g)
+
+
+def _qsgd_encoder(B, codec, cols):
+    if cols != 1 or 8 % codec.bits:
+        return None  # codes across byte boundaries: the chain
+    bits, d, s = codec.bits, codec.d, codec.s
+    per = 8 // bits
+
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        u = _noise(codec, noise, noise_source, g)
+        _, sumsq, _, _, _, bad = _stats(g, residual, d, sums=True)
+        norms, inv = codec.scales(B, g, sumsq)
+        f = codec.factors(B, norms) if residual is not None else inv
+        codes, res = _codes_out(g, n, bits, residual is not None)
+        _launch(K.qsgd_codes, -(-codes.shape[0] // (_VALUES // per)), g,
+                g if residual is None else residual, u, B.cast(inv, "float32"), f, n,
+                codes.shape[0], d, s, float(s), codes, codes if res is None else res,
+                HAS_R=residual is not None, BITS=bits, PER=per, BYTES=_VALUES // per)
+        return {"norms": norms, "codes": codes}, res, _finite(bad)
+    return encode
+
+
+def _terngrad_encoder(B, codec, cols):
+    clip = codec.clip
+
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        u = _noise(codec, noise, noise_source, g)
+        s1, s2, _, _, top, bad = _stats(g, residual, _CHUNK, sums=clip > 0, top=True)
+        top = top.amax()
+        if clip > 0:  # the chain's max(min(|v|, cap)) is min(max|v|, cap)
+            cap = clip * codec.sigma(B, s1.sum(), s2.sum(), n)
+            scale = torch.minimum(top, cap)
+        else:
+            cap = scale = top
+        safe = B.where(scale > 0, scale, 1.0)
+        codes, res = _codes_out(g, n, 2, residual is not None)
+        _launch(K.terngrad_codes, -(-codes.shape[0] // (_VALUES // 4)), g,
+                g if residual is None else residual, u, cap.reshape(1), safe.reshape(1),
+                scale.reshape(1), n, codes.shape[0], codes, codes if res is None else res,
+                HAS_R=residual is not None, CLIP=clip > 0, BYTES=_VALUES // 4)
+        return {"scale": scale.reshape(1), "codes": codes}, res, _finite(bad)
+    return encode
+
+
+def _uniform_encoder(B, codec, cols):
+    if cols != 1 or 8 % codec.bits:
+        return None
+    bits, d = codec.bits, codec.d
+    per = 8 // bits
+
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        u = _noise(codec, noise, noise_source, g)
+        _, _, lo, hi, _, bad = _stats(g, residual, d, minmax=True)
+        scale, inv = codec.scales(B, lo, hi)
+        codes, res = _codes_out(g, n, bits, residual is not None)
+        _launch(K.uniform_codes, -(-codes.shape[0] // (_VALUES // per)), g,
+                g if residual is None else residual, u, inv, lo * inv, scale, lo, n,
+                codes.shape[0], d, float(codec.levels), codes, codes if res is None else res,
+                HAS_R=residual is not None, STOCHASTIC=codec.needs_noise, BITS=bits, PER=per,
+                BYTES=_VALUES // per)
+        return {"mins": lo, "scales": scale, "codes": codes}, res, _finite(bad)
+    return encode
+
+
+_TABLES: dict = {}  # value tables given as lists, on their devices (no copy per call)
+
+
+def _table(values, like):
+    """``values`` (a list of floats, or a tensor) as a float32 tensor on ``like``'s device."""
+    if isinstance(values, torch.Tensor):
+        return values.to(torch.float32).contiguous()
+    key = (str(like.device), tuple(values))
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = torch.tensor(values, dtype=torch.float32, device=like.device)
+    return t
+
+
+def _unpack(data, bits: int, n: int, table, factors, lo, d):
+    per = 8 // bits
+    nbytes = min(data.shape[0], packed_nbytes(n, bits))
+    out = torch.empty(n, dtype=torch.float32, device=data.device)
+    f = factors.contiguous() if factors is not None else table
+    add = lo.contiguous() if lo is not None else table
+    _launch(K.unpack_values, -(-nbytes // (_VALUES // per)), data.contiguous(), table, f, add, n,
+            nbytes, d or 1, out, HAS_F=factors is not None, HAS_LO=lo is not None, BITS=bits,
+            PER=per, BYTES=_VALUES // per)
+    return out
+
+
+def unpack(B, data, bits, n, values, factors=None, d=None):
+    """``values[code] (* factors[i // d])`` of ``n`` packed codes (1, 2, 4 or 8 bits)."""
+    return _unpack(data, bits, n, _table(values, data), factors, None, d)
+
+
+def _uniform_decoder(B, codec, cols):
+    if cols != 1 or 8 % codec.bits:
+        return None
+    steps = [float(c) for c in range(1 << codec.bits)]
+    return lambda fields, n: _unpack(fields["codes"], codec.bits, n, _table(steps, fields["codes"]),
+                                     fields["scales"], fields["mins"], codec.d)
+
+
+#: the fused encoders' makers ``(B, codec, cols) -> encoder or None``, by codec class
+ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
+                    UniformCodec: _uniform_encoder})
+#: the fused decoders' makers (the others decode through :func:`unpack`)
+DECODERS = ByClass({UniformCodec: _uniform_decoder})

@@ -1,0 +1,239 @@
+"""The Triton kernels of the device path (hvd_compress/accel/triton_*.py): the same bits as
+the torch chain on the device and as the numpy reference.
+
+Without a GPU they run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``
+must be set before triton is imported, so those checks run in one subprocess: this
+module run as a script), through the torch backend's hooks on a backend that treats CPU
+tensors as device memory; the CUDA variants run where a GPU is.  Where triton is missing
+or turned off, the hooks answer None and today's chain runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+import warnings
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hvd_compress.accel import device
+from hvd_compress.core import NUMPY, build
+from hvd_compress.core.bitpack import unpack_values
+from hvd_compress.core.qsgd import QSGDCodec
+from hvd_compress.torch import TorchBackend
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_TRITON = __import__("importlib").util.find_spec("triton") is not None
+CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TRITON),
+                          reason="no CUDA device (or no triton) on this machine")
+
+#: the kernels' codecs at several widths, buckets (not a multiple of the block) and with
+#: error feedback; codecs that only decode through the unpack kernel; a width the
+#: kernels decline (3 and 5 bits: codes across bytes), whose chain must still run
+SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3",
+         "qsgd:levels=16,bucket=64", "qsgd:ef=true,seed=5", "terngrad", "terngrad:clip=0,seed=2",
+         "terngrad:ef=true", "uniform", "uniform:bits=2,bucket=100,seed=9",
+         "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true", "uniform:bits=3,bucket=64",
+         "onebit", "threshold:tau=0.001", "signsgd", "natural"]
+SHAPES = [(1,), (7,), (40, 30), (3001,)]
+KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values"}
+
+
+class DevicePath(TorchBackend):
+    """CPU tensors treated as device memory: the torch backend's device hooks run."""
+
+    def is_host(self, x):
+        return False
+
+
+@contextmanager
+def _env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
+
+
+def _same(a, b) -> bool:
+    """Equal arrays, NaN equal to NaN (a non-finite step's payload floats)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+
+
+def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
+    """Three steps of ``spec`` through the kernels (``B``), the chain with them off, and the
+    numpy reference; the differences found (none expected)."""
+    ref, new, old = build(spec, NUMPY), build(spec, B), build(spec, B)
+    rng = np.random.default_rng(zlib.crc32(repr((spec, shape, explicit_noise)).encode()))
+    n = int(np.prod(shape))
+    bad = []
+    for step in range(3):
+        x = (rng.standard_normal(shape) * 1e-2).astype(np.float32)
+        if step == 1 and n > 8:  # a non-finite step: NaN payload floats, the state kept
+            x.reshape(-1)[[3, n - 2]] = [np.nan, np.inf]
+        noise = rng.random(n, dtype=np.float32) if explicit_noise and ref.draws_noise else None
+        tn = None if noise is None else to_tensor(noise)
+        e_ref = ref.encode(x, "t", noise=noise)
+        e_new = new.encode(to_tensor(x), "t", noise=tn)
+        with _env("HVD_COMPRESS_TRITON", "0"):
+            e_old = old.encode(to_tensor(x), "t", noise=tn)
+            d_old = old.aggregate([e_old.payload], e_old)
+        d_new = new.aggregate([e_new.payload], e_new)
+        d_ref = ref.aggregate([e_ref.payload], e_ref)
+        checks = {"payload vs chain": (e_new.payload, e_old.payload),
+                  "payload vs numpy": (e_new.payload, e_ref.payload),
+                  "decoded vs chain": (d_new, d_old), "decoded vs numpy": (d_new, d_ref)}
+        if ref.ef:
+            checks["residual vs numpy"] = (new.states["t"].residual, ref.states["t"].residual)
+        for what, (a, b) in checks.items():
+            if "numpy" in what and noise is None and ref.draws_noise:
+                continue  # numpy's host path hashes its noise: the chains' draws differ
+            a, b = (B.to_numpy(v) if isinstance(v, torch.Tensor) else v for v in (a, b))
+            if what.startswith("payload") and not np.isfinite(x).all():
+                continue  # NaN payload floats may differ in NaN bits: compared decoded
+            if not _same(a, b):
+                bad.append(f"{spec} {shape} step {step} noise={explicit_noise}: {what}")
+    return bad
+
+
+def _interpreter_checks() -> dict:
+    """Every spec and shape through the kernels in the interpreter (this process has
+    ``TRITON_INTERPRET=1``); which kernels ran, and the differences found."""
+    from hvd_compress.accel import triton_quantizers as tq
+    ran: dict = {}
+    launch = tq._launch
+
+    def counted(kernel, *args, **meta):
+        name = kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel)
+        ran[name] = ran.get(name, 0) + 1
+        return launch(kernel, *args, **meta)
+
+    tq._launch = counted
+    bad, cases = [], 0
+    for spec in SPECS:
+        for shape in SHAPES:
+            bad += _compare(spec, shape, DevicePath(), torch.from_numpy, True)
+            cases += 1
+        if build(spec, NUMPY).draws_noise:  # drawn as the chain draws: the same values
+            bad += _compare(spec, SHAPES[-1], DevicePath(), torch.from_numpy, False)
+            cases += 1
+    # the unpack kernel alone: every width, with and without bucket factors
+    B = DevicePath()
+    rng = np.random.default_rng(1)
+    for bits in (1, 2, 4, 8):
+        for n, d in ((1, 1), (13, 5), (2053, 100)):
+            data = torch.from_numpy(rng.integers(0, 256, -(-n * bits // 8), dtype=np.uint8))
+            values = rng.standard_normal(1 << bits).astype(np.float32)
+            f = torch.from_numpy(rng.standard_normal(-(-n // d)).astype(np.float32))
+            for factors in (None, f):
+                got = device.device_unpack(B, data, bits, n, values.tolist(), factors, d)
+                want = unpack_values(NUMPY, data.numpy(), bits, n, values.tolist(),
+                                     None if factors is None else factors.numpy(), d)
+                cases += 1
+                if got is None or not _same(got.numpy(), want):
+                    bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
+    return {"cases": cases, "bad": bad, "ran": ran}
+
+
+def test_interpreter_same_bits_as_the_chain_and_numpy():
+    """In Triton's interpreter (one subprocess): every kernel ran, and every payload,
+    decode and residual equals today's device chain's and the numpy reference's."""
+    if not HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HVD_COMPRESS_TRITON": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tests.test_triton_kernels"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["bad"] == []
+    noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
+    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + 24
+    assert set(doc["ran"]) == KERNELS, doc["ran"]
+
+
+def _cuda_like():
+    """Something on a CUDA device as the hooks see it (no GPU needed to ask)."""
+    return types.SimpleNamespace(device=torch.device("cuda", 0))
+
+
+def test_without_triton_todays_path_runs_quietly(monkeypatch):
+    """triton not importable: every hook answers None (the chain), with no warning."""
+    monkeypatch.setattr(device, "_KERNELS", None)
+    monkeypatch.setitem(sys.modules, "triton", None)  # ``import triton`` raises ImportError
+    codec = QSGDCodec({"levels": 7, "bucket": 512})
+    B = TorchBackend()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert device.available() is False
+        assert B.fused_encoder(codec, 1, like=_cuda_like()) is None
+        assert B.fused_decoder(codec, 1, like=_cuda_like()) is None
+        assert device.device_unpack(B, _cuda_like(), 2, 10, [0.0] * 4) is None
+
+
+def test_switches_turn_the_kernels_off(monkeypatch):
+    """``HVD_COMPRESS_TRITON=0`` or ``HVD_COMPRESS_FUSED=0``: nothing is loaded or asked;
+    CPU tensors without the interpreter never take the kernels."""
+    sentinel = types.SimpleNamespace(ENCODERS={}, DECODERS={})
+    monkeypatch.setattr(device, "_KERNELS", sentinel)
+    codec = QSGDCodec({"levels": 7, "bucket": 512})
+    for name in ("HVD_COMPRESS_TRITON", "HVD_COMPRESS_FUSED"):
+        with _env(name, "0"):
+            assert device._kernels(_cuda_like()) is None
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert device._kernels(torch.zeros(3)) is None
+    assert device._kernels(_cuda_like()) is sentinel
+    assert device.device_encoder(TorchBackend(), codec, 1, torch.zeros(3)) is None
+
+
+def test_importing_the_package_imports_no_triton():
+    code = "import sys, hvd_compress, hvd_compress.torch; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    assert out == "False"
+
+
+@CUDA
+@pytest.mark.parametrize("spec", SPECS)
+def test_cuda_same_bits(spec):
+    """On a GPU: the kernels' payloads, decodes and residuals equal the chain's on the
+    device (the same torch.rand draws when no noise is given) and numpy's (noise given)."""
+    to_cuda = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
+    bad = []
+    for shape in SHAPES + [(257, 1031)]:
+        for explicit in (True, False):
+            bad += _compare(spec, shape, TorchBackend(), to_cuda, explicit)
+    assert bad == []
+
+
+@CUDA
+def test_cuda_kernels_do_not_synchronise():
+    """An encode and decode through the kernels waits for the GPU nowhere."""
+    B = TorchBackend()
+    x = torch.randn(100_003, device="cuda")
+    for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true"):
+        comp = build(spec, B)
+        comp.encode(x, "t")  # first call: kernels compiled, state made
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            enc = comp.encode(x, "t")
+            comp.aggregate([enc.payload], enc)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+if __name__ == "__main__":  # the interpreter checks (TRITON_INTERPRET=1 set by the caller)
+    print(json.dumps(_interpreter_checks()))
