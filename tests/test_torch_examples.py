@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from hvd_compress.tools import devices
 from hvd_compress.tools.runtools import SUMMARY_KEYS
 from tests.harness import REPO, run_script
 
@@ -20,6 +21,8 @@ def _summary(path):
     doc = json.loads(path.read_text())
     assert set(SUMMARY_KEYS) <= set(doc)
     assert doc["framework"] == "torch" and doc["np"] == 2
+    # where rank 0 trained: the default device (cuda where PyTorch sees a GPU: rank 0's is GPU 0)
+    assert doc["device"] == {"cuda": "cuda:0", "cpu": "cpu"}[devices.resolve(None, "torch")], doc
     return doc
 
 

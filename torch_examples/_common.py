@@ -1,4 +1,4 @@
-"""Helpers the PyTorch examples share: Horovod set-up, the optimizer, the summary."""
+"""Helpers the PyTorch examples share: Horovod set-up, the device, the optimizer, the summary."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import horovod.torch as hvd  # noqa: E402
 
 import hvd_compress.torch as hc  # noqa: E402
 from hvd_compress import nodes  # noqa: E402
-from hvd_compress.tools import runtools  # noqa: E402
+from hvd_compress.tools import devices, runtools  # noqa: E402
 
 
 def init(seed: int):
@@ -29,6 +29,33 @@ def init(seed: int):
     np.random.seed(seed)
     torch.manual_seed(seed)
     return hvd.rank(), hvd.size()
+
+
+def setup(ap, args):
+    """The example's start: ``--device`` checked first (``cuda`` where PyTorch sees no GPU
+    exits here, with one line: before Horovod starts or any data loads), then
+    :func:`init` and the device placed.  Returns (rank, size, device): this worker's
+    ``torch.device``, GPU ``local_rank % GPUs`` under ``--device cuda``."""
+    kind = devices.choose(ap, args, "torch")
+    rank, size = init(args.seed)
+    return rank, size, place(kind)
+
+
+def place(kind: str) -> torch.device:
+    """This worker's device of ``kind`` (after ``hvd.init()``): the GPU of its local rank,
+    modulo the GPUs here (workers may share one), made the current one; or the CPU."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    index = devices.gpu_index(hvd.local_rank(), torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device``: CUDA runs asynchronously, and a clock read
+    without this would time the kernel launches, not the kernels (nothing to do on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def make_optimizer(model, base, args, horovod_optimizer: bool = False):
@@ -83,16 +110,16 @@ def finish(args, example: str, steps: int, images: int, train_s: float, opt, acc
 def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step=None,
                  log_epochs=False):
     """The epoch loop the training examples share: shuffled micro-batches of
-    ``args.batch_size``, ``args.backward_passes_per_step`` backward passes per
-    optimizer step, DGC's warm-up epoch, a progress display on rank 0 and the
-    test accuracy after every epoch.  Returns (steps, images, train_s, accuracy, curve):
-    ``curve`` holds the test accuracy after each epoch with the training time so far
-    (:func:`runtools.curve_point`; evaluation is not timed).  Under local SGD the
-    epochs before the last evaluate this worker's replica (the workers differ until
-    their next average); the last evaluates their mean.  With ``--stop-at A`` the loop
-    ends after the first epoch whose accuracy on rank 0 (the curve's) is at least A;
-    rank 0 decides and every worker stops with it (under local SGD the workers' replicas
-    score differently)."""
+    ``args.batch_size`` of ``x``, ``y`` (on the model's device),
+    ``args.backward_passes_per_step`` backward passes per optimizer step, DGC's warm-up
+    epoch, a progress display on rank 0 and the test accuracy after every epoch.  Returns
+    (steps, images, train_s, accuracy, curve): ``curve`` holds the test accuracy after
+    each epoch with the training time so far (:func:`runtools.curve_point`; evaluation
+    is not timed).  Under local SGD the epochs before the last evaluate this worker's
+    replica (the workers differ until their next average); the last evaluates their
+    mean.  With ``--stop-at A`` the loop ends after the first epoch whose accuracy on
+    rank 0 (the curve's) is at least A; rank 0 decides and every worker stops with it
+    (under local SGD the workers' replicas score differently)."""
     import time
 
     rank, size = hvd.rank(), hvd.size()
@@ -106,6 +133,7 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
         if hasattr(opt, "compression"):
             opt.compression.set_epoch(epoch)
         order = torch.randperm(len(x), generator=gen or torch.Generator().manual_seed(args.seed + epoch))
+        order = order.to(x.device)  # (the CPU generator's draws, on the data's device)
         t0 = time.perf_counter()
         for i in range(steps_per_epoch):
             opt.zero_grad()
@@ -117,10 +145,12 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
             if after_step is not None:
                 after_step()
             steps += 1
-            progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}"
-                                   + (f" acc {acc:.3f}" if acc is not None else ""))
+            if progress.enabled:  # (reading the loss waits for the device)
+                progress.update(steps, f"epoch {epoch + 1} loss {loss.item() * bpps:.3f}"
+                                       + (f" acc {acc:.3f}" if acc is not None else ""))
         if epoch == args.epochs - 1 and runtools.needs_final_average(args, steps):
             opt.average_parameters()  # evaluate the mean model, not this worker's
+        synchronize(x.device)
         train_s += time.perf_counter() - t0
         acc = evaluate()
         curve.append(runtools.curve_point(epoch + 1, train_s, acc))

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import finish, init, make_optimizer, reset_stats
+from _common import finish, make_optimizer, reset_stats, setup, synchronize
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -32,15 +32,15 @@ def main(argv=None):
                     help="use horovod.torch.DistributedOptimizer (summable compressors only)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    rank, size = init(args.seed)
-    model = resnet(args.width, args.blocks, args.num_classes)
+    rank, size, device = setup(ap, args)
+    model = resnet(args.width, args.blocks, args.num_classes).to(device)
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     opt = make_optimizer(model, base, args, args.horovod_optimizer)
     if hasattr(opt, "compression"):
         runtools.past_warmup(opt.compression)
     g = torch.Generator().manual_seed(args.seed + rank)
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g)
-    target = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g).to(device)
+    target = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(device)
     bpps = runtools.passes_per_step(args)
     nparams = sum(p.numel() for p in model.parameters())
 
@@ -54,10 +54,11 @@ def main(argv=None):
     if rank == 0 and not args.quiet:
         print(f"model: ResNet width {args.width} blocks {args.blocks}, {nparams:,} parameters; "
               f"batch {args.batch_size} x {bpps} per step; {size} workers; "
-              f"compression {args.compression}"
+              f"compression {args.compression}" + (f"; on {device}" if device.type != "cpu" else "")
               + (" (Horovod's optimizer)" if args.horovod_optimizer else ""), flush=True)
     for _ in range(args.num_warmup_batches):
         step()
+    synchronize(device)
     reset_stats(opt)
     progress = runtools.Progress(args.num_iters, "iterations", enabled=rank == 0 and not args.quiet)
     rates, train_s = [], 0.0
@@ -65,6 +66,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         for _ in range(args.num_batches_per_iter):
             step()
+        synchronize(device)
         dt = time.perf_counter() - t0
         train_s += dt
         rates.append(args.batch_size * bpps * args.num_batches_per_iter / dt)
@@ -78,7 +80,8 @@ def main(argv=None):
     finish(args, "synthetic_benchmark", steps, images, train_s, opt, None,
            time.perf_counter() - t_start, parameters=nparams,
            horovod_optimizer=bool(args.horovod_optimizer),
-           img_sec_per_worker_mean=round(mean, 2), img_sec_per_worker_conf=round(conf, 2))
+           img_sec_per_worker_mean=round(mean, 2), img_sec_per_worker_conf=round(conf, 2),
+           device=str(device))
 
 
 if __name__ == "__main__":

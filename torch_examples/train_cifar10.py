@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import finish, init, make_optimizer, reset_stats, train_epochs
+from _common import finish, make_optimizer, reset_stats, setup, train_epochs
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -38,7 +38,7 @@ def augment(x, gen):
     padded = F.pad(x, (4, 4, 4, 4))
     dx, dy = torch.randint(0, 9, (2,), generator=gen).tolist()
     out = padded[:, :, dy:dy + 32, dx:dx + 32]
-    flip = torch.rand(n, generator=gen) < 0.5
+    flip = (torch.rand(n, generator=gen) < 0.5).to(x.device)  # (drawn on the CPU)
     return torch.where(flip[:, None, None, None], out.flip(3), out)
 
 
@@ -58,13 +58,14 @@ def main(argv=None):
     ap.add_argument("--weight-decay", type=float, default=5e-4)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    rank, size = init(args.seed)
+    rank, size, device = setup(ap, args)
     xtr, ytr = load_batches(args.data_dir, train=True)
     xte, yte = load_batches(args.data_dir, train=False)
     if args.limit_train > 0:
         xtr, ytr = xtr[:args.limit_train], ytr[:args.limit_train]
-    xtr, ytr = xtr[rank::size], ytr[rank::size]
-    model = resnet(args.width, args.blocks, 10)
+    xtr, ytr = xtr[rank::size].to(device), ytr[rank::size].to(device)
+    xte, yte = xte.to(device), yte.to(device)
+    model = resnet(args.width, args.blocks, 10).to(device)
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                            weight_decay=args.weight_decay)
     opt = make_optimizer(model, base, args)
@@ -77,7 +78,7 @@ def main(argv=None):
         lambda: evaluate(model, xte, yte), f"cifar10 {args.compression}", gen=gen,
         after_step=sched.step, log_epochs=True)
     finish(args, "train_cifar10", steps, images, train_s, opt, acc,
-           time.perf_counter() - t_start, epochs=len(curve), curve=curve)
+           time.perf_counter() - t_start, epochs=len(curve), curve=curve, device=str(device))
 
 
 if __name__ == "__main__":

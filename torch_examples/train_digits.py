@@ -15,7 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import finish, init, make_optimizer, reset_stats, train_epochs
+from _common import finish, make_optimizer, reset_stats, setup, train_epochs
 
 from hvd_compress.tools import runtools
 from hvd_compress.tools.datasets import digits_split
@@ -69,10 +69,10 @@ def main(argv=None):
                     help="use horovod.torch.DistributedOptimizer (summable compressors only)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    rank, size = init(args.seed)
-    xtr, ytr, xte, yte = load_digits_split()
+    rank, size, device = setup(ap, args)
+    xtr, ytr, xte, yte = (t.to(device) for t in load_digits_split())
     xtr, ytr = xtr[rank::size], ytr[rank::size]
-    model = make_model(args.model)
+    model = make_model(args.model).to(device)
     base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     opt = make_optimizer(model, base, args, args.horovod_optimizer)
     reset_stats(opt)
@@ -82,7 +82,7 @@ def main(argv=None):
     if rank == 0 and not args.quiet:
         print(f"test accuracy {acc:.4f} after {len(curve)} epochs", flush=True)
     finish(args, "train_digits", steps, images, train_s, opt, acc,
-           time.perf_counter() - t_start, epochs=len(curve), curve=curve)
+           time.perf_counter() - t_start, epochs=len(curve), curve=curve, device=str(device))
 
 
 if __name__ == "__main__":

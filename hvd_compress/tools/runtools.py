@@ -1,7 +1,7 @@
 """What the PyTorch and TensorFlow example scripts share: flags, progress, the summary.
 
 Every example takes the same core flags (``--compression``,
-``--backward-passes-per-step``, ``--epochs``/``--steps``, ``--seed``,
+``--backward-passes-per-step``, ``--epochs``/``--steps``, ``--device``, ``--seed``,
 ``--json PATH``), shows progress on rank 0, and writes a summary with at least
 the keys of :data:`SUMMARY_KEYS`: stable names that hvd-compress-compare and
 users' scripts read (more keys may come; these keep their names).
@@ -19,6 +19,7 @@ import time
 
 from ..core.registry import core_of
 from ..localsteps import LocalSGDSchedule, check_local_args
+from .devices import add_device_arg
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
@@ -231,6 +232,7 @@ def common_parser(description: str, epochs: int | None = None, steps: int | None
     ap.add_argument("--delay", type=nonnegative_int, default=0, metavar="D",
                     help="Delayed Gradient Averaging: apply step i's average at step i+D "
                          "(default 0: synchronous)")
+    add_device_arg(ap)
     if epochs is not None:
         ap.add_argument("--epochs", type=positive_int, default=epochs, help="epochs (default %(default)s)")
         ap.add_argument("--stop-at", type=accuracy_arg, default=None, metavar="A",
