@@ -43,7 +43,8 @@ SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3
          "terngrad:ef=true", "uniform", "uniform:bits=2,bucket=100,seed=9",
          "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true", "uniform:bits=3,bucket=64",
          "onebit", "threshold:tau=0.001", "signsgd", "natural"]
-SHAPES = [(1,), (7,), (40, 30), (3001,)]
+SHAPES = [(1,), (40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
+WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values"}
 
 
@@ -130,6 +131,13 @@ def _interpreter_checks() -> dict:
         if build(spec, NUMPY).draws_noise:  # drawn as the chain draws: the same values
             bad += _compare(spec, SHAPES[-1], DevicePath(), torch.from_numpy, False)
             cases += 1
+    wide, tq._wide = tq._wide, (lambda n, d=1: True)  # int64 indices (tensors past 2**31)
+    try:
+        for spec in WIDE_SPECS:
+            bad += _compare(spec, SHAPES[-1], DevicePath(), torch.from_numpy, True)
+            cases += 1
+    finally:
+        tq._wide = wide
     # the unpack kernel alone: every width, with and without bucket factors
     B = DevicePath()
     rng = np.random.default_rng(1)
@@ -160,7 +168,7 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
-    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + 24
+    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 24
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 

@@ -6,14 +6,24 @@ Every kernel computes what the reference chain computes, operation by operation,
 its roundings: products and sums rounded one by one (the launches pass
 ``enable_fp_fusion=False``: no fused multiply-adds), divisions correctly rounded
 (``div_rn``; Triton's ``/`` is approximate on NVIDIA GPUs), NaN/Inf entries read as 0
-(the chain's ``zero_nonfinite``) and counted.  Floats sums of squares accumulate in
-float64, as the reference's do.  The wrappers are in :mod:`.triton_quantizers`.
+(the chain's ``zero_nonfinite``) and counted.  Sums of squares accumulate in float64, as
+the reference's do.  Indices are int32 (a 32-bit division per value, not a 64-bit one)
+unless ``WIDE`` (tensors of 2**31 values and more, with a bucket's margin).  The wrappers
+are in :mod:`.triton_quantizers`.
 """
 
 import triton
 import triton.language as tl
 
 INF = float("inf")
+
+
+@triton.jit
+def _pid(WIDE: tl.constexpr):
+    """The program's index, int64 where indices may pass 2**31."""
+    if WIDE:
+        return tl.program_id(0).to(tl.int64)
+    return tl.program_id(0)
 
 
 @triton.jit
@@ -24,28 +34,31 @@ def _clean(x):
 
 
 @triton.jit
-def bucket_stats(x_ptr, r_ptr, n, d, sum_ptr, sumsq_ptr, lo_ptr, hi_ptr, top_ptr, bad_ptr,
+def bucket_stats(x_ptr, r_ptr, n, d, nb, sum_ptr, sumsq_ptr, lo_ptr, hi_ptr, top_ptr, bad_ptr,
                  HAS_R: tl.constexpr, SUMS: tl.constexpr, MINMAX: tl.constexpr,
-                 TOP: tl.constexpr, BLOCK: tl.constexpr):
-    """Per bucket of ``d`` values of ``v = x (+ r)`` with NaN/Inf read as 0 (one program a
-    bucket): the float64 sum and sum of squares (``SUMS``), the min and max (``MINMAX``),
-    max |v| (``TOP``), and how many entries were not finite (always)."""
-    b = tl.program_id(0).to(tl.int64)
-    start = b * d
-    acc1 = tl.zeros([BLOCK], tl.float64)
-    acc2 = tl.zeros([BLOCK], tl.float64)
-    lo = tl.full([BLOCK], INF, tl.float32)
-    hi = tl.full([BLOCK], -INF, tl.float32)
-    top = tl.zeros([BLOCK], tl.float32)
-    bad = tl.zeros([BLOCK], tl.int32)
+                 TOP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                 WIDE: tl.constexpr):
+    """Per bucket of ``d`` values of ``v = x (+ r)`` with NaN/Inf read as 0 (``ROWS``
+    buckets a program, ``BLOCK`` values of each at a time): the float64 sum and sum of
+    squares (``SUMS``), the min and max (``MINMAX``), max |v| (``TOP``), and how many
+    entries were not finite (always)."""
+    b = _pid(WIDE) * ROWS + tl.arange(0, ROWS)
+    start = (b * d)[:, None]
+    acc1 = tl.zeros([ROWS, BLOCK], tl.float64)
+    acc2 = tl.zeros([ROWS, BLOCK], tl.float64)
+    lo = tl.full([ROWS, BLOCK], INF, tl.float32)
+    hi = tl.full([ROWS, BLOCK], -INF, tl.float32)
+    top = tl.zeros([ROWS, BLOCK], tl.float32)
+    bad = tl.zeros([ROWS, BLOCK], tl.int32)
     for off in range(0, d, BLOCK):
-        j = off + tl.arange(0, BLOCK)
+        j = (off + tl.arange(0, BLOCK))[None, :]
         idx = start + j
         m = (j < d) & (idx < n)
         x = tl.load(x_ptr + idx, mask=m, other=0.0)
         if HAS_R:
             x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
-        x, fin = _clean(x)
+        fin = tl.abs(x) < INF
+        x = tl.where(fin, x, 0.0)
         bad += (m & (fin == 0)).to(tl.int32)
         if SUMS:
             x64 = x.to(tl.float64)
@@ -56,15 +69,16 @@ def bucket_stats(x_ptr, r_ptr, n, d, sum_ptr, sumsq_ptr, lo_ptr, hi_ptr, top_ptr
             hi = tl.maximum(hi, tl.where(m, x, -INF))
         if TOP:
             top = tl.maximum(top, tl.abs(x))
+    rows = b < nb
     if SUMS:
-        tl.store(sum_ptr + b, tl.sum(acc1, 0))
-        tl.store(sumsq_ptr + b, tl.sum(acc2, 0))
+        tl.store(sum_ptr + b, tl.sum(acc1, 1), mask=rows)
+        tl.store(sumsq_ptr + b, tl.sum(acc2, 1), mask=rows)
     if MINMAX:
-        tl.store(lo_ptr + b, tl.min(lo, 0))
-        tl.store(hi_ptr + b, tl.max(hi, 0))
+        tl.store(lo_ptr + b, tl.min(lo, 1), mask=rows)
+        tl.store(hi_ptr + b, tl.max(hi, 1), mask=rows)
     if TOP:
-        tl.store(top_ptr + b, tl.max(top, 0))
-    tl.store(bad_ptr + b, tl.sum(bad, 0))
+        tl.store(top_ptr + b, tl.max(top, 1), mask=rows)
+    tl.store(bad_ptr + b, tl.sum(bad, 1), mask=rows)
 
 
 @triton.jit
@@ -75,9 +89,9 @@ def _pack(code, BITS: tl.constexpr, PER: tl.constexpr):
 
 
 @triton.jit
-def _layout(BYTES: tl.constexpr, PER: tl.constexpr):
+def _layout(BYTES: tl.constexpr, PER: tl.constexpr, WIDE: tl.constexpr):
     """The program's bytes and each byte's ``PER`` value indices (rows x PER)."""
-    byte = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+    byte = _pid(WIDE) * BYTES + tl.arange(0, BYTES)
     idx = byte[:, None] * PER + tl.arange(0, PER)[None, :]
     return byte, idx
 
@@ -85,11 +99,11 @@ def _layout(BYTES: tl.constexpr, PER: tl.constexpr):
 @triton.jit
 def qsgd_codes(x_ptr, r_ptr, u_ptr, inv_ptr, f_ptr, n, nbytes, d, s, sf, codes_ptr, res_ptr,
                HAS_R: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
-               BYTES: tl.constexpr):
+               BYTES: tl.constexpr, WIDE: tl.constexpr):
     """QSGD codes ``s + sign * min(floor(|v| * inv[bucket] + u), s)`` packed ``PER`` a byte,
     and with ``HAS_R`` the new residual ``v - (code - s) * f[bucket]`` (``sf``: ``s`` as a
     float)."""
-    byte, idx = _layout(BYTES, PER)
+    byte, idx = _layout(BYTES, PER, WIDE)
     m = idx < n
     x = tl.load(x_ptr + idx, mask=m, other=0.0)
     if HAS_R:
@@ -111,10 +125,11 @@ def qsgd_codes(x_ptr, r_ptr, u_ptr, inv_ptr, f_ptr, n, nbytes, d, s, sf, codes_p
 
 @triton.jit
 def terngrad_codes(x_ptr, r_ptr, u_ptr, cap_ptr, safe_ptr, scale_ptr, n, nbytes, codes_ptr,
-                   res_ptr, HAS_R: tl.constexpr, CLIP: tl.constexpr, BYTES: tl.constexpr):
+                   res_ptr, HAS_R: tl.constexpr, CLIP: tl.constexpr, BYTES: tl.constexpr,
+                   WIDE: tl.constexpr):
     """TernGrad codes (1: +scale, 2: -scale, 0) kept with probability ``min(|v|, cap) /
     safe``, packed 4 a byte, and with ``HAS_R`` the new residual ``v - decoded``."""
-    byte, idx = _layout(BYTES, 4)
+    byte, idx = _layout(BYTES, 4, WIDE)
     m = idx < n
     x = tl.load(x_ptr + idx, mask=m, other=0.0)
     if HAS_R:
@@ -137,11 +152,12 @@ def terngrad_codes(x_ptr, r_ptr, u_ptr, cap_ptr, safe_ptr, scale_ptr, n, nbytes,
 @triton.jit
 def uniform_codes(x_ptr, r_ptr, u_ptr, inv_ptr, loinv_ptr, scale_ptr, lo_ptr, n, nbytes, d,
                   levels, codes_ptr, res_ptr, HAS_R: tl.constexpr, STOCHASTIC: tl.constexpr,
-                  BITS: tl.constexpr, PER: tl.constexpr, BYTES: tl.constexpr):
+                  BITS: tl.constexpr, PER: tl.constexpr, BYTES: tl.constexpr,
+                  WIDE: tl.constexpr):
     """Uniform max-min codes ``min(floor(clip(v * inv - lo * inv, 0, L) + u), L)`` (``u``
     the noise, or 0.5 to round to nearest) packed ``PER`` a byte, and with ``HAS_R`` the
     new residual ``v - (code * scale + lo)``."""
-    byte, idx = _layout(BYTES, PER)
+    byte, idx = _layout(BYTES, PER, WIDE)
     m = idx < n
     x = tl.load(x_ptr + idx, mask=m, other=0.0)
     if HAS_R:
@@ -166,10 +182,10 @@ def uniform_codes(x_ptr, r_ptr, u_ptr, inv_ptr, loinv_ptr, scale_ptr, lo_ptr, n,
 @triton.jit
 def unpack_values(data_ptr, values_ptr, f_ptr, lo_ptr, n, nbytes, d, out_ptr, HAS_F: tl.constexpr,
                   HAS_LO: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
-                  BYTES: tl.constexpr):
+                  BYTES: tl.constexpr, WIDE: tl.constexpr):
     """``values[code]`` for ``n`` packed ``BITS``-bit codes (``PER`` a byte), times
     ``f[bucket]`` (``HAS_F``), plus ``lo[bucket]`` (``HAS_LO``), buckets of ``d``."""
-    byte, idx = _layout(BYTES, PER)
+    byte, idx = _layout(BYTES, PER, WIDE)
     m = idx < n
     data = tl.load(data_ptr + byte, mask=byte < nbytes, other=0).to(tl.int32)
     shifts = (tl.arange(0, PER) * BITS)[None, :]

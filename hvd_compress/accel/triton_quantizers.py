@@ -37,6 +37,11 @@ def _launch(kernel, n_programs: int, *args, **meta):
     kernel[(max(n_programs, 1),)](*args, enable_fp_fusion=False, **meta)
 
 
+def _wide(n: int, d: int = 1) -> bool:
+    """Whether indices of ``n`` values in buckets of ``d`` may pass int32 (2**31)."""
+    return n + d + 2 * _VALUES >= 2**31
+
+
 def _stats(x, r, d: int, *, sums=False, minmax=False, top=False):
     """Per bucket of ``d`` values of ``x (+ r)``: ``(sum, sumsq, lo, hi, top, bad)``, the
     ones not asked for None; ``bad`` counts the NaN/Inf entries (read as 0)."""
@@ -49,9 +54,11 @@ def _stats(x, r, d: int, *, sums=False, minmax=False, top=False):
     mx = f32() if top else None
     bad = torch.empty(nb, dtype=torch.int32, device=x.device)
     block = min(triton.next_power_of_2(d), 2048)
-    _launch(K.bucket_stats, nb, x, x if r is None else r, n, d, *(a if a is not None else bad
-            for a in (s1, s2, lo, hi, mx)), bad, HAS_R=r is not None, SUMS=sums,
-            MINMAX=minmax, TOP=top, BLOCK=block)
+    rows = max(1, 4096 // block)  # buckets a program: small buckets share one
+    _launch(K.bucket_stats, -(-nb // rows), x, x if r is None else r, n, d, nb,
+            *(a if a is not None else bad for a in (s1, s2, lo, hi, mx)), bad,
+            HAS_R=r is not None, SUMS=sums, MINMAX=minmax, TOP=top, ROWS=rows, BLOCK=block,
+            WIDE=_wide(n, d))
     return s1, s2, lo, hi, mx, bad
 
 
@@ -89,7 +96,8 @@ def _qsgd_encoder(B, codec, cols):
         _launch(K.qsgd_codes, -(-codes.shape[0] // (_VALUES // per)), g,
                 g if residual is None else residual, u, B.cast(inv, "float32"), f, n,
                 codes.shape[0], d, s, float(s), codes, codes if res is None else res,
-                HAS_R=residual is not None, BITS=bits, PER=per, BYTES=_VALUES // per)
+                HAS_R=residual is not None, BITS=bits, PER=per, BYTES=_VALUES // per,
+                WIDE=_wide(n, d))
         return {"norms": norms, "codes": codes}, res, _finite(bad)
     return encode
 
@@ -112,7 +120,7 @@ def _terngrad_encoder(B, codec, cols):
         _launch(K.terngrad_codes, -(-codes.shape[0] // (_VALUES // 4)), g,
                 g if residual is None else residual, u, cap.reshape(1), safe.reshape(1),
                 scale.reshape(1), n, codes.shape[0], codes, codes if res is None else res,
-                HAS_R=residual is not None, CLIP=clip > 0, BYTES=_VALUES // 4)
+                HAS_R=residual is not None, CLIP=clip > 0, BYTES=_VALUES // 4, WIDE=_wide(n))
         return {"scale": scale.reshape(1), "codes": codes}, res, _finite(bad)
     return encode
 
@@ -133,7 +141,7 @@ def _uniform_encoder(B, codec, cols):
                 g if residual is None else residual, u, inv, lo * inv, scale, lo, n,
                 codes.shape[0], d, float(codec.levels), codes, codes if res is None else res,
                 HAS_R=residual is not None, STOCHASTIC=codec.needs_noise, BITS=bits, PER=per,
-                BYTES=_VALUES // per)
+                BYTES=_VALUES // per, WIDE=_wide(n, d))
         return {"mins": lo, "scales": scale, "codes": codes}, res, _finite(bad)
     return encode
 
@@ -160,7 +168,7 @@ def _unpack(data, bits: int, n: int, table, factors, lo, d):
     add = lo.contiguous() if lo is not None else table
     _launch(K.unpack_values, -(-nbytes // (_VALUES // per)), data.contiguous(), table, f, add, n,
             nbytes, d or 1, out, HAS_F=factors is not None, HAS_LO=lo is not None, BITS=bits,
-            PER=per, BYTES=_VALUES // per)
+            PER=per, BYTES=_VALUES // per, WIDE=_wide(n, d or 1))
     return out
 
 
