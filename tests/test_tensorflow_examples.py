@@ -9,11 +9,18 @@ import sys
 import numpy as np
 import pytest
 
+from hvd_compress.tools import devices
 from hvd_compress.tools.runtools import SUMMARY_KEYS
 from tests.harness import REPO, run_horovod, run_script
 from tests.launches import TF_GLOO
 
 pytestmark = pytest.mark.multiprocess
+
+
+def default_device() -> str:
+    """The summary's device of a run without --device: cuda where TensorFlow sees a GPU
+    (rank 0's is GPU 0), else cpu."""
+    return {"cuda": "cuda:0", "cpu": "cpu"}[devices.resolve(None, "tensorflow")]
 
 
 @pytest.mark.parametrize("spec", ["topk:ratio=0.01", "dgc:ratio=0.001"])  # the rest: scripts/accuracy.py
@@ -40,6 +47,7 @@ def keras_bpps_doc(tmp_path_factory):
 def test_keras_backward_passes_per_step(keras_bpps_doc):
     doc = keras_bpps_doc
     assert doc["steps"] == (2 * 45) // 2  # 45 batches of 16 per epoch on each rank, 2 per update
+    assert doc["device"] == default_device(), doc
     # the accuracy curve: one point per epoch (the last after training), in the training
     # seconds images/s counts (evaluation left out)
     curve = doc["curve"]
@@ -172,7 +180,7 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
     assert "total img/sec on 2 workers" in text
     doc = json.loads(out.read_text())
     assert set(SUMMARY_KEYS) <= set(doc) and doc["steps"] == 4 and doc["test_accuracy"] is None
-    assert doc["bytes_per_step"] > 0
+    assert doc["bytes_per_step"] > 0 and doc["device"] == default_device(), doc
     split = [doc[k] for k in ("encode_ms", "comm_ms", "decode_ms")]
     if "--horovod-tape" in extra:  # Horovod's own tape keeps no account: null, not 0.0
         assert split == [None] * 3 and doc["split_measured"].startswith("not measured")
@@ -212,6 +220,7 @@ def test_mwms_baseline_trains_two_workers_with_the_examples_summary(tmp_path, ke
     doc = json.loads(out.read_text())
     assert set(doc) == set(keras_bpps_doc)
     assert doc["strategy"] == "mwms" and keras_bpps_doc["strategy"] == "horovod"
+    assert doc["device"] == default_device()
     assert doc["np"] == 2 and doc["steps"] == 12 and doc["compression"] == "none"
     assert doc["bytes_per_step"] == 4 * 10_780_170  # the wide MLP, dense float32
     # TensorFlow's all-reduce has no split to read: null, with the reason, never 0.0

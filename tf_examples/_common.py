@@ -1,4 +1,4 @@
-"""Helpers the TensorFlow examples share: Horovod set-up, Keras fit plumbing, the summary."""
+"""Helpers the TensorFlow examples share: Horovod set-up, the device, Keras fit plumbing, the summary."""
 
 from __future__ import annotations
 
@@ -10,11 +10,37 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hvd_compress.tools import runtools  # noqa: E402
+from hvd_compress.tools import devices, runtools  # noqa: E402
 
 
-def init(seed: int):
-    """hvd.init(), one thread pool share per worker, seeds; returns (hvd, keras, tf, hct)."""
+def choose_device(ap, args) -> str:
+    """``--device`` checked at start-up (TensorFlow imported to ask it): ``cuda`` or
+    ``cpu``; ``cuda`` where TensorFlow sees no GPU exits here, with one line, before
+    Horovod starts or any data loads."""
+    return devices.choose(ap, args, "tensorflow")
+
+
+def place(tf, kind: str, local_rank: int) -> str:
+    """Let this worker see only its device, before TensorFlow runs anything (Horovod's
+    practice): under ``cuda`` the GPU of its local rank modulo the GPUs here (workers may
+    share one: each takes the memory it needs, not all of it), where the model and the
+    batches then go by themselves; under ``cpu`` no GPU.  Returns the summary's
+    ``device`` (``cuda:<index>`` or ``cpu``)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if kind != "cuda":
+        if gpus:
+            tf.config.set_visible_devices([], "GPU")
+        return "cpu"
+    index = devices.gpu_index(local_rank, len(gpus))
+    tf.config.set_visible_devices(gpus[index], "GPU")
+    tf.config.experimental.set_memory_growth(gpus[index], True)
+    return f"cuda:{index}"
+
+
+def init(seed: int, device: str = "cpu"):
+    """hvd.init(), the device placed (:func:`place`; ``device`` as :func:`choose_device`
+    gives it), one thread pool share per worker, seeds; returns (hvd, keras, tf, hct,
+    the summary's device)."""
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
@@ -22,11 +48,12 @@ def init(seed: int):
     import hvd_compress.tensorflow as hct
     from hvd_compress import nodes
     hvd.init(process_sets=nodes.node_process_sets())  # the hierarchical exchange's, if any
+    label = place(tf, device, hvd.local_rank())
     threads = runtools.worker_threads(hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     runtools.limit_kernel_threads(threads)
     keras.utils.set_random_seed(seed)
-    return hvd, keras, tf, hct
+    return hvd, keras, tf, hct, label
 
 
 def broadcast_initial(hvd, model) -> None:
@@ -198,10 +225,11 @@ def finish(args, example, comp, model, batches, size, train_s, accuracy, wall_s,
     runtools.write_summary(args.json, doc)
 
 
-def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start):
+def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start,
+                   device="cpu"):
     """Compile, broadcast the initial weights, fit (evaluating after every epoch: the
     summary's curve), evaluate, and write the summary (with the time split: see
-    :func:`sample_split`)."""
+    :func:`sample_split`; ``device``: where it ran, as :func:`init` returns it)."""
     import time
 
     import tensorflow as tf
@@ -248,4 +276,4 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
         finish(args, example, comp, model, epochs.steps, size, train_s, acc,
                time.perf_counter() - t_start, per_update=epochs.mean_per_update(),
                epochs=len(points), curve=points, final_average=not curve.stopped,
-               split=split, split_measured=how)
+               split=split, split_measured=how, device=device)

@@ -23,19 +23,24 @@ import numpy as np
 from hvd_compress.tools import runtools
 
 
-def strategy_and_world():
+def strategy_and_world(device: str = "cpu"):
     """The strategy (made first: TensorFlow must not have run anything before it), this
-    worker's index and the number of workers, from ``TF_CONFIG``; one share of the
-    cores per worker, as the Horovod examples take."""
+    worker's index and the number of workers, from ``TF_CONFIG``, and the summary's device
+    (the worker placed as the Horovod examples place theirs: ``_common.place``, its index
+    the local rank, the workers all on this machine); one share of the cores per worker,
+    as the Horovod examples take."""
     import tensorflow as tf
+    from _common import place
     if "TF_CONFIG" not in os.environ:
         raise SystemExit("--strategy mwms needs TF_CONFIG: launch with "
                          "python -m hvd_compress.tools.mwms -np N python ...")
     cfg = json.loads(os.environ["TF_CONFIG"])
     size = len(cfg["cluster"]["worker"])
+    index = int(cfg["task"]["index"])
+    label = place(tf, device, index)
     tf.config.threading.set_intra_op_parallelism_threads(runtools.worker_threads(size))
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    return strategy, int(cfg["task"]["index"]), size
+    return strategy, index, size, label
 
 
 def check_args(ap, args) -> None:
@@ -49,10 +54,11 @@ def check_args(ap, args) -> None:
 
 
 def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xte, yte,
-                   steps_per_epoch, t_start) -> None:
+                   steps_per_epoch, t_start, device="cpu") -> None:
     """Train ``make_model(keras)`` for ``args.epochs`` of ``steps_per_epoch`` steps on this
     worker's shard (every worker the same count: the collectives pair them up),
-    evaluating after every epoch (the summary's curve); rank 0 writes the summary."""
+    evaluating after every epoch (the summary's curve); rank 0 writes the summary
+    (``device``: where it ran, as :func:`strategy_and_world` returns it)."""
     import keras
     import tensorflow as tf
     keras.utils.set_random_seed(args.seed)  # the same initial weights on every worker
@@ -117,5 +123,5 @@ def fit_and_report(args, example, strategy, rank, size, make_model, xtr, ytr, xt
                                exchange="", exchange_why={},
                                split_measured="not measured: TensorFlow's all-reduce runs inside "
                                               "its own step",
-                               epochs=len(points), curve=points)
+                               epochs=len(points), curve=points, device=device)
         runtools.write_summary(args.json, doc)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from _common import broadcast_initial, bytes_sent, compression, init, sample_split
+from _common import broadcast_initial, bytes_sent, choose_device, compression, init, sample_split
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -28,7 +28,7 @@ def main(argv=None):
                     help="use horovod.tensorflow.DistributedGradientTape (summable compressors)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    hvd, keras, tf, hct = init(args.seed)
+    hvd, keras, tf, hct, label = init(args.seed, choose_device(ap, args))
     rank, size = hvd.rank(), hvd.size()
     model = resnet(keras, args.width, args.blocks, args.image_size, args.num_classes)
     opt = keras.optimizers.SGD(args.lr, momentum=args.momentum)
@@ -79,7 +79,8 @@ def main(argv=None):
     nparams = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     if rank == 0 and not args.quiet:
         print(f"model: ResNet width {args.width} blocks {args.blocks}, {nparams:,} parameters; "
-              f"batch {args.batch_size}; {size} workers; compression {args.compression}", flush=True)
+              f"batch {args.batch_size}; {size} workers; compression {args.compression}"
+              + (f"; on {label}" if label != "cpu" else ""), flush=True)
     for _ in range(args.num_warmup_batches):
         step()
     progress = runtools.Progress(args.num_iters, "iterations", enabled=rank == 0 and not args.quiet)
@@ -124,7 +125,8 @@ def main(argv=None):
                                exchange=runtools.exchange_used(made[0]) if made else "",
                                exchange_why=runtools.exchange_why(made[0]) if made else {},
                                img_sec_per_worker_mean=round(mean, 2),
-                               img_sec_per_worker_conf=round(conf, 2), split_measured=how)
+                               img_sec_per_worker_conf=round(conf, 2), split_measured=how,
+                               device=label)
         runtools.write_summary(args.json, doc)
 
 

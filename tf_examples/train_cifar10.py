@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from _common import compression, fit_and_report, init
+from _common import choose_device, compression, fit_and_report, init
 from models import resnet
 
 from hvd_compress.tools import runtools
@@ -27,12 +27,13 @@ def main(argv=None):
     runtools.add_cifar_args(ap)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    device = choose_device(ap, args)
     try:
         xtr, ytr = cifar10(args.data_dir, train=True)
         xte, yte = cifar10(args.data_dir, train=False)
     except FileNotFoundError as exc:
         raise SystemExit(f"train_cifar10: {exc}") from None
-    hvd, keras, tf, hct = init(args.seed)
+    hvd, keras, tf, hct, label = init(args.seed, device)
     rank, size = hvd.rank(), hvd.size()
     if args.limit_train > 0:
         xtr, ytr = xtr[:args.limit_train], ytr[:args.limit_train]
@@ -42,7 +43,8 @@ def main(argv=None):
     model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.RandomFlip("horizontal"),
                               keras.layers.RandomTranslation(0.125, 0.125), body])
     comp = compression(hct, args)
-    fit_and_report(args, "train_cifar10", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start)
+    fit_and_report(args, "train_cifar10", hvd, keras, hct, model, comp, xtr, ytr, xte, yte, t_start,
+                   label)
 
 
 if __name__ == "__main__":

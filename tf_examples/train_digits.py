@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 import _mwms
-from _common import compression, fit_and_report, init
+from _common import choose_device, compression, fit_and_report, init
 
 from hvd_compress.tools import runtools
 from hvd_compress.tools.datasets import digits_split
@@ -61,23 +61,24 @@ def main(argv=None):
                          "launched by python -m hvd_compress.tools.mwms (--compression none)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    device = choose_device(ap, args)
     data = [a[..., None] if a.ndim == 3 else a for a in digits_split()]
     if args.strategy == "mwms":
         _mwms.check_args(ap, args)
-        strategy, rank, size = _mwms.strategy_and_world()
+        strategy, rank, size, label = _mwms.strategy_and_world(device)
         xtr, ytr, xte, yte = data
         steps = -(-(len(xtr) // size) // args.batch_size)  # Keras fit's count on the smaller shard
         _mwms.fit_and_report(args, "train_digits", strategy, rank, size,
                              lambda keras: make_model(keras, args.model),
-                             xtr[rank::size], ytr[rank::size], xte, yte, steps, t_start)
+                             xtr[rank::size], ytr[rank::size], xte, yte, steps, t_start, label)
         return
-    hvd, keras, tf, hct = init(args.seed)
+    hvd, keras, tf, hct, label = init(args.seed, device)
     rank, size = hvd.rank(), hvd.size()
     xtr, ytr, xte, yte = data
     xtr, ytr = xtr[rank::size], ytr[rank::size]
     comp = compression(hct, args)
     fit_and_report(args, "train_digits", hvd, keras, hct, make_model(keras, args.model), comp, xtr,
-                   ytr, xte, yte, t_start)
+                   ytr, xte, yte, t_start, label)
 
 
 if __name__ == "__main__":
