@@ -10,7 +10,9 @@
 Compressors run the reference core's algorithms on torch tensors (CPU or CUDA)
 and keep Horovod's ``compress``/``decompress`` contract; the summable ones
 (``FP16``, ``BF16``, ``RandomK``, ``PowerSGD``) also work in Horovod's own
-``hvd.DistributedOptimizer``.
+``hvd.DistributedOptimizer``.  For ``torch.nn.parallel.DistributedDataParallel``
+(NCCL or Gloo, no Horovod): ``ddp.register_comm_hook(*hc.ddp_comm_hook("topk:ratio=0.01"))``
+(:mod:`.ddp`).
 """
 
 from ..requirements import require
@@ -21,10 +23,12 @@ from ..frontend import class_names  # noqa: E402
 from . import compressors  # noqa: E402
 from .backend import TorchBackend  # noqa: E402
 from .compressors import TorchCompressor, as_compressor, compressor  # noqa: E402
+from .ddp import DDPCompressionState, compression_hook, ddp_comm_hook  # noqa: E402
 from .distributed import DistributedOptimizer  # noqa: E402
 
 __all__ = ["TorchBackend", "TorchCompressor", "compressor", "as_compressor",
-           "DistributedOptimizer", *class_names()]
+           "DistributedOptimizer", "DDPCompressionState", "compression_hook", "ddp_comm_hook",
+           *class_names()]
 
 
 def __getattr__(name):
