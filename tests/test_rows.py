@@ -91,8 +91,10 @@ def test_plans_are_typed_rows_and_print_as_before():
 ADDED_COLUMNS = ["bandwidth", "latency", "status", "step_ms", "collectives_per_step", "parameters",
                  "log", "mode", "target_accuracy", "time_to_target_s", "epochs_to_target",
                  "best_accuracy", "curve", "nodes", "local_bytes_per_step", "hierarchical"]
-# appended since (issue 38: compare --hosts), after the older ones, which keep their places
-LATER_COLUMNS = ["hosts", "link_bandwidth", "exchange", "wire_in_per_step", "wire_out_per_step"]
+# appended since (issue 38: compare --hosts; issue 39: --device), after the older ones, which
+# keep their places
+LATER_COLUMNS = ["hosts", "link_bandwidth", "exchange", "wire_in_per_step", "wire_out_per_step",
+                 "device"]
 PLANNED = {"framework": "torch", "example": "digits", "compression": "topk:ratio=0.01", "np": 2,
            "bandwidth": "1gbit", "latency": "", "mode": "sync", "nodes": 1}
 
@@ -132,7 +134,7 @@ def test_planned_runs_are_run_rows_as_the_dicts_were():
     runs = cmp.plan_runs(args, capped_ok=True)
     assert all(type(r) is RunRow for r in runs)
     base = {"framework": "torch", "example": "digits", "compression": "none", "latency": "",
-            "mode": "sync"}
+            "mode": "sync", "device": "cpu"}
     assert runs == [dict(base, np=1, bandwidth="uncapped", nodes=1),
                     dict(base, np=2, bandwidth="uncapped", nodes=1),
                     dict(base, np=2, bandwidth="1gbit", nodes=1)]

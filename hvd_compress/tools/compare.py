@@ -20,11 +20,15 @@ single worker both are plain SGD; ``--modes-for SPEC ...`` runs them for those
 compressors only), and TensorFlow's MultiWorkerMirroredStrategy with ``--strategy
 mwms`` (the TensorFlow example, a baseline row per setting).  With
 ``--target-accuracy A --stop-at-target`` every run stops at the first epoch that
-reaches A (a time-to-accuracy matrix need not train on).  Into ``--out`` go:
+reaches A (a time-to-accuracy matrix need not train on).  Every run trains on
+``--device cuda`` (each worker on GPU local_rank % GPUs: the workers of one machine may
+share one GPU) or ``cpu``; by default cuda where the framework sees a GPU, as the
+examples choose, else cpu -- decided once, before anything runs (``cuda`` where there
+is none is refused there), and recorded in every row.  Into ``--out`` go:
 
 * ``results.csv``: one row per run, the keys of the examples' ``--json``
   summary (:data:`hvd_compress.tools.runtools.SUMMARY_KEYS`) plus
-  ``bandwidth``, ``latency``, ``status`` (``ok`` or why it failed),
+  ``bandwidth``, ``latency``, ``device``, ``status`` (``ok`` or why it failed),
   ``step_ms``, ``log`` (that run's output), ``mode``, the accuracy curve
   (``curve``: JSON, the examples' test accuracy and training seconds after
   every epoch), ``best_accuracy`` and, with ``--target-accuracy A``,
@@ -45,7 +49,8 @@ reaches A (a time-to-accuracy matrix need not train on).  Into ``--out`` go:
   runs only: the model is one exchange per step).
 
 A run that fails is recorded as failed (with its log) and the rest go on;
-``--resume`` keeps the rows of runs that succeeded and runs only the rest.
+``--resume`` keeps the rows of runs that succeeded and runs only the rest (a row is
+kept for a run of the same settings and device: a cpu row never stands for a cuda run).
 Ctrl-C or SIGTERM stops the whole matrix within seconds (status 130 or 143): the run in
 progress and every process it started (:mod:`hvd_compress.tools.stopping`) and its
 namespaces go, the rows already done stay in results.csv for ``--resume``.
@@ -60,8 +65,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import devices, netcap, runtools, stopping
 from . import hosts as real_hosts
-from . import netcap, runtools, stopping
 from .plan import (
     COLUMNS,
     DEFAULT_COMPRESSIONS,
@@ -77,6 +82,7 @@ from .plan import (
     UNCAPPED,
     bandwidth_label,
     check_modes,
+    device_of,
     dga_mode,
     local_sgd_mode,
     method,
@@ -131,8 +137,8 @@ DEFAULT_BANDWIDTHS = [UNCAPPED, "1gbit", "200mbit"]
 # prediction.md).  Their names keep this module's address too: hvd_compress.tools.compare.X
 __all__ = ["main", "parser", "COLUMNS", "DEFAULT_COMPRESSIONS", "DEFAULT_EXAMPLE_ARGS", "EXAMPLES", "FLAT",
            "FRAMEWORK_DIRS", "MWMS", "MWMS_EXAMPLES", "RUN_KEYS", "SYNC", "UNCAPPED",
-           "bandwidth_label", "check_modes", "dga_mode", "local_sgd_mode", "method", "mode_flags",
-           "mode_of", "nodes_of", "plan_runs", "run_key", "run_modes", "run_name",
+           "bandwidth_label", "check_modes", "device_of", "dga_mode", "local_sgd_mode", "method",
+           "mode_flags", "mode_of", "nodes_of", "plan_runs", "run_key", "run_modes", "run_name",
            "takes_hierarchy", "example_command", "examples_dir", "execute", "horovodrun",
            "add_targets", "best_accuracy", "best_lines", "check_target", "curve_of",
            "curve_panels", "hit", "is_baseline", "missed", "ok_rows", "plot", "reach", "read_csv",
@@ -179,6 +185,10 @@ def parser() -> argparse.ArgumentParser:
                     help="which example to run (default synthetic)")
     ap.add_argument("--framework", choices=sorted(FRAMEWORK_DIRS), default="torch",
                     help="(default torch)")
+    ap.add_argument("--device", choices=devices.DEVICES, default=None,
+                    help="where every run trains: cuda (each worker on GPU local_rank %% GPUs; "
+                         "the workers of one machine may share one GPU) or cpu (default: cuda "
+                         "where the framework sees a GPU, else cpu; recorded in every row)")
     ap.add_argument("--example-args", default=None, metavar="ARGS",
                     help="arguments for the example instead of the defaults (one quoted string); "
                          "defaults: " + "; ".join(f"{k}: {v}" for k, v in DEFAULT_EXAMPLE_ARGS.items()))
@@ -297,6 +307,24 @@ def _check_hosts(ap, args) -> None:
               file=sys.stderr, flush=True)
 
 
+def _check_device(ap, args) -> None:
+    """``--device`` resolved once for the whole matrix (``args.device``: cuda or cpu), as
+    the examples would resolve it here -- asking the frameworks the runs use (TensorFlow's
+    too under ``--strategy mwms``) -- and ``cuda`` refused where one sees no GPU, before
+    anything runs.  On hosts that do not include this machine there is nothing here to
+    ask: the default is then cpu and cuda is left to the examples there."""
+    if args.example_args and "--device" in args.example_args.split():
+        ap.error("--example-args has --device: give compare's --device (every run takes it)")
+    if args.host_list and not any(real_hosts.is_local(h) for h, _ in args.host_list):
+        args.device = args.device or "cpu"
+        return
+    frameworks = {args.framework} | ({"tensorflow"} if args.strategy == "mwms" else set())
+    try:
+        args.device = devices.resolve(args.device, sorted(frameworks))
+    except ValueError as exc:
+        ap.error(str(exc))
+
+
 def on_hosts(run, host_list, link_bandwidth=None):
     """``run`` on real hosts: the hosts its ranks fill (``hosts``, as horovodrun places
     them) and their number (``nodes``), and the stated rate between them."""
@@ -352,6 +380,7 @@ def main(argv=None) -> int:
                     run_modes(args.local_sgd, args.delay, args.strategy))
     except ValueError as exc:
         ap.error(str(exc))
+    _check_device(ap, args)  # (last: it imports the frameworks)
     try:
         for framework in {args.framework} | ({"tensorflow"} if args.strategy == "mwms" else set()):
             examples_dir(framework)
@@ -406,6 +435,11 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     state.update(done=len(runs) - len(todo), total=len(runs))
     if args.resume:
         print(f"compare: resuming; {len(runs) - len(todo)} of {len(runs)} runs already done", flush=True)
+        elsewhere = sorted({device_of(r) for r in rows} - {args.device or "cpu"})
+        if elsewhere:
+            print(f"compare: results.csv holds runs on {', '.join(elsewhere)}, kept beside these "
+                  f"in the tables; this matrix, its plots and prediction are on {args.device} "
+                  f"(--device {elsewhere[0]} resumes those)", flush=True)
     progress = runtools.Progress(len(todo), "runs", enabled=not args.quiet, stream=sys.stdout)
     progress.update(0)
     failed = 0
@@ -426,10 +460,11 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     add_targets(rows, args.target_accuracy)
     write_csv(csv_path, rows)
     write_markdown(out / "results.md", rows, args.target_accuracy, args.stop_at_target)
-    files = [str(csv_path), str(out / "results.md")] + plot(out, rows, args.target_accuracy)
+    here = [r for r in rows if device_of(r) == (args.device or "cpu")]  # (not another device's)
+    files = [str(csv_path), str(out / "results.md")] + plot(out, here, args.target_accuracy)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
-        text, say = predict(rows, args.alpha_us, args.target_accuracy, args.per_node,
+        text, say = predict(here, args.alpha_us, args.target_accuracy, args.per_node,
                             netcap.parse_rate(args.local_bandwidth))
         (out / "prediction.md").write_text(text)
         files.append(str(out / "prediction.md"))

@@ -3,7 +3,8 @@
 A run is a :class:`~hvd_compress.tools.runrow.RunRow` holding :data:`RUN_KEYS` (its CSV
 row adds the other :data:`COLUMNS`); the modes
 say how often the workers talk (``sync``, local SGD, DGA, TensorFlow's
-MultiWorkerMirroredStrategy, the flat exchange beside the hierarchical one).
+MultiWorkerMirroredStrategy, the flat exchange beside the hierarchical one); every run of a
+matrix trains on one device (``cuda`` or ``cpu``: :mod:`.devices`), which its key holds.
 :func:`plan_runs` turns ``hvd-compress-compare``'s arguments into the runs, which
 :mod:`.run` launches, :mod:`.report` tabulates and :mod:`.predict` fits.
 """
@@ -33,7 +34,8 @@ DEFAULT_EXAMPLE_ARGS = {
     "digits-wide": "--model wide --batch-size 64 --epochs 6",
     "cifar10": "--epochs 1",
 }
-RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes")
+RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes",
+            "device")
 #: results.csv's columns (:class:`~hvd_compress.tools.runrow.RunRow`'s fields): the examples'
 #: summary keys, then what compare adds (new ones are appended, so that the older columns
 #: keep their places)
@@ -133,6 +135,11 @@ def nodes_of(row: dict) -> int:
     return int(row.get("nodes") or 1)
 
 
+def device_of(row: dict) -> str:
+    """A row's device (rows of results written before ``--device``: cpu, where they ran)."""
+    return row.get("device") or "cpu"
+
+
 def takes_hierarchy(spec: str) -> bool:
     """Whether some tensor of ``spec`` takes the hierarchical exchange (payloads gathered,
     or integer codes summed: :func:`hvd_compress.core.hierarchy.sharded`)."""
@@ -152,6 +159,7 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
     modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
                       getattr(args, "strategy", "horovod"))
     nodes = int(getattr(args, "nodes", 1) or 1)
+    device = getattr(args, "device", None) or "cpu"  # (compare's main resolves the default)
     if nodes > 1:  # the hierarchical exchange (sync) and the flat one side by side
         modes.insert(1, FLAT)
     for at, exchange in enumerate(getattr(args, "exchange", None) or (), start=2 if nodes > 1 else 1):
@@ -176,7 +184,7 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
                 runs.append(RunRow(framework="tensorflow" if mode == MWMS else args.framework,
                                    example=args.example, compression=spec, np=np_, bandwidth=bw,
                                    latency=args.latency if bw != UNCAPPED else "", mode=mode,
-                                   nodes=nodes if np_ > 1 else 1))
+                                   nodes=nodes if np_ > 1 else 1, device=device))
 
     only = getattr(args, "modes_for", None)
     for spec in args.compression:
@@ -189,8 +197,10 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
 
 
 def run_key(row: dict) -> tuple:
-    return tuple(mode_of(row) if k == "mode" else str(nodes_of(row)) if k == "nodes"
-                 else str(row.get(k, "")) for k in RUN_KEYS)
+    """What tells runs apart (:data:`RUN_KEYS`), a resumed matrix's rows too: a column its
+    results.csv lacked reads as its value then (sync, one node, cpu)."""
+    of = {"mode": mode_of, "nodes": lambda r: str(nodes_of(r)), "device": device_of}
+    return tuple(of[k](row) if k in of else str(row.get(k, "")) for k in RUN_KEYS)
 
 
 def _safe(text: str) -> str:
@@ -201,8 +211,9 @@ def run_name(run: dict) -> str:
     lat = f"_lat{run['latency']}" if run["latency"] else ""
     mode = "" if mode_of(run) == SYNC else "_" + _safe(mode_of(run))
     nodes = f"_{nodes_of(run)}nodes" if nodes_of(run) > 1 else ""
+    device = "" if device_of(run) == "cpu" else "_" + device_of(run)
     return (f"{run['framework']}_{run['example']}_{_safe(run['compression'])}{mode}_np{run['np']}"
-            f"{nodes}_{run['bandwidth']}{lat}")
+            f"{nodes}_{run['bandwidth']}{lat}{device}")
 
 
 def specs_of(text: str) -> list:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..core.registry import passes_through
 from . import runtools
-from .plan import COLUMNS, MWMS, SYNC, method, mode_of, nodes_of, run_key, specs_of
+from .plan import COLUMNS, MWMS, SYNC, device_of, method, mode_of, nodes_of, run_key, specs_of
 from .runrow import RunRow
 
 
@@ -54,9 +54,10 @@ def ok_rows(rows: list[dict]) -> list[dict]:
 
 
 def _setting(r: dict) -> tuple:
-    """Runs compared with each other: same framework, example, np, nodes, bandwidth, latency."""
+    """Runs compared with each other: same framework, example, np, bandwidth, latency,
+    nodes and device."""
     return (r["framework"], r["example"], str(r["np"]), r["bandwidth"], r.get("latency", ""),
-            nodes_of(r))
+            nodes_of(r), device_of(r))
 
 
 def setting_of(rows: list[dict]):
@@ -87,7 +88,7 @@ def is_baseline(r: dict) -> bool:
 
 def speedups(rows: list[dict]) -> dict:
     """run key -> images/s over that of none in sync mode at the same framework, example,
-    np and bandwidth."""
+    np, bandwidth and device."""
     setting = setting_of(rows)
     base = {setting(r): number(r, "images_per_sec") for r in ok_rows(rows) if is_baseline(r)}
     out = {}
@@ -100,9 +101,9 @@ def speedups(rows: list[dict]) -> dict:
 
 
 def _where(setting: tuple) -> str:
-    _, _, np_, bw, lat, nodes = setting
+    _, _, np_, bw, lat, nodes, device = setting
     return f"np {np_}" + (f" in {nodes} nodes" if nodes > 1 else "") + f", {bw}" + \
-        (f", latency {lat}" if lat else "")
+        (f", latency {lat}" if lat else "") + (f", on {device}" if device != "cpu" else "")
 
 
 def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict]]]:
@@ -111,8 +112,8 @@ def _settings(rows: list[dict], multi_only: bool) -> list[tuple[tuple, list[dict
     for r in ok_rows(rows):
         if int(r["np"]) > 1 or not multi_only:
             groups.setdefault(setting(r), []).append(r)
-    return sorted(groups.items(), key=lambda kv: (kv[0][:2], int(kv[0][2]), kv[0][5], str(kv[0][3]),
-                                                  kv[0][4]))
+    return sorted(groups.items(), key=lambda kv: (kv[0][6], kv[0][:2], int(kv[0][2]), kv[0][5],
+                                                  str(kv[0][3]), kv[0][4]))
 
 
 def best_lines(rows: list[dict]) -> list[str]:
@@ -214,15 +215,18 @@ def target_lines(rows: list[dict], target: float) -> list[str]:
 
 def write_markdown(path: Path, rows: list[dict], target: float | None = None,
                    stopped: bool = False) -> None:
-    """results.md: the table (a mode column when some run is not sync; with a target,
+    """results.md: the table (a mode column when some run is not sync, a device column
+    when some run is not on the CPU; with a target,
     the time and epochs to it, or "missed" and the best accuracy reached), then the best
     method per setting and, with a target, the fastest to it; ``stopped``: the runs
     ended at the target (``--stop-at-target``), which the heading then says."""
     rows = [RunRow.of(r) for r in rows]
     sp = speedups(rows)
     modes = any(mode_of(r) != SYNC for r in rows)
+    on_gpu = any(device_of(r) != "cpu" for r in rows)
     head = (["framework", "example", "compression"] + (["mode"] if modes else [])
-            + ["np", "bandwidth", "images/s", "per worker", "vs none", "bytes/step", "compute ms",
+            + ["np"] + (["device"] if on_gpu else [])
+            + ["bandwidth", "images/s", "per worker", "vs none", "bytes/step", "compute ms",
                "encode ms", "comm ms", "decode ms", "accuracy"]
             + (["to target s", "epochs to target"] if target is not None else []) + ["wall s", "status"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -247,7 +251,8 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
                 reached = ["", ""]
         lines.append("| " + " | ".join(
             [r.framework, r.example, f"`{r.compression}`"] + ([mode_of(r)] if modes else []) + [
-                str(r.np) + (f" ({nodes_of(r)} nodes)" if nodes_of(r) > 1 else ""), bw,
+                str(r.np) + (f" ({nodes_of(r)} nodes)" if nodes_of(r) > 1 else "")] + (
+                [device_of(r)] if on_gpu else []) + [bw,
                 num("images_per_sec"), num("images_per_sec_per_worker"),
                 f"{s:.2f}x" if s is not None else "", num("bytes_per_step", "{:,.0f}"),
                 num("compute_ms"), num("encode_ms"), num("comm_ms"), num("decode_ms"),

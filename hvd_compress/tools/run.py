@@ -21,6 +21,7 @@ from .plan import (
     MWMS,
     RUN_KEYS,
     UNCAPPED,
+    device_of,
     mode_flags,
     mode_of,
     nodes_of,
@@ -66,7 +67,7 @@ def example_command(args, run, json_path: Path) -> list[str]:
     if getattr(args, "stop_at_target", False):
         extra += ["--stop-at", f"{args.target_accuracy:g}"]
     return [sys.executable, str(script), *extra, "--compression", run.compression,
-            "--json", str(json_path), "--quiet"]
+            "--device", device_of(run), "--json", str(json_path), "--quiet"]
 
 
 def horovodrun() -> list[str]:

@@ -74,6 +74,7 @@ class RunRow(MutableMapping):
     exchange: str = ABSENT  # how compressed tensors travelled (the example's summary)
     wire_in_per_step: int = ABSENT  # bytes reaching a worker over its links (the account)
     wire_out_per_step: int = ABSENT
+    device: str = ABSENT  # where the run trained: "cuda" or "cpu" (rows written before: cpu)
     #: keys outside :data:`COLUMNS`, as they came
     others: dict = field(default_factory=dict)
 
