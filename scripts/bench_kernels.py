@@ -16,6 +16,11 @@ of the same float32 tensor, the yardstick the targets are stated against, and
 the floor: the least memory the step must move, in copies (``floor_copies``).
 DGC is measured past its warm-up (at its final sparsity).
 
+On a CUDA device each compressor is measured twice: with the Triton kernels where they
+run (``hvd_compress/accel/triton_*.py``; ``triton`` says whether they load) and with
+them off (``HVD_COMPRESS_TRITON=0``: the chain of torch operations), the latter as
+``chain_encode_ms`` and ``chain_decode_ms``.
+
 Several ``--numel`` sizes give a table (a JSON document) each: small sizes show the
 per-call cost that the two-phase exchange's chunks pay.  ``--serial-below N`` sets the
 size under which the numba kernels run their serial compilation instead of the thread
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -101,9 +107,10 @@ def bench_one(spec: str, B, host: np.ndarray, repeats: int, device: str = "cpu")
             enc = comp.next_round(enc, enc.payload)  # one rank: the sum is its own payload
         return enc
 
-    encode()  # warm-up (allocates state)
+    encode()  # warm-up (allocates state; compiles kernels)
     enc_ms, enc = _timed(encode, B, repeats)
     received = enc.payload if comp.summable else [enc.payload]
+    comp.aggregate(received, enc)  # warm-up
     dec_ms, out = _timed(lambda: comp.aggregate(received, enc), B, repeats)
     if tuple(B.shape(out)) != tuple(shape):
         raise AssertionError(f"{spec}: decoded shape {B.shape(out)} != {shape}")
@@ -174,7 +181,8 @@ def main(argv=None) -> int:
                     help="where the tensor lives: cpu (default), or cuda / cuda:N with --framework torch")
     ap.add_argument("--json", action="store_true",
                     help="print JSON: framework, device, numel, copy_ms, results: [{compression, encode_ms, "
-                         "decode_ms, payload_bytes, ratio, floor_copies}] (stable names); with "
+                         "decode_ms, payload_bytes, ratio, floor_copies}] (stable names; on CUDA "
+                         "also triton and each result's chain_encode_ms, chain_decode_ms); with "
                          "several --numel, a list of those, one a size")
     ap.add_argument("--serial-below", type=int, default=None, metavar="N",
                     help="numba kernels on arrays under N elements run serially (default: the "
@@ -230,26 +238,58 @@ def bench_size(B, specs, numel: int, args, serial_below) -> dict:
     results = []
     for i, s in enumerate(specs, 1):
         print(f"[{i}/{len(specs)}] {s} ({numel:,}) ...", file=sys.stderr, flush=True)
-        results.append(bench_one(s, B, host, args.repeats, args.device))
-    return {"framework": args.framework, "device": args.device, "numel": numel,
-            "copy_ms": round(copy_ms, 3), "serial_below": serial_below,
-            "repeats": args.repeats, "results": results}
+        r = bench_one(s, B, host, args.repeats, args.device)
+        if args.device != "cpu":  # the same without the Triton kernels: the torch chain
+            with _triton_off():
+                chain = bench_one(s, B, host, args.repeats, args.device)
+            r["chain_encode_ms"], r["chain_decode_ms"] = chain["encode_ms"], chain["decode_ms"]
+        results.append(r)
+    doc = {"framework": args.framework, "device": args.device, "numel": numel,
+           "copy_ms": round(copy_ms, 3), "serial_below": serial_below,
+           "repeats": args.repeats, "results": results}
+    if args.device != "cpu":
+        from hvd_compress.accel import device
+        doc["triton"] = bool(device.enabled() and device.available())
+    return doc
+
+
+class _triton_off:
+    """``HVD_COMPRESS_TRITON=0`` inside the block."""
+
+    def __enter__(self):
+        self.old = os.environ.get("HVD_COMPRESS_TRITON")
+        os.environ["HVD_COMPRESS_TRITON"] = "0"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("HVD_COMPRESS_TRITON", None)
+        else:
+            os.environ["HVD_COMPRESS_TRITON"] = self.old
 
 
 def print_table(doc: dict) -> None:
     copy_ms, repeats = doc["copy_ms"], doc["repeats"]
+    chain = "triton" in doc
     print(f"framework {doc['framework']} on {doc['device']}, {doc['numel']:,} float32 elements, "
-          f"copy {copy_ms:.3f} ms (median of {repeats}), serial below {doc['serial_below']}")
+          f"copy {copy_ms:.3f} ms (median of {repeats}), serial below {doc['serial_below']}"
+          + (f", Triton kernels {'on' if doc['triton'] else 'not available'}" if chain else ""))
     print(f"{'compression':34s} {'encode ms':>10s} {'decode ms':>10s} {'(enc+dec)/copy':>15s} "
-          f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}")
+          f"{'floor':>6s} {'/floor':>7s} {'payload bytes':>14s} {'ratio':>8s}"
+          + (f" {'chain enc':>10s} {'chain dec':>10s} {'/floor':>7s}" if chain else ""))
     for r in doc["results"]:
         rel = (r["encode_ms"] + r["decode_ms"]) / max(copy_ms, 1e-9)
         gap = f"{rel / r['floor_copies']:7.1f}" if r["floor_copies"] else f"{'-':>7s}"
-        print(f"{r['compression']:34s} {r['encode_ms']:10.3f} {r['decode_ms']:10.3f} "
-              f"{rel:15.1f} {r['floor_copies']:6.2f} {gap} "
-              f"{r['payload_bytes']:14,d} {r['ratio']:8.1f}")
+        line = (f"{r['compression']:34s} {r['encode_ms']:10.3f} {r['decode_ms']:10.3f} "
+                f"{rel:15.1f} {r['floor_copies']:6.2f} {gap} "
+                f"{r['payload_bytes']:14,d} {r['ratio']:8.1f}")
+        if chain:
+            old = (r["chain_encode_ms"] + r["chain_decode_ms"]) / max(copy_ms, 1e-9)
+            old_gap = f"{old / r['floor_copies']:7.1f}" if r["floor_copies"] else f"{'-':>7s}"
+            line += f" {r['chain_encode_ms']:10.3f} {r['chain_decode_ms']:10.3f} {old_gap}"
+        print(line)
     print("floor: the least memory a step must move, in copies of the tensor (see "
-          "floor_copies); /floor: how far above it the measured time is")
+          "floor_copies); /floor: how far above it the measured time is"
+          + ("; chain: the torch chain without the Triton kernels" if chain else ""))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 #   bash scripts/setup.sh
 #
 # 1. system packages (OpenMPI, compilers, cmake, iproute2) from Debian, as root
-# 2. .venv with numpy, mpi4py, PyTorch and TensorFlow
+# 2. .venv with numpy, mpi4py, PyTorch, TensorFlow and Triton (the GPU kernels;
+#    their tests run it as an interpreter on the CPU)
 # 3. Horovod 0.28.1 built from its PyPI sdist with PyTorch, TensorFlow, MPI
 #    and Gloo, with the source fixes in scripts/horovod_fixes.sh; the built
 #    wheel is cached under ~/.cache/hvd-compress/ keyed by versions and fixes
@@ -40,6 +41,7 @@ TORCH_FLAVOR=${HVD_COMPRESS_TORCH:-cpu}
 HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.21.0
+TRITON_VERSION=3.9.0  # cpu flavour; a CUDA torch brings the triton it was built with
 
 STEP=""
 T0=$(date +%s)
@@ -71,7 +73,7 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-step "2/5 virtual environment $VENV with numpy, mpi4py, PyTorch $TORCH_VERSION ($TORCH_FLAVOR), TensorFlow $TF_VERSION, scikit-learn, matplotlib, numba"
+step "2/5 virtual environment $VENV with numpy, mpi4py, PyTorch $TORCH_VERSION ($TORCH_FLAVOR), TensorFlow $TF_VERSION, scikit-learn, matplotlib, numba, triton"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV" || die "could not create the venv with $PYTHON"
 fi
@@ -81,7 +83,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 have=$("$PY" - <<'PYEOF' 2>/dev/null || true
 import importlib.metadata as m
 out = []
-for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "numba", "setuptools", "wheel"):
+for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "numba", "triton", "setuptools", "wheel"):
     try:
         out.append(f"{d}={m.version(d)}")
     except m.PackageNotFoundError:
@@ -107,6 +109,9 @@ if [[ "$have" != *"torch=$TORCH_VERSION"* || "$have" != *"tensorflow=$TF_VERSION
     # numba compiles the fused CPU kernels (hvd_compress/kernels.py).
     "${PIP[@]}" install "torch==$TORCH_VERSION" "tensorflow==$TF_VERSION" numpy mpi4py scikit-learn matplotlib numba \
         >>"$log" 2>&1 || die "pip failed, see $log"
+    # triton: the GPU kernels (hvd_compress/accel/triton_*.py), about 1 GB
+    "$PY" -c 'import triton' 2>/dev/null || "${PIP[@]}" install "triton==$TRITON_VERSION" >>"$log" 2>&1 \
+        || die "pip failed, see $log"
 fi
 TORCH_FULL=$("$PY" -c 'import torch; print(torch.__version__)') || die "torch does not import"
 TF_FULL=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))') || die "tensorflow is not installed"

@@ -10,6 +10,7 @@ or turned off, the hooks answer None and today's chain runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,7 +32,7 @@ from hvd_compress.core.qsgd import QSGDCodec
 from hvd_compress.torch import TorchBackend
 
 ROOT = Path(__file__).resolve().parent.parent
-HAVE_TRITON = __import__("importlib").util.find_spec("triton") is not None
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TRITON),
                           reason="no CUDA device (or no triton) on this machine")
 
@@ -241,6 +242,41 @@ def test_cuda_kernels_do_not_synchronise():
             comp.aggregate([enc.payload], enc)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "scripts" / "bench_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_table_shows_the_chain_beside_the_kernels(capsys):
+    """The kernel benchmark's table on a device: the Triton path's figures, then the
+    chain's (a document as ``--device cuda`` makes it)."""
+    doc = {"framework": "torch", "device": "cuda", "numel": 1000, "copy_ms": 0.5, "repeats": 5,
+           "serial_below": None, "triton": True,
+           "results": [{"compression": "qsgd", "encode_ms": 0.2, "decode_ms": 0.1,
+                        "payload_bytes": 500, "ratio": 8.0, "floor_copies": 1.5,
+                        "chain_encode_ms": 1.9, "chain_decode_ms": 0.5}]}
+    _bench().print_table(doc)
+    out = capsys.readouterr().out
+    assert "Triton kernels on" in out and "chain enc" in out
+    # /floor: (0.2 + 0.1) / 0.5 / 1.5 = 0.4 with the kernels, (1.9 + 0.5) / 0.5 / 1.5 = 3.2 without
+    assert out.splitlines()[2].split()[5] == "0.4" and out.splitlines()[2].split()[-1] == "3.2"
+
+
+@CUDA
+def test_cuda_bench_reports_both_paths():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_kernels.py"),
+                           "--framework", "torch", "--device", "cuda", "--numel", "100003",
+                           "--repeats", "1", "--json", "--compression", "qsgd",
+                           "--compression", "terngrad"], capture_output=True, text=True,
+                          timeout=600, check=True)
+    doc = json.loads(proc.stdout)
+    assert doc["triton"] is True
+    for r in doc["results"]:
+        assert r["chain_encode_ms"] > 0 and r["encode_ms"] > 0
 
 
 if __name__ == "__main__":  # the interpreter checks (TRITON_INTERPRET=1 set by the caller)
