@@ -43,10 +43,12 @@ SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3
          "qsgd:levels=16,bucket=64", "qsgd:ef=true,seed=5", "terngrad", "terngrad:clip=0,seed=2",
          "terngrad:ef=true", "uniform", "uniform:bits=2,bucket=100,seed=9",
          "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true", "uniform:bits=3,bucket=64",
-         "onebit", "threshold:tau=0.001", "signsgd", "natural"]
+         "onebit", "threshold:tau=0.001", "signsgd", "natural", "inceptionn", "inceptionn:bound=1e-7",
+         "inceptionn:bound=1e-5,ef=true"]
 SHAPES = [(1,), (40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
-KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values"}
+KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
+           "count_widths", "pack", "count_codes", "unpack"}
 
 
 class DevicePath(TorchBackend):
@@ -114,16 +116,17 @@ def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
 def _interpreter_checks() -> dict:
     """Every spec and shape through the kernels in the interpreter (this process has
     ``TRITON_INTERPRET=1``); which kernels ran, and the differences found."""
+    from hvd_compress.accel import triton_inceptionn as ti
     from hvd_compress.accel import triton_quantizers as tq
     ran: dict = {}
-    launch = tq._launch
 
-    def counted(kernel, *args, **meta):
-        name = kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel)
-        ran[name] = ran.get(name, 0) + 1
-        return launch(kernel, *args, **meta)
+    def counting(launch):
+        def counted(kernel, *args, **meta):
+            ran[kernel.fn.__name__] = ran.get(kernel.fn.__name__, 0) + 1
+            return launch(kernel, *args, **meta)
+        return counted
 
-    tq._launch = counted
+    tq._launch, ti._launch = counting(tq._launch), counting(ti._launch)
     bad, cases = [], 0
     for spec in SPECS:
         for shape in SHAPES:

@@ -22,6 +22,8 @@ from ..core.bitpack import packed_nbytes
 from ..core.levels import UniformCodec
 from ..core.qsgd import QSGDCodec
 from ..core.terngrad import TernGradCodec
+from ..core.variable import Inceptionn
+from . import triton_inceptionn
 from . import triton_kernels as K
 from .registry import ByClass
 
@@ -185,8 +187,9 @@ def _uniform_decoder(B, codec, cols):
                                      fields["scales"], fields["mins"], codec.d)
 
 
-#: the fused encoders' makers ``(B, codec, cols) -> encoder or None``, by codec class
+#: the fused encoders' makers ``(B, obj, cols) -> encoder or None``, by codec or compressor
+#: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
-                    UniformCodec: _uniform_encoder})
-#: the fused decoders' makers (the others decode through :func:`unpack`)
-DECODERS = ByClass({UniformCodec: _uniform_decoder})
+                    UniformCodec: _uniform_encoder, Inceptionn: triton_inceptionn.encoder})
+#: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
+DECODERS = ByClass({UniformCodec: _uniform_decoder, Inceptionn: triton_inceptionn.decoder})
