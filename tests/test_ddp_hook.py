@@ -11,16 +11,18 @@ ranks, one ``mpirun`` launch per world size (tests/workers/ddp_hook.py holds the
   gradient / 2 is a normal float16: PyTorch divides before the float16 sum, ours scales
   the sum; at 3 ranks within float16 rounding) and ``powerSGD_hook`` where both are exact;
 * the state through ``state_dict`` / ``torch.load(weights_only=True)`` and pickle;
-* the two-phase exchange, the delayed start, and the collectives themselves.
+* the two-phase exchange, the delayed start, ranks set up differently (told on every
+  rank), and the collectives themselves.
 
 NCCL and CUDA are not exercised here (no GPU on this machine).
 """
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.harness import run_mpi
+from tests.harness import LaunchError, run_mpi
 
 pytestmark = pytest.mark.multiprocess
 
@@ -36,10 +38,33 @@ def _free_port() -> int:
 BODIES = {2: None, 3: ["collectives", "reference", "fp16", "powersgd", "two_phase"]}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
-def runs(request):
-    return run_mpi("tests.workers.ddp_hook:run", np=request.param, timeout=300,
-                   kwargs={"port": _free_port(), "only": BODIES[request.param]})
+@pytest.fixture(scope="module")
+def launches(request):
+    """Both world sizes' launches, started together (their ranks wait on each other's
+    collectives much of the time: together they take less than one after the other),
+    each only where a selected test needs it."""
+    wanted = {item.callspec.params["runs"] for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {np_: pool.submit(run_mpi, "tests.workers.ddp_hook:run", np=np_,
+                                    timeout=300, kwargs={"port": _free_port(),
+                                                         "only": BODIES[np_]})
+                   for np_ in sorted(wanted)}
+        done = {}
+        for np_, fut in futures.items():
+            try:
+                done[np_] = fut.result()
+            except LaunchError as exc:  # (fails the tests of that world size only)
+                done[np_] = exc
+    return done
+
+
+@pytest.fixture(params=[2, 3], ids=["np2", "np3"])
+def runs(request, launches):
+    got = launches[request.param]
+    if isinstance(got, LaunchError):
+        raise got
+    return got
 
 
 def _ran(runs, key):
@@ -138,3 +163,9 @@ def test_delayed_start(runs):
         assert res["first_rel"] < 1e-6, res
         assert res["bytes"][0] == res["dense_bytes"], res
         assert all(b < res["dense_bytes"] for b in res["bytes"][1:]), res
+
+
+def test_ranks_set_up_differently_are_told_on_every_rank(runs):
+    for res in _ran(runs, "mismatch"):
+        assert res["raised"] is not None and "compression" in res["message"], res
+        assert "topk" in res["message"] and "onebit" in res["message"], res

@@ -63,7 +63,7 @@ class TorchDistributed(Collectives):
         parts (``reduce_scatter_tensor`` on NCCL; Gloo has none: an allreduce, sliced)."""
         p, r = self.size, self.rank
         k = flat.shape[0] // p
-        if flat.is_cuda:
+        if dist.get_backend(self.group) == "nccl":
             out = flat.new_empty(k)
             work = dist.reduce_scatter_tensor(out, flat.contiguous(), group=self.group,
                                               async_op=True)

@@ -12,8 +12,8 @@ on every rank), feeds rank- and step-seeded batches and returns what the test as
 * ``fp16`` / ``powersgd``: against PyTorch's own ``fp16_compress_hook`` and
   ``powerSGD_hook``;
 * ``checkpoint``: state_dict / pickle round trips give the same next step;
-* ``two_phase``, ``delayed``, ``collectives``: the two-phase exchange, ``start_step``
-  and the collectives themselves.
+* ``two_phase``, ``delayed``, ``mismatch``, ``collectives``: the two-phase exchange,
+  ``start_step``, ranks set up differently, and the collectives themselves.
 """
 
 from __future__ import annotations
@@ -322,6 +322,18 @@ def delayed(spec="topk:ratio=0.1", steps=2) -> dict:
     return res
 
 
+def mismatch() -> dict:
+    """Ranks set up with different compressors: the first bucket's plan check raises
+    :class:`~hvd_compress.core.agreement.PlanMismatchError` on every rank (no hang)."""
+    spec = "topk:ratio=0.1" if dist.get_rank() == 0 else "onebit"
+    ddp, model, _ = hooked(spec)
+    try:
+        backward(ddp, model, *batch(dist.get_rank(), 0))
+    except Exception as exc:  # (DDP's autograd engine passes the hook's error on)
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": None}
+
+
 def collectives() -> dict:
     """:class:`~hvd_compress.torch.torchdist.TorchDistributed` itself: rows of different
     lengths, an alltoall of uneven splits, the maximum, the reduce-scatter."""
@@ -348,7 +360,7 @@ def collectives() -> dict:
 BODIES = {"collectives": collectives, "reference": against_reference,
           "horovod": against_horovod, "fp16": against_torch_fp16,
           "powersgd": against_torch_powersgd, "checkpoint": checkpoint_round_trip,
-          "two_phase": two_phase, "delayed": delayed}
+          "two_phase": two_phase, "delayed": delayed, "mismatch": mismatch}
 
 
 def run(port, only=None) -> dict:
