@@ -40,17 +40,21 @@ SPECS = ["fp16", "topk:ratio=0.1", "onebit", "qsgd:levels=7", "powersgd:rank=2",
 HOROVOD_SPECS = ["fp16", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:ratio=0.1,momentum=0.9",
                  "powersgd:rank=2"]
 STEPS = 2
+#: where models, batches and gradients live (``run(device="cuda")``: this rank's GPU)
+DEVICE = torch.device("cpu")
 
 
 def make_model(seed=0, sizes=(12, 16, 4)):
     torch.manual_seed(seed)
     a, b, c = sizes
-    return torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh(), torch.nn.Linear(b, c))
+    return torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh(),
+                               torch.nn.Linear(b, c)).to(DEVICE)
 
 
 def batch(rank, step, n=6, sizes=(12, 16, 4)):
     g = torch.Generator().manual_seed(1000 * rank + 10 * step + 7)
-    return torch.randn(n, sizes[0], generator=g), torch.randn(n, sizes[-1], generator=g)
+    return (torch.randn(n, sizes[0], generator=g).to(DEVICE),
+            torch.randn(n, sizes[-1], generator=g).to(DEVICE))
 
 
 def loss_fn(model, x, y):
@@ -63,11 +67,16 @@ def local_grads(model, x, y) -> dict:
     return {n: host(g).copy() for (n, _), g in zip(named, grads)}
 
 
+def wrap(model):
+    """``model`` in DDP (on this rank's GPU where the models are on one)."""
+    return DDP(model, device_ids=None if DEVICE.type == "cpu" else [DEVICE.index])
+
+
 def hooked(spec, model=None, named=True, **knobs):
     """A DDP over a fresh model (or ``model``) with our hook; ``(ddp, model, state)``."""
     import hvd_compress.torch as hc
     model = make_model() if model is None else model
-    ddp = DDP(model)
+    ddp = wrap(model)
     state, hook = hc.ddp_comm_hook(spec, named_parameters=model.named_parameters()
                                    if named else None, **{"min_numel": 0, **knobs})
     ddp.register_comm_hook(state, hook)
@@ -168,7 +177,7 @@ def against_torch_fp16(steps=STEPS) -> dict:
     rank, size = dist.get_rank(), dist.get_world_size()
     ddp, model, _ = hooked("fp16")
     theirs = make_model()
-    tddp = DDP(theirs)
+    tddp = wrap(theirs)
     tddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     res = {"equal": 0, "normal_equal": 0, "normal": 0, "count": 0, "rel_ours_theirs": 0.0,
            "rel_ours_exact": 0.0, "rel_theirs_exact": 0.0}
@@ -207,7 +216,7 @@ def against_torch_powersgd(steps=STEPS) -> dict:
     ddp, model, state = hooked(f"powersgd:rank={size},ef=false,warm_start=false",
                                model=make_model(sizes=sizes))
     theirs = make_model(sizes=sizes)
-    tddp = DDP(theirs)
+    tddp = wrap(theirs)
     tstate = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=size,
                                 start_powerSGD_iter=0, min_compression_rate=1,
                                 use_error_feedback=False, warm_start=False,
@@ -248,7 +257,7 @@ def checkpoint_round_trip(specs=("topk:ratio=0.1+qsgd:levels=16", "powersgd:rank
         model = make_model()
         if names is not None:  # the original state's names for the new parameters
             state.name_parameters(zip(names, model.parameters()))
-        ddp = DDP(model)
+        ddp = wrap(model)
         ddp.register_comm_hook(state, hc.compression_hook)
         return backward(ddp, model, x, y)
 
@@ -270,7 +279,7 @@ def checkpoint_round_trip(specs=("topk:ratio=0.1+qsgd:levels=16", "powersgd:rank
         names = [n for n, _ in model.named_parameters()] if named else \
             state.state_dict()["seen"]  # (unnamed: in the order DDP's first buckets held them)
         want = step_with(state, x, y, names)
-        ldp = DDP(loaded_model)
+        ldp = wrap(loaded_model)
         ldp.register_comm_hook(loaded, hc.compression_hook)
         got = backward(ldp, loaded_model, x, y)
         from_pickle = step_with(unpickled, x, y)
@@ -341,16 +350,19 @@ def collectives() -> dict:
     from hvd_compress.torch.torchdist import TorchDistributed
     coll = TorchDistributed()
     r, p = coll.rank, coll.size
-    rows = coll.wait(coll.allgather(torch.arange(r + 2, dtype=torch.uint8) + r, "rows"))
+    d = {"device": DEVICE}
+    rows = coll.wait(coll.allgather(torch.arange(r + 2, dtype=torch.uint8, **d) + r, "rows"))
     splits = [(r + j) % 3 for j in range(p)]  # to rank j: r + j values (mod 3) of value 10 r + j
-    flat = torch.cat([torch.full((k,), 10 * r + j, dtype=torch.int32) for j, k in enumerate(splits)])
+    flat = torch.cat([torch.full((k,), 10 * r + j, dtype=torch.int32, **d)
+                      for j, k in enumerate(splits)])
     got, got_splits = coll.wait(coll.alltoall(flat, splits, "a2a"))
     want_splits = [(q + r) % 3 for q in range(p)]
-    want = torch.cat([torch.full((k,), 10 * q + r, dtype=torch.int32)
+    want = torch.cat([torch.full((k,), 10 * q + r, dtype=torch.int32, **d)
                       for q, k in enumerate(want_splits)])
-    biggest = coll.wait(coll.allreduce(torch.tensor([r, -r], dtype=torch.float32), "max", op=MAX))
-    part = coll.wait(coll.reducescatter(torch.arange(2 * p, dtype=torch.float32), "rs"))
-    return {"rows": all(torch.equal(row, torch.arange(q + 2, dtype=torch.uint8) + q)
+    biggest = coll.wait(coll.allreduce(torch.tensor([r, -r], dtype=torch.float32, **d), "max",
+                                       op=MAX))
+    part = coll.wait(coll.reducescatter(torch.arange(2 * p, dtype=torch.float32, **d), "rs"))
+    return {"rows": all(torch.equal(row, torch.arange(q + 2, dtype=torch.uint8, **d) + q)
                         for q, row in enumerate(rows)) and len(rows) == p,
             "alltoall": torch.equal(got, want) and got_splits == want_splits,
             "max": biggest.tolist() == [p - 1, 0],
@@ -363,18 +375,25 @@ BODIES = {"collectives": collectives, "reference": against_reference,
           "two_phase": two_phase, "delayed": delayed, "mismatch": mismatch}
 
 
-def run(port, only=None) -> dict:
+def run(port, only=None, device="cpu") -> dict:
     """Every body (or those named in ``only``) in one process group: one launch per world
-    size."""
+    size.  ``device="cuda"``: rank r on GPU ``r % count`` and NCCL where every rank has a
+    GPU of its own, else Gloo (ranks sharing a GPU)."""
+    global DEVICE
     import horovod.torch as hvd
     torch.set_num_threads(1)
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    backend = "gloo"
+    if device == "cuda":
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
+        backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     hvd.init()
     try:
-        out = {"rank": rank, "seconds": {}}
+        out = {"rank": rank, "seconds": {}, "backend": backend}
         for key, body in BODIES.items():
             if only is None or key in only:
                 t0 = time.perf_counter()
