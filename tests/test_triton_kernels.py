@@ -176,6 +176,51 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
+#: every kernel once, with the argument types and constants the wrappers give it (an
+#: argument ``_ptr`` is a float32 pointer and any other an int32 unless named here)
+COMPILED = [
+    ("bucket_stats", {"sum_ptr": "*fp64", "sumsq_ptr": "*fp64", "bad_ptr": "*i32"},
+     dict(HAS_R=True, SUMS=True, MINMAX=True, TOP=True, ROWS=8, BLOCK=512, WIDE=True)),
+    ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},
+     dict(HAS_R=True, BITS=4, PER=2, BYTES=512, WIDE=False)),
+    ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},  # s = d = 1: Triton makes them constants
+     dict(s=1, d=1, HAS_R=False, BITS=2, PER=4, BYTES=256, WIDE=False)),
+    ("terngrad_codes", {"codes_ptr": "*u8"}, dict(HAS_R=True, CLIP=True, BYTES=256, WIDE=False)),
+    ("uniform_codes", {"levels": "fp32", "codes_ptr": "*u8"},
+     dict(HAS_R=True, STOCHASTIC=True, BITS=8, PER=1, BYTES=1024, WIDE=False)),
+    ("unpack_values", {"data_ptr": "*u8"},
+     dict(HAS_F=True, HAS_LO=True, BITS=1, PER=8, BYTES=128, WIDE=False)),
+    ("count_widths", {"inv_ptr": "*fp64", "counts_ptr": "*i32"}, dict(VALUES=1024)),
+    ("pack", {"inv_ptr": "*fp64", "starts_ptr": "*i32", "mid_ptr": "*i16", "low_ptr": "*u8",
+              "codes_ptr": "*u8"}, dict(VALUES=1024)),
+    ("count_codes", {"codes_ptr": "*u8", "counts_ptr": "*i32"}, dict(VALUES=1024)),
+    ("unpack", {"codes_ptr": "*u8", "step_ptr": "*fp64", "starts_ptr": "*i32", "mid_ptr": "*i16",
+                "low_ptr": "*u8"}, dict(VALUES=1024)),
+]
+
+
+def test_kernels_compile_for_a_gpu_without_one():
+    """Every kernel compiles for an H100 (sm_90, PTX and ptxas: no GPU needed), which the
+    interpreter does not check (it ran kernels that read a global float, and a helper
+    returning int32 or int64); no fused multiply-add, divisions correctly rounded."""
+    if not HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from hvd_compress.accel import triton_inceptionn, triton_kernels
+    for name, given, consts in COMPILED:
+        fn = getattr(triton_kernels, name, None) or getattr(triton_inceptionn, name)
+        signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
+                                                                  else "i32")
+                     for a in fn.arg_names}
+        kernel = compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32),
+                         options={"enable_fp_fusion": False})
+        ptx = kernel.asm["ptx"]
+        assert "fma.rn.f32" not in ptx and "div.full" not in ptx and "div.approx" not in ptx, name
+        assert name != "terngrad_codes" or "div.rn.f32" in ptx
+
+
 def _cuda_like():
     """Something on a CUDA device as the hooks see it (no GPU needed to ask)."""
     return types.SimpleNamespace(device=torch.device("cuda", 0))

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..core.bitpack import packed_nbytes
 
-INF = float("inf")
+INF = tl.constexpr(float("inf"))  # a jit function reads constexpr globals only
 _VALUES = 1024  # values a program takes (a multiple of 4: whole bytes of width codes)
 
 
@@ -35,9 +35,10 @@ def _widths(x, inv):
 
 
 @triton.jit
-def count_widths(x_ptr, n, inv, counts_ptr, VALUES: tl.constexpr):
+def count_widths(x_ptr, n, inv_ptr, counts_ptr, VALUES: tl.constexpr):
     """``counts[program] = (width 3, width 2, width 1, not finite)`` of its values."""
     pid = tl.program_id(0)
+    inv = tl.load(inv_ptr)
     idx = pid * VALUES + tl.arange(0, VALUES)
     m = idx < n
     x = tl.load(x_ptr + idx, mask=m, other=0.0)
@@ -57,11 +58,12 @@ def _ranks(w, width, start_ptr):
 
 
 @triton.jit
-def pack(x_ptr, n, inv, starts_ptr, wide_ptr, mid_ptr, low_ptr, codes_ptr, nbytes,
+def pack(x_ptr, n, inv_ptr, starts_ptr, wide_ptr, mid_ptr, low_ptr, codes_ptr, nbytes,
          VALUES: tl.constexpr):
     """Each value into its width's array at its place (float32, int16 q, uint8 q + 128),
     and the width codes, 2 bits a value, 4 a byte."""
     pid = tl.program_id(0)
+    inv = tl.load(inv_ptr)
     idx = pid * VALUES + tl.arange(0, VALUES)
     m = idx < n
     x = tl.load(x_ptr + idx, mask=m, other=0.0)
@@ -102,11 +104,12 @@ def count_codes(codes_ptr, n, counts_ptr, VALUES: tl.constexpr):
 
 
 @triton.jit
-def unpack(codes_ptr, n, step, starts_ptr, wide_ptr, mid_ptr, low_ptr, out_ptr,
+def unpack(codes_ptr, n, step_ptr, starts_ptr, wide_ptr, mid_ptr, low_ptr, out_ptr,
            VALUES: tl.constexpr):
     """The dense values: float32 as sent, ``float32(q * step)`` for the 16- and 8-bit
     ones, 0 for the rest."""
     pid, idx, w = _code_widths(codes_ptr, n, VALUES)
+    step = tl.load(step_ptr)
     at, sel = _ranks(w, 3, starts_ptr + pid * 4 + 0)
     out = tl.where(sel, tl.load(wide_ptr + at, mask=sel, other=0.0), 0.0)
     at, sel = _ranks(w, 2, starts_ptr + pid * 4 + 1)
@@ -120,6 +123,12 @@ def unpack(codes_ptr, n, step, starts_ptr, wide_ptr, mid_ptr, low_ptr, out_ptr,
 
 def _launch(kernel, programs, *args):
     kernel[(max(programs, 1),)](*args, VALUES=_VALUES, enable_fp_fusion=False)
+
+
+def _float64(value, like):
+    """``value`` as a float64 scalar on ``like``'s device (a Python float argument would
+    reach the kernel as float32)."""
+    return torch.full((1,), value, dtype=torch.float64, device=like.device)
 
 
 def _starts(counts):
@@ -137,7 +146,8 @@ def encoder(B, comp, cols):
         n = g.shape[0]
         programs = -(-n // _VALUES)
         counts = torch.empty((programs, 4), dtype=torch.int32, device=g.device)
-        _launch(count_widths, programs, g, n, inv, counts)
+        inv64 = _float64(inv, g)
+        _launch(count_widths, programs, g, n, inv64, counts)
         n32, n16, n8, bad = (int(c) for c in counts.sum(0).tolist())  # the payload's size
         if bad:
             return None, None, False  # the core's reference step for NaN/Inf
@@ -151,7 +161,7 @@ def encoder(B, comp, cols):
         wide = payload[12:at].view(torch.float32)
         mid = payload[at:at + 2 * n16].view(torch.int16)
         low, codes = payload[at + 2 * n16:at + 2 * n16 + n8], payload[payload.shape[0] - ncodes:]
-        _launch(pack, programs, g, n, inv, _starts(counts), wide, mid, low, codes, ncodes)
+        _launch(pack, programs, g, n, inv64, _starts(counts), wide, mid, low, codes, ncodes)
         return {"payload": payload}, None, True
     return encode
 
@@ -177,6 +187,6 @@ def decoder(B, comp, cols):
         mid = p[at:at + 2 * n16].view(torch.int16)
         low = p[at + 2 * n16:p.shape[0] - ncodes]
         out = torch.empty(n, dtype=torch.float32, device=p.device)
-        _launch(unpack, programs, codes, n, step, _starts(counts), wide, mid, low, out)
+        _launch(unpack, programs, codes, n, _float64(step, p), _starts(counts), wide, mid, low, out)
         return out
     return decode

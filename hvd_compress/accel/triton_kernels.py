@@ -15,15 +15,16 @@ are in :mod:`.triton_quantizers`.
 import triton
 import triton.language as tl
 
-INF = float("inf")
+INF = tl.constexpr(float("inf"))  # a jit function reads constexpr globals only
 
 
 @triton.jit
 def _pid(WIDE: tl.constexpr):
     """The program's index, int64 where indices may pass 2**31."""
+    pid = tl.program_id(0)
     if WIDE:
-        return tl.program_id(0).to(tl.int64)
-    return tl.program_id(0)
+        pid = pid.to(tl.int64)
+    return pid
 
 
 @triton.jit
