@@ -186,3 +186,23 @@ def test_ranks_set_up_differently_are_told_on_every_rank(runs):
     for res in _ran(runs, "mismatch"):
         assert res["raised"] is not None and "compression" in res["message"], res
         assert "topk" in res["message"] and "onebit" in res["message"], res
+
+
+def test_state_refuses_what_it_cannot_serve():
+    """No process group needed: the knobs, a checkpoint of another compression, pickling a
+    compression callable."""
+    import pickle
+
+    import hvd_compress.torch as hc
+    with pytest.raises(ValueError, match="exchange="):
+        hc.DDPCompressionState("topk:ratio=0.1", exchange="ring")
+    saved = hc.DDPCompressionState("topk:ratio=0.1", min_numel=0).state_dict()
+    with pytest.raises(ValueError, match="checkpoint was made with compression"):
+        hc.DDPCompressionState("onebit", min_numel=0).load_state_dict(saved)
+    with pytest.raises(TypeError, match="callable"):
+        pickle.dumps(hc.DDPCompressionState(lambda name, shape, dtype: "fp16"))
+    state, hook = hc.ddp_comm_hook({"fc*": "topk:ratio=0.1", "*": "fp16"}, start_step=2)
+    again = pickle.loads(pickle.dumps(state))
+    assert hook is hc.compression_hook
+    assert again.compression.describe() == state.compression.describe()
+    assert (again.start_step, again.min_numel, again.exchange) == (2, 1024, "allgather")

@@ -80,6 +80,7 @@ class DDPCompressionState:
         self.stats, self.last_stats, self.totals = Stats(), Stats(), Stats()
         self._names = {}        # parameter -> name
         self._seen = []         # names in the order DDP first handed their parameters over
+        self._seen_set = set()
         self._restored = []     # a checkpoint's such names: unnamed parameters take them
         self._engine = None
         if named_parameters is not None:
@@ -122,13 +123,15 @@ class DDPCompressionState:
         return fut
 
     def _name(self, p) -> str:
+        """``p``'s name: given, or the next unnamed one (a checkpoint's, else ``param<k>``)."""
         name = self._names.get(p)
         if name is None:
             k = len(self._seen)
             name = self._restored[k] if k < len(self._restored) else f"param{k}"
             self._names[p] = name
-        if name not in self._seen:
+        if name not in self._seen_set:
             self._seen.append(name)
+            self._seen_set.add(name)
         return name
 
     def _collectives(self) -> TorchDistributed:
