@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ..core.bitpack import packed_nbytes
+from .triton_kernels import launch
 
 INF = tl.constexpr(float("inf"))  # a jit function reads constexpr globals only
 _VALUES = 1024  # values a program takes (a multiple of 4: whole bytes of width codes)
@@ -122,7 +123,7 @@ def unpack(codes_ptr, n, step_ptr, starts_ptr, wide_ptr, mid_ptr, low_ptr, out_p
 
 
 def _launch(kernel, programs, *args):
-    kernel[(max(programs, 1),)](*args, VALUES=_VALUES, enable_fp_fusion=False)
+    launch(kernel, programs, *args, VALUES=_VALUES)
 
 
 def _float64(value, like):

@@ -8,10 +8,14 @@ its roundings: products and sums rounded one by one (the launches pass
 (``div_rn``; Triton's ``/`` is approximate on NVIDIA GPUs), NaN/Inf entries read as 0
 (the chain's ``zero_nonfinite``) and counted.  Sums of squares accumulate in float64, as
 the reference's do.  Indices are int32 (a 32-bit division per value, not a 64-bit one)
-unless ``WIDE`` (tensors of 2**31 values and more, with a bucket's margin).  The wrappers
-are in :mod:`.triton_quantizers`.
+unless ``WIDE`` (tensors of 2**31 values and more, with a bucket's margin).
+:func:`launch` runs one on its tensors' GPU.  The wrappers are in
+:mod:`.triton_quantizers` (INCEPTIONN's kernels: :mod:`.triton_inceptionn`).
 """
 
+from contextlib import nullcontext
+
+import torch
 import triton
 import triton.language as tl
 
@@ -197,3 +201,13 @@ def unpack_values(data_ptr, values_ptr, f_ptr, lo_ptr, n, nbytes, d, out_ptr, HA
     if HAS_LO:
         out = out + tl.load(lo_ptr + idx // d, mask=m, other=0.0)
     tl.store(out_ptr + idx, out, mask=m)
+
+
+def launch(kernel, programs: int, *args, **meta):
+    """``kernel`` on ``programs`` programs (at least one) on the device of its first tensor
+    argument (Triton launches on the current device), without fused multiply-adds (the
+    chain rounds each product)."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    on = torch.cuda.device(first.device) if first is not None and first.is_cuda else nullcontext()
+    with on:
+        kernel[(max(programs, 1),)](*args, enable_fp_fusion=False, **meta)

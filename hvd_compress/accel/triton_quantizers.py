@@ -33,10 +33,8 @@ _VALUES = 1024  # values a program of the codes and decoding kernels handles
 _CHUNK = 8192  # values a program of TernGrad's statistics pass sums
 
 
-def _launch(kernel, n_programs: int, *args, **meta):
-    """``kernel`` on ``n_programs`` programs, without fused multiply-adds (the chain
-    rounds each product)."""
-    kernel[(max(n_programs, 1),)](*args, enable_fp_fusion=False, **meta)
+def _launch(kernel, programs: int, *args, **meta):
+    K.launch(kernel, programs, *args, **meta)
 
 
 def _wide(n: int, d: int = 1) -> bool:
@@ -79,7 +77,7 @@ def _noise(codec, noise, noise_source, g):
     """The noise given, else drawn as the chain draws it (the compressor's generator)."""
     if not codec.needs_noise:
         return g
-    return noise if noise is not None else noise_source.draw(g.shape[0], like=g)
+    return noise.contiguous() if noise is not None else noise_source.draw(g.shape[0], like=g)
 
 
 def _qsgd_encoder(B, codec, cols):
