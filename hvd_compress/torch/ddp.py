@@ -190,10 +190,12 @@ class DDPCompressionState:
         self.load_state_dict(saved["state"])
 
 
-def compression_hook(state: DDPCompressionState,
-                     bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def compression_hook(state: DDPCompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: ``ddp.register_comm_hook(state, compression_hook)``
-    (see the module docstring; annotated as DDP checks, so no postponed annotations here)."""
+    (see the module docstring).  DDP checks the return annotation against
+    ``torch.futures.Future[torch.Tensor]`` (so no postponed annotations in this module);
+    ``bucket`` (a ``dist.GradBucket``) is left unannotated, so that importing this module
+    needs no ``torch.distributed`` symbol on a build without it."""
     return state.run(bucket)
 
 
