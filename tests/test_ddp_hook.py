@@ -10,7 +10,8 @@ ranks, one ``mpirun`` launch per world size (tests/workers/ddp_hook.py holds the
 * against PyTorch's ``fp16_compress_hook`` (the same bits at 2 ranks wherever each rank's
   gradient / 2 is a normal float16: PyTorch divides before the float16 sum, ours scales
   the sum; at 3 ranks within float16 rounding) and ``powerSGD_hook`` where both are exact;
-* the state through ``state_dict`` / ``torch.load(weights_only=True)`` and pickle;
+* the state through ``state_dict`` / ``torch.load(weights_only=True)`` and pickle, and
+  through DDP's bucket rebuild (one bucket, then two);
 * the two-phase exchange, the delayed start, ranks set up differently (told on every
   rank), and the collectives themselves.
 
@@ -107,8 +108,10 @@ def _check_reference(runs):
             last, totals = res["last"], res["totals"]
             assert 0 < last["bytes_sent"] < totals["bytes_sent"]
             assert last["collectives"] >= 1
+            rate, dense, sent = res["compression_stats"]
+            assert sent == totals["bytes_sent"] and dense == len(res["steps"]) * res["dense_bytes"]
             if spec not in ("fp16", "thresholdv:tau=0.01"):  # (threshold-v's sizes vary)
-                assert last["bytes_sent"] < res["dense_bytes"], spec
+                assert last["bytes_sent"] < res["dense_bytes"] and rate > 1, spec
             if spec in ("topk:ratio=0.1", "onebit", "powersgd:rank=2"):
                 # error feedback: the later steps' results hold the residuals of the
                 # earlier ones (the reference without them is far off), and match
@@ -180,6 +183,12 @@ def test_delayed_start(runs):
         assert res["first_rel"] < 1e-6, res
         assert res["bytes"][0] == res["dense_bytes"], res
         assert all(b < res["dense_bytes"] for b in res["bytes"][1:]), res
+
+
+def test_state_follows_the_parameters_through_ddps_bucket_rebuild(runs):
+    for res in _ran(runs, "bucket_views"):
+        assert res["same"], res
+        assert res["buckets"] == 2 and res["calls"] == 1 + 2 * 2 and res["iter"] == 3, res
 
 
 def test_ranks_set_up_differently_are_told_on_every_rank(runs):

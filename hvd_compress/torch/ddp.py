@@ -61,7 +61,8 @@ class DDPCompressionState:
     Account (as the optimizer's ``comm_stats`` / ``last_stats`` / ``comm_totals``,
     :class:`~hvd_compress.core.stats.Stats`): :attr:`stats` this iteration's so far,
     :attr:`last_stats` the last finished iteration's, :attr:`totals` since creation;
-    :attr:`iter` counts finished iterations (one per ``bucket.is_last()``).
+    :attr:`iter` counts finished iterations (one per ``bucket.is_last()``);
+    :meth:`compression_stats` as ``PowerSGDState``'s, in bytes.
 
     Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (tensors on the CPU, plain
     values: ``torch.save`` / ``torch.load(weights_only=True)``); pickling keeps the same
@@ -78,6 +79,7 @@ class DDPCompressionState:
         self.min_numel, self.start_step, self.exchange = int(min_numel), int(start_step), exchange
         self.iter = 0
         self.stats, self.last_stats, self.totals = Stats(), Stats(), Stats()
+        self.dense_bytes = 0    # the buckets' bytes handed to the hook, since creation
         self._names = {}        # parameter -> name
         self._seen = []         # names in the order DDP first handed their parameters over
         self._seen_set = set()
@@ -101,6 +103,7 @@ class DDPCompressionState:
         """Average ``bucket``'s gradients across the group, compressed, into its buffer;
         a completed future holding the buffer (see the module docstring)."""
         buffer = bucket.buffer()
+        self.dense_bytes += buffer.numel() * buffer.element_size()
         params = list(bucket.parameters())
         names = [self._name(p) for p in params]
         views = _views(buffer, params)
@@ -121,6 +124,13 @@ class DDPCompressionState:
         fut = torch.futures.Future()
         fut.set_result(buffer)
         return fut
+
+    def compression_stats(self) -> tuple:
+        """``(rate, dense bytes, bytes sent)`` since creation, as
+        ``PowerSGDState.compression_stats()`` gives ``(rate, numel before, numel after)``:
+        the buckets' bytes over the bytes this rank sent (every round, headers included)."""
+        sent = int(self.totals["bytes_sent"] + self.stats["bytes_sent"])
+        return (self.dense_bytes / sent if sent else 0.0), self.dense_bytes, sent
 
     def _name(self, p) -> str:
         """``p``'s name: given, or the next unnamed one (a checkpoint's, else ``param<k>``)."""
@@ -164,7 +174,8 @@ class DDPCompressionState:
         given to unnamed parameters."""
         return {"compressor": self.compression.state_dict(),
                 "spec": self.compression.describe(), "iter": self.iter,
-                "totals": dict(self.totals), "seen": list(self._seen)}
+                "totals": dict(self.totals), "dense_bytes": self.dense_bytes,
+                "seen": list(self._seen)}
 
     def load_state_dict(self, sd: dict) -> None:
         if sd["spec"] != self.compression.describe():
@@ -174,6 +185,7 @@ class DDPCompressionState:
         self.iter = int(sd.get("iter", 0))
         for key, value in sd.get("totals", {}).items():
             setattr(self.totals, key, value)
+        self.dense_bytes = int(sd.get("dense_bytes", 0))
         self._restored = list(sd.get("seen", []))
 
     def __getstate__(self) -> dict:

@@ -135,6 +135,7 @@ def against_reference(specs=SPECS, steps=STEPS) -> dict:
                          "stateless_rel": max(rel(want[n], fresh[n]) for n in want),
                          "ranks_agree": agree(got)})
         out[spec] = {"steps": rows, "iter": state.iter, "totals": dict(state.totals),
+                     "compression_stats": list(state.compression_stats()),
                      "last": dict(state.last_stats),
                      "dense_bytes": 4 * sum(p.numel() for p in model.parameters())}
     return out
@@ -331,6 +332,35 @@ def delayed(spec="topk:ratio=0.1", steps=2) -> dict:
     return res
 
 
+def bucket_views(spec="topk:ratio=0.1", steps=3) -> dict:
+    """``gradient_as_bucket_view=True`` (the gradients are the bucket's views) and a small
+    ``bucket_cap_mb``: DDP's first iteration hands one bucket, its rebuilt buckets are two
+    (bucket 0 then holds other parameters) -- the same gradients as one bucket throughout
+    (state kept by parameter name, not bucket index)."""
+    rank = dist.get_rank()
+    import hvd_compress.torch as hc
+    ddp, model, _ = hooked(spec)
+    vmodel = make_model()
+    vddp = DDP(vmodel, gradient_as_bucket_view=True, bucket_cap_mb=0.0002,
+               device_ids=None if DEVICE.type == "cpu" else [DEVICE.index])
+    vstate = hc.DDPCompressionState(spec, named_parameters=vmodel.named_parameters(),
+                                    min_numel=0)
+    calls = []
+
+    def counted(state, bucket):
+        calls.append(bucket.index())
+        return hc.compression_hook(state, bucket)
+
+    vddp.register_comm_hook(vstate, counted)
+    same = True
+    for step in range(steps):
+        x, y = batch(rank, step)
+        want, got = backward(ddp, model, x, y), backward(vddp, vmodel, x, y)
+        same = same and all(torch.equal(got[n], want[n]) for n in want)
+    return {"same": same, "buckets": len(set(calls)), "calls": len(calls),
+            "iter": vstate.iter}
+
+
 def mismatch() -> dict:
     """Ranks set up with different compressors: the first bucket's plan check raises
     :class:`~hvd_compress.core.agreement.PlanMismatchError` on every rank (no hang)."""
@@ -372,7 +402,8 @@ def collectives() -> dict:
 BODIES = {"collectives": collectives, "reference": against_reference,
           "horovod": against_horovod, "fp16": against_torch_fp16,
           "powersgd": against_torch_powersgd, "checkpoint": checkpoint_round_trip,
-          "two_phase": two_phase, "delayed": delayed, "mismatch": mismatch}
+          "two_phase": two_phase, "delayed": delayed, "bucket_views": bucket_views,
+          "mismatch": mismatch}
 
 
 def run(port, only=None, device="cpu") -> dict:
