@@ -106,7 +106,7 @@ class DDPCompressionState:
         self.dense_bytes += buffer.numel() * buffer.element_size()
         params = list(bucket.parameters())
         names = [self._name(p) for p in params]
-        views = _views(buffer, params)
+        views = bucket.gradients()  # (views of ``buffer`` at DDP's own offsets)
         engine = self._engine_now(names, params)
         comp = self.compression
         if isinstance(comp, TorchPolicy):
@@ -233,16 +233,3 @@ def _choice_text(comp) -> str:
 
 def _entry(name, p):
     return name, tuple(p.shape), str(p.dtype).replace("torch.", "")
-
-
-def _views(buffer, params) -> list:
-    """``params``' gradients as views of the bucket's flat ``buffer`` (laid end to end in
-    parameter order, as DDP lays them out)."""
-    out, at = [], 0
-    for p in params:
-        n = p.numel()
-        out.append(buffer[at:at + n].view(p.shape))
-        at += n
-    if at != buffer.numel():
-        raise RuntimeError(f"DDP bucket of {buffer.numel()} values holds parameters of {at}")
-    return out
