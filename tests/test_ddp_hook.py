@@ -1,12 +1,13 @@
 """The DDP communication hook (hvd_compress.torch.ddp) in a Gloo process group of 2 and 3
-ranks, one ``mpirun`` launch per world size (tests/workers/ddp_hook.py holds the bodies):
+ranks, one ``mpirun`` launch per world size, both started together
+(tests/workers/ddp_hook.py holds the bodies; :data:`BODIES` says which run at 3 ranks):
 
 * the averaged gradients against the numpy core replaying every rank's compressor (the
   Horovod optimizer's multi-rank reference and tolerance: 1e-5 relative, PowerSGD 1e-3),
   error feedback carried across steps, the ranks bit for bit alike;
-* against ``hvd_compress.torch.DistributedOptimizer`` on the same batches: the same bits
-  (at 3 ranks summed payloads may differ in the last bit: Gloo and Horovod's MPI add
-  three ranks' values in different orders);
+* against ``hvd_compress.torch.DistributedOptimizer`` on the same batches, at 2 ranks:
+  the same bits (at 3 ranks and more summed payloads may differ in their last bits: Gloo
+  and Horovod add three ranks' values in different orders);
 * against PyTorch's ``fp16_compress_hook`` (the same bits at 2 ranks wherever each rank's
   gradient / 2 is a normal float16: PyTorch divides before the float16 sum, ours scales
   the sum; at 3 ranks within float16 rounding) and ``powerSGD_hook`` where both are exact;

@@ -12,6 +12,7 @@ on every rank), feeds rank- and step-seeded batches and returns what the test as
 * ``fp16`` / ``powersgd``: against PyTorch's own ``fp16_compress_hook`` and
   ``powerSGD_hook``;
 * ``checkpoint``: state_dict / pickle round trips give the same next step;
+* ``bucket_views``: DDP's bucket rebuild (one bucket, then two) and bucket views;
 * ``two_phase``, ``delayed``, ``mismatch``, ``collectives``: the two-phase exchange,
   ``start_step``, ranks set up differently, and the collectives themselves.
 """
