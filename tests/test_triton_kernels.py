@@ -29,6 +29,7 @@ from hvd_compress.accel import device
 from hvd_compress.core import NUMPY, build
 from hvd_compress.core.bitpack import unpack_values
 from hvd_compress.core.qsgd import QSGDCodec
+from hvd_compress.core.sparsifiers import topk_indices
 from hvd_compress.torch import TorchBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,17 +39,20 @@ CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TRITON),
 
 #: the kernels' codecs at several widths, buckets (not a multiple of the block) and with
 #: error feedback; codecs that only decode through the unpack kernel; a width the
-#: kernels decline (3 and 5 bits: codes across bytes), whose chain must still run
+#: kernels decline (5 bits: codes across bytes), whose chain must still run; INCEPTIONN
+#: with all four widths; the selections (top-k, DGC, adaq) through the radix select
 SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3",
          "qsgd:levels=16,bucket=64", "qsgd:ef=true,seed=5", "terngrad", "terngrad:clip=0,seed=2",
          "terngrad:ef=true", "uniform", "uniform:bits=2,bucket=100,seed=9",
-         "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true", "uniform:bits=3,bucket=64",
-         "onebit", "threshold:tau=0.001", "signsgd", "natural", "inceptionn", "inceptionn:bound=1e-7",
-         "inceptionn:bound=1e-5,ef=true"]
+         "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true",
+         "onebit", "threshold:tau=0.001", "natural", "inceptionn", "inceptionn:bound=1e-7",
+         "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1", "topk:ratio=0.5", "dgc:ratio=0.05",
+         "adaq:ratio=0.3"]
 SHAPES = [(1,), (40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
-           "count_widths", "pack", "count_codes", "unpack"}
+           "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
+           "count_chosen", "write_chosen"}
 
 
 class DevicePath(TorchBackend):
@@ -118,6 +122,7 @@ def _interpreter_checks() -> dict:
     ``TRITON_INTERPRET=1``); which kernels ran, and the differences found."""
     from hvd_compress.accel import triton_inceptionn as ti
     from hvd_compress.accel import triton_quantizers as tq
+    from hvd_compress.accel import triton_select as ts
     ran: dict = {}
 
     def counting(launch):
@@ -126,7 +131,7 @@ def _interpreter_checks() -> dict:
             return launch(kernel, *args, **meta)
         return counted
 
-    tq._launch, ti._launch = counting(tq._launch), counting(ti._launch)
+    tq._launch, ti._launch, ts.launch = (counting(f) for f in (tq._launch, ti._launch, ts.launch))
     bad, cases = [], 0
     for spec in SPECS:
         for shape in SHAPES:
@@ -135,6 +140,7 @@ def _interpreter_checks() -> dict:
         if build(spec, NUMPY).draws_noise:  # drawn as the chain draws: the same values
             bad += _compare(spec, SHAPES[-1], DevicePath(), torch.from_numpy, False)
             cases += 1
+    B, rng_sel = DevicePath(), np.random.default_rng(2)
     wide, tq._wide = tq._wide, (lambda n, d=1: True)  # int64 indices (tensors past 2**31)
     try:
         for spec in WIDE_SPECS:
@@ -142,8 +148,16 @@ def _interpreter_checks() -> dict:
             cases += 1
     finally:
         tq._wide = wide
+    # the selection alone, with ties and zeros of both signs: the core's canonical choice
+    for n in (1, 1000, 3001):
+        x = np.round(rng_sel.standard_normal(n) * 3).astype(np.float32) / np.float32(3)
+        mag = np.where(rng_sel.random(n) < 0.3, np.float32(-0.0), np.abs(x)).astype(np.float32)
+        for k in sorted({1, max(1, n // 10), n}):
+            got = device.device_top_indices(B, torch.from_numpy(mag), k)
+            cases += 1
+            if got is None or not _same(got.numpy(), topk_indices(NUMPY, mag, k)):
+                bad.append(f"top_indices n={n} k={k}")
     # the unpack kernel alone: every width, with and without bucket factors
-    B = DevicePath()
     rng = np.random.default_rng(1)
     for bits in (1, 2, 4, 8):
         for n, d in ((1, 1), (13, 5), (2053, 100)):
@@ -172,7 +186,7 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
-    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 24
+    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -196,6 +210,14 @@ COMPILED = [
     ("count_codes", {"codes_ptr": "*u8", "counts_ptr": "*i32"}, dict(VALUES=1024)),
     ("unpack", {"codes_ptr": "*u8", "step_ptr": "*fp64", "starts_ptr": "*i32", "mid_ptr": "*i16",
                 "low_ptr": "*u8"}, dict(VALUES=1024)),
+    ("radix_count", {"state_ptr": "*i64", "high": "i64", "hist_ptr": "*i32"},
+     dict(CHUNK=8192, BLOCK=1024)),
+    ("radix_step", {"hist_ptr": "*i32", "state_ptr": "*i64"}, dict(FIRST=True)),
+    ("radix_step", {"hist_ptr": "*i32", "state_ptr": "*i64"}, dict(k=1, FIRST=True)),
+    ("radix_step", {"hist_ptr": "*i32", "state_ptr": "*i64"}, dict(FIRST=False)),
+    ("count_chosen", {"state_ptr": "*i64", "counts_ptr": "*i64"}, dict(BLOCK=1024)),
+    ("write_chosen", {"state_ptr": "*i64", "before_ptr": "*i64", "out_ptr": "*i64"},
+     dict(BLOCK=1024)),
 ]
 
 
@@ -208,9 +230,10 @@ def test_kernels_compile_for_a_gpu_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from hvd_compress.accel import triton_inceptionn, triton_kernels
+    from hvd_compress.accel import triton_inceptionn, triton_kernels, triton_select
     for name, given, consts in COMPILED:
-        fn = getattr(triton_kernels, name, None) or getattr(triton_inceptionn, name)
+        fn = next(getattr(m, name) for m in (triton_kernels, triton_inceptionn, triton_select)
+                  if hasattr(m, name))
         signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
                                                                   else "i32")
                      for a in fn.arg_names}

@@ -20,7 +20,7 @@ import os
 from .registry import requested
 
 __all__ = ["enabled", "interpreting", "available", "device_encoder", "device_decoder",
-           "device_unpack"]
+           "device_unpack", "device_top_indices"]
 
 _KERNELS = None  # .triton_quantizers once imported, False where triton is missing
 
@@ -85,3 +85,10 @@ def device_unpack(B, data, bits: int, n: int, values, factors=None, d=None, cols
         return None
     k = _kernels(data)
     return None if k is None else k.unpack(B, data, bits, n, values, factors, d)
+
+
+def device_top_indices(B, mag, k: int):
+    """:func:`~hvd_compress.core.sparsifiers.topk_indices` as a radix select and one
+    compaction (the same indices), or None."""
+    kern = _kernels(mag)
+    return None if kern is None else kern.top_indices(B, mag, k)

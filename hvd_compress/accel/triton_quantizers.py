@@ -26,8 +26,9 @@ from ..core.variable import Inceptionn
 from . import triton_inceptionn
 from . import triton_kernels as K
 from .registry import ByClass
+from .triton_select import top_indices
 
-__all__ = ["ENCODERS", "DECODERS", "unpack"]
+__all__ = ["ENCODERS", "DECODERS", "unpack", "top_indices"]
 
 _VALUES = 1024  # values a program of the codes and decoding kernels handles
 _CHUNK = 8192  # values a program of TernGrad's statistics pass sums

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..accel.device import device_decoder, device_encoder, device_unpack
+from ..accel.device import device_decoder, device_encoder, device_top_indices, device_unpack
 from ..core.backend import fill_uniform, host_fast_decoders, host_fast_paths, selection_sample
 from ..core.layout import OUT_FIRST
 
@@ -188,7 +188,9 @@ class TorchBackend:
         return torch.cumsum(x, 0)
 
     def top_indices(self, mag, k):
-        return None  # the core's selection (host: nonzero; device: compact) is the fast one
+        # host: the core's selection (nonzero) is the fast one; devices: the Triton radix
+        # select where it runs, else the core's (compact)
+        return None if self.is_host(mag) else device_top_indices(self, mag, k)
 
     def fused_encoder(self, codec, cols, like=None):
         """For CPU tensors (``like``), the host fast path the numpy backend has (numba
