@@ -266,8 +266,9 @@ def test_without_triton_todays_path_runs_quietly(monkeypatch):
 def test_switches_turn_the_kernels_off(monkeypatch):
     """``HVD_COMPRESS_TRITON=0`` or ``HVD_COMPRESS_FUSED=0``: nothing is loaded or asked;
     CPU tensors without the interpreter never take the kernels."""
-    sentinel = types.SimpleNamespace(ENCODERS={}, DECODERS={})
+    sentinel = types.SimpleNamespace(ENCODERS={}, DECODERS={}, probe=lambda d: True)
     monkeypatch.setattr(device, "_KERNELS", sentinel)
+    monkeypatch.setattr(device, "_WORKS", {})
     codec = QSGDCodec({"levels": 7, "bucket": 512})
     for name in ("HVD_COMPRESS_TRITON", "HVD_COMPRESS_FUSED"):
         with _env(name, "0"):
@@ -276,6 +277,22 @@ def test_switches_turn_the_kernels_off(monkeypatch):
     assert device._kernels(torch.zeros(3)) is None
     assert device._kernels(_cuda_like()) is sentinel
     assert device.device_encoder(TorchBackend(), codec, 1, torch.zeros(3)) is None
+
+
+def test_kernels_that_fail_on_a_device_warn_once_and_leave_the_chain(monkeypatch):
+    """triton imports but its kernels fail on a device (an old GPU, a broken toolchain):
+    one warning, then None (the chain) for every tensor there."""
+    def probe(d):
+        raise RuntimeError("no compiler for this GPU")
+
+    monkeypatch.setattr(device, "_KERNELS", types.SimpleNamespace(ENCODERS={}, probe=probe))
+    monkeypatch.setattr(device, "_WORKS", {})
+    codec = QSGDCodec({"levels": 7, "bucket": 512})
+    with pytest.warns(RuntimeWarning, match="no compiler for this GPU"):
+        assert device.device_encoder(TorchBackend(), codec, 1, _cuda_like()) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert device.device_encoder(TorchBackend(), codec, 1, _cuda_like()) is None
 
 
 def test_importing_the_package_imports_no_triton():

@@ -5,7 +5,8 @@ algorithm's class, as the host paths are (:mod:`.host`).
 Where they run: CUDA tensors, triton importable, ``HVD_COMPRESS_FUSED`` and
 ``HVD_COMPRESS_TRITON`` not ``0``; and, for the tests, CPU tensors when Triton's
 interpreter is on (``TRITON_INTERPRET=1`` before triton is imported).  Anywhere else
-each hook answers None and today's torch chain runs, with no warning.  Importing this
+each hook answers None and today's torch chain runs, with no warning (one warning where
+triton imports but its kernels fail on a device, tried once per device).  Importing this
 module imports neither torch nor triton: the kernels' wrappers
 (:mod:`.triton_quantizers`) are imported on the first question about an eligible
 tensor; that module's ``ENCODERS`` and ``DECODERS`` tables, keyed by the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 from .registry import requested
 
@@ -52,14 +54,37 @@ def available():
     return _KERNELS
 
 
+_WORKS: dict = {}  # device -> whether a first small kernel ran there and gave its values
+
+
+def _works(k, device) -> bool:
+    """Whether the kernels run on ``device``: tried once per device and process with a small
+    decode (a GPU Triton cannot compile for, or a broken toolchain, shows here rather than
+    in a training step); where not, one warning and today's path from then on."""
+    key = str(device)
+    if key not in _WORKS:
+        try:
+            _WORKS[key] = bool(k.probe(device))
+            why = "it decoded other values than the chain"
+        except Exception as exc:  # noqa: BLE001 - whatever stops them, the chain runs
+            _WORKS[key], why = False, f"{type(exc).__name__}: {exc}"
+        if not _WORKS[key]:
+            warnings.warn(f"hvd_compress: the Triton kernels do not run on {key} ({why}); "
+                          "using the torch operations there (HVD_COMPRESS_TRITON=0 skips "
+                          "trying)", RuntimeWarning, stacklevel=3)
+    return _WORKS[key]
+
+
 def _kernels(like):
     """The wrappers' module where ``like`` (a tensor) is one the kernels run on, else None."""
-    kind = getattr(getattr(like, "device", None), "type", None)
+    device = getattr(like, "device", None)
+    kind = getattr(device, "type", None)
     if kind != "cuda" and not (kind == "cpu" and interpreting()):
         return None
     if not enabled():
         return None
-    return available() or None
+    k = available()
+    return k if k and _works(k, device) else None
 
 
 def device_encoder(B, obj, cols: int, like):

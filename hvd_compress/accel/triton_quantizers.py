@@ -28,7 +28,7 @@ from . import triton_kernels as K
 from .registry import ByClass
 from .triton_select import top_indices
 
-__all__ = ["ENCODERS", "DECODERS", "unpack", "top_indices"]
+__all__ = ["ENCODERS", "DECODERS", "unpack", "top_indices", "probe"]
 
 _VALUES = 1024  # values a program of the codes and decoding kernels handles
 _CHUNK = 8192  # values a program of TernGrad's statistics pass sums
@@ -176,6 +176,13 @@ def _unpack(data, bits: int, n: int, table, factors, lo, d):
 def unpack(B, data, bits, n, values, factors=None, d=None):
     """``values[code] (* factors[i // d])`` of ``n`` packed codes (1, 2, 4 or 8 bits)."""
     return _unpack(data, bits, n, _table(values, data), factors, None, d)
+
+
+def probe(device) -> bool:
+    """Whether a small decode runs on ``device`` and gives the chain's values."""
+    data = torch.tensor([0b11100100, 0b00011011], dtype=torch.uint8, device=device)
+    got = _unpack(data, 2, 7, _table([0.5, 1.5, -2.0, 4.0], data), None, None, 1)
+    return got.tolist() == [0.5, 1.5, -2.0, 4.0, 4.0, -2.0, 1.5]
 
 
 def _uniform_decoder(B, codec, cols):
