@@ -45,14 +45,15 @@ SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3
          "qsgd:levels=16,bucket=64", "qsgd:ef=true,seed=5", "terngrad", "terngrad:clip=0,seed=2",
          "terngrad:ef=true", "uniform", "uniform:bits=2,bucket=100,seed=9",
          "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true",
-         "onebit", "threshold:tau=0.001", "natural", "inceptionn", "inceptionn:bound=1e-7",
-         "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1", "topk:ratio=0.5", "dgc:ratio=0.05",
-         "adaq:ratio=0.3"]
-SHAPES = [(1,), (40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
+         "onebit", "threshold:tau=0.001", "natural", "natural:ef=true,seed=4", "inceptionn",
+         "inceptionn:bound=1e-7", "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1",
+         "topk:ratio=0.5", "dgc:ratio=0.05", "adaq:ratio=0.3"]
+SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
+CUDA_SHAPES = [(1,), (40, 30), (3001,), (257, 1031)]
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
            "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
-           "count_chosen", "write_chosen"}
+           "count_chosen", "write_chosen", "natural_codes", "natural_decode"}
 
 
 class DevicePath(TorchBackend):
@@ -210,6 +211,9 @@ COMPILED = [
     ("count_codes", {"codes_ptr": "*u8", "counts_ptr": "*i32"}, dict(VALUES=1024)),
     ("unpack", {"codes_ptr": "*u8", "step_ptr": "*fp64", "starts_ptr": "*i32", "mid_ptr": "*i16",
                 "low_ptr": "*u8"}, dict(VALUES=1024)),
+    ("natural_codes", {"bad_ptr": "*i64", "exps_ptr": "*u8", "signs_ptr": "*u8"},
+     dict(HAS_R=True, BYTES=128, WIDE=False)),
+    ("natural_decode", {"exps_ptr": "*u8", "signs_ptr": "*u8"}, dict(BYTES=128, WIDE=False)),
     ("radix_count", {"state_ptr": "*i64", "high": "i64", "hist_ptr": "*i32"},
      dict(CHUNK=8192, BLOCK=1024)),
     ("radix_step", {"hist_ptr": "*i32", "state_ptr": "*i64"}, dict(FIRST=True)),
@@ -309,7 +313,7 @@ def test_cuda_same_bits(spec):
     device (the same torch.rand draws when no noise is given) and numpy's (noise given)."""
     to_cuda = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
     bad = []
-    for shape in SHAPES + [(257, 1031)]:
+    for shape in CUDA_SHAPES:
         for explicit in (True, False):
             bad += _compare(spec, shape, TorchBackend(), to_cuda, explicit)
     assert bad == []

@@ -211,3 +211,42 @@ def launch(kernel, programs: int, *args, **meta):
     on = torch.cuda.device(first.device) if first is not None and first.is_cuda else nullcontext()
     with on:
         kernel[(max(programs, 1),)](*args, enable_fp_fusion=False, **meta)
+
+
+@triton.jit
+def natural_codes(x_ptr, r_ptr, u_ptr, bad_ptr, powers_ptr, n, nbytes, exps_ptr, signs_ptr,
+                  res_ptr, HAS_R: tl.constexpr, BYTES: tl.constexpr, WIDE: tl.constexpr):
+    """Natural compression's exponent codes -- the float32 exponent field, plus 1 when
+    ``u < mantissa / 2^23``, at most 254; all 255 when ``bad`` (the step's count of NaN/Inf)
+    is not 0 -- and its sign bits, 8 a byte; with ``HAS_R`` the new residual ``v -
+    powers[code] * (+-1)``."""
+    byte, idx = _layout(BYTES, 8, WIDE)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    bits = x.to(tl.int32, bitcast=True)
+    prob = (bits & 0x7FFFFF).to(tl.float32) * 1.1920928955078125e-07  # 2^-23
+    u = tl.load(u_ptr + idx, mask=m, other=0.0)
+    e = tl.minimum(((bits >> 23) & 0xFF) + (u < prob).to(tl.int32), 254)
+    e = tl.where(tl.load(bad_ptr) > 0, 255, e)
+    tl.store(exps_ptr + idx, e.to(tl.uint8), mask=m)
+    neg = tl.where(m, (bits < 0).to(tl.int32), 0)
+    tl.store(signs_ptr + byte, _pack(neg, 1, 8), mask=byte < nbytes)
+    if HAS_R:
+        dec = tl.load(powers_ptr + e, mask=m, other=0.0) * tl.where(neg == 1, -1.0, 1.0)
+        tl.store(res_ptr + idx, x - dec, mask=m)
+
+
+@triton.jit
+def natural_decode(exps_ptr, signs_ptr, powers_ptr, n, out_ptr, BYTES: tl.constexpr,
+                   WIDE: tl.constexpr):
+    """``powers[exp] * (+-1)`` (the sign bit 1: -1)."""
+    byte, idx = _layout(BYTES, 8, WIDE)
+    m = idx < n
+    bit = (tl.load(signs_ptr + byte, mask=byte * 8 < n, other=0).to(tl.int32)[:, None]
+           >> tl.arange(0, 8)[None, :]) & 1
+    e = tl.load(exps_ptr + idx, mask=m, other=0).to(tl.int32)
+    out = tl.load(powers_ptr + e, mask=m, other=0.0) * tl.where(bit == 1, -1.0, 1.0)
+    tl.store(out_ptr + idx, out, mask=m)

@@ -1,9 +1,11 @@
-"""The device paths' wrappers: QSGD, TernGrad and uniform max-min quantization as a
-statistics pass and a codes pass each (codes, packing and the error-feedback residual in
-one), and the packed codes' decoding as one pass (every codec that decodes through
+"""The device paths' wrappers: QSGD, TernGrad, uniform max-min quantization and natural
+compression as a statistics pass and a codes pass each (codes, packing and the
+error-feedback residual in one), natural's decoding, and the packed codes' decoding as
+one pass (every codec that decodes through
 :func:`~hvd_compress.core.bitpack.unpack_values`: QSGD, TernGrad, 1-bit, threshold, the
-sign methods, natural's signs; uniform's with its bucket minimums added).  Kernels:
-:mod:`.triton_kernels`; chosen by :mod:`.device`.
+sign methods; uniform's with its bucket minimums added).  Kernels:
+:mod:`.triton_kernels`; INCEPTIONN's and the top-k selection's wrappers beside theirs;
+the tables at the end are what :mod:`.device` chooses from.
 
 The same bits as the torch chain on the device: the noise is drawn as the chain draws
 it (the compressor's generator, ``torch.rand`` on the tensor's device, the same
@@ -19,7 +21,7 @@ import torch
 import triton
 
 from ..core.bitpack import packed_nbytes
-from ..core.levels import UniformCodec
+from ..core.levels import NaturalCodec, UniformCodec
 from ..core.qsgd import QSGDCodec
 from ..core.terngrad import TernGradCodec
 from ..core.variable import Inceptionn
@@ -178,6 +180,41 @@ def unpack(B, data, bits, n, values, factors=None, d=None):
     return _unpack(data, bits, n, _table(values, data), factors, None, d)
 
 
+_POWERS: dict = {}  # natural compression's 256 values (NaN among them) by device
+
+
+def _powers(codec, like):
+    key = str(like.device)
+    if key not in _POWERS:
+        _POWERS[key] = torch.from_numpy(codec.powers.copy()).to(like.device)
+    return _POWERS[key]
+
+
+def _natural_encoder(B, codec, cols):
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        u = _noise(codec, noise, noise_source, g)
+        bad = _stats(g, residual, _CHUNK)[5].sum()  # the flag: every code 255 where not 0
+        exps = torch.empty(n, dtype=torch.uint8, device=g.device)
+        signs, res = _codes_out(g, n, 1, residual is not None)
+        _launch(K.natural_codes, -(-signs.shape[0] // (_VALUES // 8)), g,
+                g if residual is None else residual, u, bad, _powers(codec, g), n,
+                signs.shape[0], exps, signs, signs if res is None else res,
+                HAS_R=residual is not None, BYTES=_VALUES // 8, WIDE=_wide(n))
+        return {"exps": exps, "signs": signs}, res, bad == 0
+    return encode
+
+
+def _natural_decoder(B, codec, cols):
+    def decode(fields, n):
+        out = torch.empty(n, dtype=torch.float32, device=fields["exps"].device)
+        _launch(K.natural_decode, -(-n // _VALUES), fields["exps"].contiguous(),
+                fields["signs"].contiguous(), _powers(codec, out), n, out,
+                BYTES=_VALUES // 8, WIDE=_wide(n))
+        return out
+    return decode
+
+
 def probe(device) -> bool:
     """Whether a small decode runs on ``device`` and gives the chain's values."""
     data = torch.tensor([0b11100100, 0b00011011], dtype=torch.uint8, device=device)
@@ -196,6 +233,8 @@ def _uniform_decoder(B, codec, cols):
 #: the fused encoders' makers ``(B, obj, cols) -> encoder or None``, by codec or compressor
 #: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
-                    UniformCodec: _uniform_encoder, Inceptionn: triton_inceptionn.encoder})
+                    UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
+                    Inceptionn: triton_inceptionn.encoder})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
-DECODERS = ByClass({UniformCodec: _uniform_decoder, Inceptionn: triton_inceptionn.decoder})
+DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
+                    Inceptionn: triton_inceptionn.decoder})
