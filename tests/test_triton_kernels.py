@@ -40,20 +40,22 @@ CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TRITON),
 #: the kernels' codecs at several widths, buckets (not a multiple of the block) and with
 #: error feedback; codecs that only decode through the unpack kernel; a width the
 #: kernels decline (5 bits: codes across bytes), whose chain must still run; INCEPTIONN
-#: with all four widths; the selections (top-k, DGC, adaq) through the radix select
+#: with all four widths; signSGD and EF-signSGD (Signum keeps the chain); the
+#: selections (top-k, DGC, adaq) through the radix select
 SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3",
          "qsgd:levels=16,bucket=64", "qsgd:ef=true,seed=5", "terngrad", "terngrad:clip=0,seed=2",
-         "terngrad:ef=true", "uniform", "uniform:bits=2,bucket=100,seed=9",
+         "terngrad:ef=true", "uniform:bits=2,bucket=100,seed=9",
          "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true",
-         "onebit", "threshold:tau=0.001", "natural", "natural:ef=true,seed=4", "inceptionn",
-         "inceptionn:bound=1e-7", "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1",
-         "topk:ratio=0.5", "dgc:ratio=0.05", "adaq:ratio=0.3"]
+         "onebit", "threshold:tau=0.001", "signsgd", "efsignsgd", "signum",
+         "natural:ef=true,seed=4", "inceptionn", "inceptionn:bound=1e-7",
+         "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1", "topk:ratio=0.5", "dgc:ratio=0.05",
+         "adaq:ratio=0.3"]
 SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
 CUDA_SHAPES = [(1,), (40, 30), (3001,), (257, 1031)]
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
            "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
-           "count_chosen", "write_chosen", "natural_codes", "natural_decode"}
+           "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes"}
 
 
 class DevicePath(TorchBackend):
@@ -195,7 +197,8 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
 #: argument ``_ptr`` is a float32 pointer and any other an int32 unless named here)
 COMPILED = [
     ("bucket_stats", {"sum_ptr": "*fp64", "sumsq_ptr": "*fp64", "bad_ptr": "*i32"},
-     dict(HAS_R=True, SUMS=True, MINMAX=True, TOP=True, ROWS=8, BLOCK=512, WIDE=True)),
+     dict(HAS_R=True, SUMS=True, MINMAX=True, TOP=True, ABS=True, ROWS=8, BLOCK=512, WIDE=True)),
+    ("sign_codes", {"signs_ptr": "*u8"}, dict(HAS_R=True, BYTES=128, WIDE=False)),
     ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},
      dict(HAS_R=True, BITS=4, PER=2, BYTES=512, WIDE=False)),
     ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},  # s = d = 1: Triton makes them constants
@@ -324,7 +327,7 @@ def test_cuda_kernels_do_not_synchronise():
     """An encode and decode through the kernels waits for the GPU nowhere."""
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
-    for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true"):
+    for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd"):
         comp = build(spec, B)
         comp.encode(x, "t")  # first call: kernels compiled, state made
         torch.cuda.synchronize()

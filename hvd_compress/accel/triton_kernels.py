@@ -41,11 +41,11 @@ def _clean(x):
 @triton.jit
 def bucket_stats(x_ptr, r_ptr, n, d, nb, sum_ptr, sumsq_ptr, lo_ptr, hi_ptr, top_ptr, bad_ptr,
                  HAS_R: tl.constexpr, SUMS: tl.constexpr, MINMAX: tl.constexpr,
-                 TOP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                 WIDE: tl.constexpr):
+                 TOP: tl.constexpr, ABS: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK: tl.constexpr, WIDE: tl.constexpr):
     """Per bucket of ``d`` values of ``v = x (+ r)`` with NaN/Inf read as 0 (``ROWS``
-    buckets a program, ``BLOCK`` values of each at a time): the float64 sum and sum of
-    squares (``SUMS``), the min and max (``MINMAX``), max |v| (``TOP``), and how many
+    buckets a program, ``BLOCK`` values of each at a time): the float64 sum (of |v| with
+    ``ABS``) and sum of squares (``SUMS``), the min and max (``MINMAX``), max |v| (``TOP``), and how many
     entries were not finite (always)."""
     b = _pid(WIDE) * ROWS + tl.arange(0, ROWS)
     start = (b * d)[:, None]
@@ -67,7 +67,10 @@ def bucket_stats(x_ptr, r_ptr, n, d, nb, sum_ptr, sumsq_ptr, lo_ptr, hi_ptr, top
         bad += (m & (fin == 0)).to(tl.int32)
         if SUMS:
             x64 = x.to(tl.float64)
-            acc1 += x64
+            if ABS:
+                acc1 += tl.abs(x64)
+            else:
+                acc1 += x64
             acc2 += x64 * x64
         if MINMAX:
             lo = tl.minimum(lo, tl.where(m, x, INF))
@@ -250,3 +253,21 @@ def natural_decode(exps_ptr, signs_ptr, powers_ptr, n, out_ptr, BYTES: tl.conste
     e = tl.load(exps_ptr + idx, mask=m, other=0).to(tl.int32)
     out = tl.load(powers_ptr + e, mask=m, other=0.0) * tl.where(bit == 1, -1.0, 1.0)
     tl.store(out_ptr + idx, out, mask=m)
+
+
+@triton.jit
+def sign_codes(x_ptr, r_ptr, scale_ptr, n, nbytes, signs_ptr, res_ptr, HAS_R: tl.constexpr,
+               BYTES: tl.constexpr, WIDE: tl.constexpr):
+    """Sign bits (1: ``v >= 0``), 8 a byte; with ``HAS_R`` the new residual ``v -
+    (+-scale)``."""
+    byte, idx = _layout(BYTES, 8, WIDE)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    up = tl.where(m, (x >= 0).to(tl.int32), 0)
+    tl.store(signs_ptr + byte, _pack(up, 1, 8), mask=byte < nbytes)
+    if HAS_R:
+        scale = tl.load(scale_ptr)
+        tl.store(res_ptr + idx, x - tl.where(up == 1, scale, -scale), mask=m)

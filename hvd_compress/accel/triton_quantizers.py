@@ -23,6 +23,7 @@ import triton
 from ..core.bitpack import packed_nbytes
 from ..core.levels import NaturalCodec, UniformCodec
 from ..core.qsgd import QSGDCodec
+from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
 from ..core.variable import Inceptionn
 from . import triton_inceptionn
@@ -45,9 +46,10 @@ def _wide(n: int, d: int = 1) -> bool:
     return n + d + 2 * _VALUES >= 2**31
 
 
-def _stats(x, r, d: int, *, sums=False, minmax=False, top=False):
+def _stats(x, r, d: int, *, sums=False, minmax=False, top=False, absolute=False):
     """Per bucket of ``d`` values of ``x (+ r)``: ``(sum, sumsq, lo, hi, top, bad)``, the
-    ones not asked for None; ``bad`` counts the NaN/Inf entries (read as 0)."""
+    ones not asked for None (``absolute``: the sum of |v|); ``bad`` counts the NaN/Inf
+    entries (read as 0)."""
     n = x.shape[0]
     nb = -(-n // d)
     f64 = lambda: torch.empty(nb, dtype=torch.float64, device=x.device)  # noqa: E731
@@ -60,8 +62,8 @@ def _stats(x, r, d: int, *, sums=False, minmax=False, top=False):
     rows = max(1, 4096 // block)  # buckets a program: small buckets share one
     _launch(K.bucket_stats, -(-nb // rows), x, x if r is None else r, n, d, nb,
             *(a if a is not None else bad for a in (s1, s2, lo, hi, mx)), bad,
-            HAS_R=r is not None, SUMS=sums, MINMAX=minmax, TOP=top, ROWS=rows, BLOCK=block,
-            WIDE=_wide(n, d))
+            HAS_R=r is not None, SUMS=sums, MINMAX=minmax, TOP=top, ABS=absolute, ROWS=rows,
+            BLOCK=block, WIDE=_wide(n, d))
     return s1, s2, lo, hi, mx, bad
 
 
@@ -180,6 +182,26 @@ def unpack(B, data, bits, n, values, factors=None, d=None):
     return _unpack(data, bits, n, _table(values, data), factors, None, d)
 
 
+def _sign_encoder(B, codec, cols):
+    """signSGD's scale (1, or 0 for an all-zero tensor) or EF-signSGD's (``||v||_1 / n``)
+    from the statistics pass, then the sign bits (and the residual) in one pass."""
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        s1, _, _, _, top, bad = _stats(g, residual, _CHUNK, sums=codec.scaled,
+                                       top=not codec.scaled, absolute=True)
+        if codec.scaled:
+            scale = B.cast(B.div(s1.sum(), float(n)), "float32")
+        else:
+            scale = B.cast(top.amax() > 0, "float32")
+        signs, res = _codes_out(g, n, 1, residual is not None)
+        _launch(K.sign_codes, -(-signs.shape[0] // (_VALUES // 8)), g,
+                g if residual is None else residual, scale.reshape(1), n, signs.shape[0],
+                signs, signs if res is None else res, HAS_R=residual is not None,
+                BYTES=_VALUES // 8, WIDE=_wide(n))
+        return {"scale": scale.reshape(1), "signs": signs}, res, _finite(bad)
+    return encode
+
+
 _POWERS: dict = {}  # natural compression's 256 values (NaN among them) by device
 
 
@@ -234,6 +256,7 @@ def _uniform_decoder(B, codec, cols):
 #: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
+                    SignCodec: _sign_encoder, SignumCodec: None,  # (Signum: the momentum's)
                     Inceptionn: triton_inceptionn.encoder})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
