@@ -38,16 +38,15 @@ CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_TRITON),
                           reason="no CUDA device (or no triton) on this machine")
 
 #: the kernels' codecs at several widths, buckets (not a multiple of the block) and with
-#: error feedback; codecs that only decode through the unpack kernel; a width the
-#: kernels decline (5 bits: codes across bytes), whose chain must still run; INCEPTIONN
-#: with all four widths; signSGD and EF-signSGD (Signum keeps the chain); the
-#: selections (top-k, DGC, adaq) through the radix select
+#: error feedback; a width the kernels decline (5 bits: codes across bytes), whose chain
+#: must still run; INCEPTIONN with all four widths; the selections (top-k, DGC, adaq)
+#: through the radix select
 SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3",
          "qsgd:levels=16,bucket=64", "qsgd:ef=true,seed=5", "terngrad", "terngrad:clip=0,seed=2",
-         "terngrad:ef=true", "uniform:bits=2,bucket=100,seed=9",
-         "uniform:bits=8,ef=true", "uniform:stochastic=false,ef=true",
-         "onebit", "threshold:tau=0.001", "signsgd", "efsignsgd", "signum",
-         "natural:ef=true,seed=4", "inceptionn", "inceptionn:bound=1e-7",
+         "terngrad:ef=true", "uniform:bits=2,bucket=100,seed=9", "uniform:bits=8,ef=true",
+         "uniform:stochastic=false,ef=true", "threshold:tau=0.001", "threshold:tau=0.01,ef=false",
+         "signsgd", "efsignsgd", "eightbit", "eightbit:ef=true", "natural:ef=true,seed=4",
+         "inceptionn", "inceptionn:bound=1e-7",
          "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1", "topk:ratio=0.5", "dgc:ratio=0.05",
          "adaq:ratio=0.3"]
 SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
@@ -55,7 +54,8 @@ CUDA_SHAPES = [(1,), (40, 30), (3001,), (257, 1031)]
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
            "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
-           "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes"}
+           "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes",
+           "threshold_codes", "eightbit_codes", "eightbit_decode"}
 
 
 class DevicePath(TorchBackend):
@@ -199,6 +199,9 @@ COMPILED = [
     ("bucket_stats", {"sum_ptr": "*fp64", "sumsq_ptr": "*fp64", "bad_ptr": "*i32"},
      dict(HAS_R=True, SUMS=True, MINMAX=True, TOP=True, ABS=True, ROWS=8, BLOCK=512, WIDE=True)),
     ("sign_codes", {"signs_ptr": "*u8"}, dict(HAS_R=True, BYTES=128, WIDE=False)),
+    ("threshold_codes", {"tau": "fp32", "codes_ptr": "*u8"}, dict(HAS_R=True, BYTES=256, WIDE=False)),
+    ("eightbit_codes", {"codes_ptr": "*u8"}, dict(HAS_R=True, BLOCK=1024, WIDE=False)),
+    ("eightbit_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
     ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},
      dict(HAS_R=True, BITS=4, PER=2, BYTES=512, WIDE=False)),
     ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},  # s = d = 1: Triton makes them constants
@@ -327,7 +330,8 @@ def test_cuda_kernels_do_not_synchronise():
     """An encode and decode through the kernels waits for the GPU nowhere."""
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
-    for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd"):
+    for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd", "threshold",
+                 "eightbit:ef=true"):
         comp = build(spec, B)
         comp.encode(x, "t")  # first call: kernels compiled, state made
         torch.cuda.synchronize()

@@ -271,3 +271,58 @@ def sign_codes(x_ptr, r_ptr, scale_ptr, n, nbytes, signs_ptr, res_ptr, HAS_R: tl
     if HAS_R:
         scale = tl.load(scale_ptr)
         tl.store(res_ptr + idx, x - tl.where(up == 1, scale, -scale), mask=m)
+
+
+@triton.jit
+def threshold_codes(x_ptr, r_ptr, n, nbytes, tau, codes_ptr, res_ptr, HAS_R: tl.constexpr,
+                    BYTES: tl.constexpr, WIDE: tl.constexpr):
+    """2-bit threshold codes (1: ``v >= tau``, 2: ``v <= -tau``, else 0), 4 a byte; with
+    ``HAS_R`` the new residual ``v - (+-tau or 0)``."""
+    byte, idx = _layout(BYTES, 4, WIDE)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    code = tl.where(m, (x >= tau).to(tl.int32) + 2 * (x <= -tau).to(tl.int32), 0)
+    tl.store(codes_ptr + byte, _pack(code, 2, 4), mask=byte < nbytes)
+    if HAS_R:
+        dec = tl.where(code == 1, tau, tl.where(code == 2, -1.0 * tau, 0.0 * tau))
+        tl.store(res_ptr + idx, x - dec, mask=m)
+
+
+@triton.jit
+def eightbit_codes(x_ptr, r_ptr, inv_ptr, scale_ptr, edges_ptr, levels_ptr, n, codes_ptr,
+                   res_ptr, HAS_R: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """8-bit codes: how many of the 255 sorted ``edges`` are ``<= v * inv`` (a binary
+    search); with ``HAS_R`` the new residual ``v - levels[code] * scale``."""
+    idx = _pid(WIDE) * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    x = tl.load(x_ptr + idx, mask=m, other=0.0)
+    if HAS_R:
+        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
+    x, fin = _clean(x)
+    t = x * tl.load(inv_ptr)
+    lo = tl.zeros([BLOCK], tl.int32)
+    hi = tl.full([BLOCK], 255, tl.int32)
+    for _ in range(8):  # 255 edges: 8 halvings
+        active = lo < hi
+        mid = (lo + hi) // 2
+        below = tl.load(edges_ptr + mid, mask=active, other=0.0) <= t
+        lo = tl.where(active & below, mid + 1, lo)
+        hi = tl.where(active & (below == 0), mid, hi)
+    tl.store(codes_ptr + idx, lo.to(tl.uint8), mask=m)
+    if HAS_R:
+        dec = tl.load(levels_ptr + lo, mask=m, other=0.0) * tl.load(scale_ptr)
+        tl.store(res_ptr + idx, x - dec, mask=m)
+
+
+@triton.jit
+def eightbit_decode(codes_ptr, levels_ptr, scale_ptr, n, out_ptr, BLOCK: tl.constexpr,
+                    WIDE: tl.constexpr):
+    """``levels[code] * scale``."""
+    idx = _pid(WIDE) * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    code = tl.load(codes_ptr + idx, mask=m, other=0).to(tl.int32)
+    out = tl.load(levels_ptr + code, mask=m, other=0.0) * tl.load(scale_ptr)
+    tl.store(out_ptr + idx, out, mask=m)

@@ -21,10 +21,11 @@ import torch
 import triton
 
 from ..core.bitpack import packed_nbytes
-from ..core.levels import NaturalCodec, UniformCodec
+from ..core.levels import EightBitCodec, NaturalCodec, UniformCodec
 from ..core.qsgd import QSGDCodec
 from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
+from ..core.threshold import ThresholdCodec
 from ..core.variable import Inceptionn
 from . import triton_inceptionn
 from . import triton_kernels as K
@@ -202,7 +203,60 @@ def _sign_encoder(B, codec, cols):
     return encode
 
 
-_POWERS: dict = {}  # natural compression's 256 values (NaN among them) by device
+_POWERS: dict = {}  # natural's 256 values (NaN among them), eightbit's tables, by device
+
+
+def _threshold_encoder(B, codec, cols):
+    """2-bit threshold codes and the residual in one pass (the NaN/Inf count before)."""
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        bad = _stats(g, residual, _CHUNK)[5]
+        codes, res = _codes_out(g, n, 2, residual is not None)
+        _launch(K.threshold_codes, -(-codes.shape[0] // (_VALUES // 4)), g,
+                g if residual is None else residual, n, codes.shape[0], codec.tau, codes,
+                codes if res is None else res, HAS_R=residual is not None, BYTES=_VALUES // 4,
+                WIDE=_wide(n))
+        scale = B.scalar(codec.tau, like=g).reshape(1)
+        return {"scale": scale, "codes": codes}, res, _finite(bad)
+    return encode
+
+
+def _eightbit_tables(codec, like):
+    """The 255 rounding edges and 256 levels of the dynamic tree type, on ``like``'s device."""
+    key = ("eightbit", str(like.device))
+    if key not in _POWERS:
+        _POWERS[key] = tuple(torch.from_numpy(a.copy()).to(like.device)
+                             for a in (codec.edges, codec.levels))
+    return _POWERS[key]
+
+
+def _eightbit_encoder(B, codec, cols):
+    """max |v| from the statistics pass, the scale and its inverse by the codec's helpers,
+    then the codes (a binary search of the edges) and the residual in one pass."""
+    def encode(g, residual, noise, noise_source):
+        n = g.shape[0]
+        _, _, _, _, top, bad = _stats(g, residual, _CHUNK, top=True)
+        s = codec.scale(B, top.amax())
+        inv = codec.inverse(B, s)
+        edges, levels = _eightbit_tables(codec, g)
+        codes = torch.empty(n, dtype=torch.uint8, device=g.device)
+        res = torch.empty_like(g) if residual is not None else None
+        scale = B.cast(s, "float32").reshape(1)
+        _launch(K.eightbit_codes, -(-n // _VALUES), g, g if residual is None else residual,
+                inv.reshape(1), scale, edges, levels, n, codes, codes if res is None else res,
+                HAS_R=residual is not None, BLOCK=_VALUES, WIDE=_wide(n))
+        return {"scale": scale, "codes": codes}, res, _finite(bad)
+    return encode
+
+
+def _eightbit_decoder(B, codec, cols):
+    def decode(fields, n):
+        out = torch.empty(n, dtype=torch.float32, device=fields["codes"].device)
+        _launch(K.eightbit_decode, -(-n // _VALUES), fields["codes"].contiguous(),
+                _eightbit_tables(codec, out)[1], fields["scale"].contiguous(), n, out,
+                BLOCK=_VALUES, WIDE=_wide(n))
+        return out
+    return decode
 
 
 def _powers(codec, like):
@@ -257,7 +311,9 @@ def _uniform_decoder(B, codec, cols):
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
                     SignCodec: _sign_encoder, SignumCodec: None,  # (Signum: the momentum's)
+                    ThresholdCodec: _threshold_encoder, EightBitCodec: _eightbit_encoder,
                     Inceptionn: triton_inceptionn.encoder})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
+                    EightBitCodec: _eightbit_decoder,
                     Inceptionn: triton_inceptionn.decoder})
