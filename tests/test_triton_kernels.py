@@ -46,7 +46,7 @@ SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3
          "terngrad:ef=true", "uniform:bits=2,bucket=100,seed=9", "uniform:bits=8,ef=true",
          "uniform:stochastic=false,ef=true", "threshold:tau=0.001", "threshold:tau=0.01,ef=false",
          "signsgd", "efsignsgd", "eightbit", "eightbit:ef=true", "natural:ef=true,seed=4",
-         "inceptionn", "inceptionn:bound=1e-7",
+         "inceptionn", "inceptionn:bound=1e-7", "randomk:ratio=0.1",
          "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1", "topk:ratio=0.5", "dgc:ratio=0.05",
          "adaq:ratio=0.3"]
 SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
@@ -55,7 +55,7 @@ WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
            "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
            "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes",
-           "threshold_codes", "eightbit_codes", "eightbit_decode"}
+           "threshold_codes", "eightbit_codes", "eightbit_decode", "stratified"}
 
 
 class DevicePath(TorchBackend):
@@ -84,6 +84,11 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
 
 
+def _received(comp, enc):
+    """One rank's payload as its aggregate takes it (summed payloads: the sum itself)."""
+    return enc.payload if comp.summable else [enc.payload]
+
+
 def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
     """Three steps of ``spec`` through the kernels (``B``), the chain with them off, and the
     numpy reference; the differences found (none expected)."""
@@ -101,9 +106,9 @@ def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
         e_new = new.encode(to_tensor(x), "t", noise=tn)
         with _env("HVD_COMPRESS_TRITON", "0"):
             e_old = old.encode(to_tensor(x), "t", noise=tn)
-            d_old = old.aggregate([e_old.payload], e_old)
-        d_new = new.aggregate([e_new.payload], e_new)
-        d_ref = ref.aggregate([e_ref.payload], e_ref)
+            d_old = old.aggregate(_received(old, e_old), e_old)
+        d_new = new.aggregate(_received(new, e_new), e_new)
+        d_ref = ref.aggregate(_received(ref, e_ref), e_ref)
         checks = {"payload vs chain": (e_new.payload, e_old.payload),
                   "payload vs numpy": (e_new.payload, e_ref.payload),
                   "decoded vs chain": (d_new, d_old), "decoded vs numpy": (d_new, d_ref)}
@@ -202,6 +207,8 @@ COMPILED = [
     ("threshold_codes", {"tau": "fp32", "codes_ptr": "*u8"}, dict(HAS_R=True, BYTES=256, WIDE=False)),
     ("eightbit_codes", {"codes_ptr": "*u8"}, dict(HAS_R=True, BLOCK=1024, WIDE=False)),
     ("eightbit_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
+    ("stratified", {"key0_ptr": "*i64", "key1_ptr": "*i64", "indices_ptr": "*i64",
+                    "sizes_ptr": "*i64"}, dict(BLOCK=1024)),
     ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},
      dict(HAS_R=True, BITS=4, PER=2, BYTES=512, WIDE=False)),
     ("qsgd_codes", {"sf": "fp32", "codes_ptr": "*u8"},  # s = d = 1: Triton makes them constants
@@ -331,7 +338,7 @@ def test_cuda_kernels_do_not_synchronise():
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
     for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd", "threshold",
-                 "eightbit:ef=true"):
+                 "eightbit:ef=true", "randomk"):
         comp = build(spec, B)
         comp.encode(x, "t")  # first call: kernels compiled, state made
         torch.cuda.synchronize()

@@ -326,3 +326,27 @@ def eightbit_decode(codes_ptr, levels_ptr, scale_ptr, n, out_ptr, BLOCK: tl.cons
     code = tl.load(codes_ptr + idx, mask=m, other=0).to(tl.int32)
     out = tl.load(levels_ptr + code, mask=m, other=0.0) * tl.load(scale_ptr)
     tl.store(out_ptr + idx, out, mask=m)
+
+
+@triton.jit
+def _lowbias32(x):
+    """lowbias32 on uint32 (:func:`hvd_compress.core.sampling.hash32`)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def stratified(key0_ptr, key1_ptr, n, k, indices_ptr, sizes_ptr, BLOCK: tl.constexpr):
+    """:func:`hvd_compress.core.sampling.stratified_indices`: stratum ``j`` is ``[j*n//k,
+    (j+1)*n//k)``, its index ``lo + (h_j * size) >> 32`` for the keyed hash ``h_j``."""
+    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = j < k
+    lo = j * n // k
+    size = (j + 1) * n // k - lo
+    h = _lowbias32((j ^ tl.load(key0_ptr)).to(tl.uint32))
+    h = _lowbias32(h ^ tl.load(key1_ptr).to(tl.uint32))
+    tl.store(indices_ptr + j, lo + ((h.to(tl.int64) * size) >> 32), mask=m)
+    tl.store(sizes_ptr + j, size, mask=m)

@@ -23,6 +23,7 @@ import triton
 from ..core.bitpack import packed_nbytes
 from ..core.levels import EightBitCodec, NaturalCodec, UniformCodec
 from ..core.qsgd import QSGDCodec
+from ..core.sampling import Stratified
 from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
 from ..core.threshold import ThresholdCodec
@@ -291,6 +292,20 @@ def _natural_decoder(B, codec, cols):
     return decode
 
 
+def _stratified(B, marker, cols):
+    """Random-k's and DGC's stratified sample (``(n, k, key0, key1) -> (indices, sizes)``)
+    in one pass over the strata (the chain makes about twenty)."""
+    def sample(n, k, key0, key1):  # the keys: 0-d tensors on the device (core.sampling)
+        at = next((t.device for t in (key0, key1) if isinstance(t, torch.Tensor)), None)
+        keys = [t.reshape(1).to(torch.int64) if isinstance(t, torch.Tensor)
+                else torch.full((1,), int(t), dtype=torch.int64, device=at) for t in (key0, key1)]
+        indices = torch.empty(k, dtype=torch.int64, device=keys[0].device)
+        sizes = torch.empty(k, dtype=torch.int64, device=keys[0].device)
+        _launch(K.stratified, -(-k // _VALUES), *keys, n, k, indices, sizes, BLOCK=_VALUES)
+        return indices, sizes
+    return sample
+
+
 def probe(device) -> bool:
     """Whether a small decode runs on ``device`` and gives the chain's values."""
     data = torch.tensor([0b11100100, 0b00011011], dtype=torch.uint8, device=device)
@@ -312,7 +327,7 @@ ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
                     SignCodec: _sign_encoder, SignumCodec: None,  # (Signum: the momentum's)
                     ThresholdCodec: _threshold_encoder, EightBitCodec: _eightbit_encoder,
-                    Inceptionn: triton_inceptionn.encoder})
+                    Inceptionn: triton_inceptionn.encoder, Stratified: _stratified})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
                     EightBitCodec: _eightbit_decoder,
