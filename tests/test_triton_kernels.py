@@ -179,6 +179,8 @@ def _interpreter_checks() -> dict:
                 cases += 1
                 if got is None or not _same(got.numpy(), want):
                     bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
+    if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
+        bad.append(f"the selection fell back: {ts._BROKEN[0]!r}")
     return {"cases": cases, "bad": bad, "ran": ran}
 
 
@@ -310,6 +312,25 @@ def test_kernels_that_fail_on_a_device_warn_once_and_leave_the_chain(monkeypatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert device.device_encoder(TorchBackend(), codec, 1, _cuda_like()) is None
+
+
+def test_a_selection_that_fails_warns_once_and_leaves_the_chain(monkeypatch):
+    """The top-k hook may decline: a selection kernel that fails (a triton without an API
+    it uses) gives one warning, then None (the core's selection) from then on."""
+    if not HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    from hvd_compress.accel import triton_select
+
+    def fails(mag, k):
+        raise RuntimeError("histogram() got an unexpected keyword argument 'mask'")
+
+    monkeypatch.setattr(triton_select, "_BROKEN", [])
+    monkeypatch.setattr(triton_select, "_select", fails)
+    with pytest.warns(RuntimeWarning, match="unexpected keyword"):
+        assert triton_select.top_indices(None, torch.ones(10), 3) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert triton_select.top_indices(None, torch.ones(10), 3) is None
 
 
 def test_importing_the_package_imports_no_triton():

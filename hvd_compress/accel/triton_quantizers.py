@@ -60,8 +60,8 @@ def _stats(x, r, d: int, *, sums=False, minmax=False, top=False, absolute=False)
     lo, hi = (f32(), f32()) if minmax else (None, None)
     mx = f32() if top else None
     bad = torch.empty(nb, dtype=torch.int32, device=x.device)
-    block = min(triton.next_power_of_2(d), 2048)
-    rows = max(1, 4096 // block)  # buckets a program: small buckets share one
+    block = min(triton.next_power_of_2(d), 1024)
+    rows = max(1, 1024 // block)  # buckets a program: small ones share (1,024 values a time)
     _launch(K.bucket_stats, -(-nb // rows), x, x if r is None else r, n, d, nb,
             *(a if a is not None else bad for a in (s1, s2, lo, hi, mx)), bad,
             HAS_R=r is not None, SUMS=sums, MINMAX=minmax, TOP=top, ABS=absolute, ROWS=rows,

@@ -17,6 +17,8 @@ place in the order; the core's magnitudes are).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
@@ -99,13 +101,28 @@ def write_chosen(x_ptr, n, state_ptr, before_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + at, idx.to(tl.int64), mask=chosen == 1)
 
 
+_BROKEN: list = []  # why the selection's kernels failed here once (then the chain)
+
+
 def top_indices(B, mag, k: int):
     """Indices (int64, increasing) of the ``k`` largest entries of the flat float32
-    ``mag``, ties to the lower index; None (the chain) where ``k`` is not in ``[1, n]``
-    or ``mag`` is not float32."""
+    ``mag``, ties to the lower index; None (the chain) where ``k`` is not in ``[1, n]``,
+    ``mag`` is not float32, or the kernels failed to compile here (a triton without
+    ``histogram``'s mask: one warning)."""
     n = mag.shape[0]
-    if not 1 <= k <= n or mag.dtype != torch.float32 or n + _CHUNK >= 2**31:
+    if _BROKEN or not 1 <= k <= n or mag.dtype != torch.float32 or n + _CHUNK >= 2**31:
         return None
+    try:
+        return _select(mag, k)
+    except Exception as exc:  # noqa: BLE001 - the hook may decline: the chain selects
+        _BROKEN.append(exc)
+        warnings.warn(f"hvd_compress: the Triton top-k selection failed ({type(exc).__name__}: "
+                      f"{exc}); using the torch operations", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def _select(mag, k: int):
+    n = mag.shape[0]
     mag = mag.contiguous()
     state = torch.zeros(2, dtype=torch.int64, device=mag.device)
     hist = torch.zeros((4, 256), dtype=torch.int32, device=mag.device)
