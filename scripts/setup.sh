@@ -4,8 +4,10 @@
 #   bash scripts/setup.sh
 #
 # 1. system packages (OpenMPI, compilers, cmake, iproute2) from Debian, as root
-# 2. .venv with numpy, mpi4py, PyTorch, TensorFlow and Triton (the GPU kernels;
-#    their tests run it as an interpreter on the CPU)
+# 2. .venv with numpy, mpi4py, PyTorch and TensorFlow; Triton (the GPU kernels,
+#    whose tests run it as an interpreter on the CPU) into .venv/triton-site, off
+#    the venv's path: TensorFlow and Triton in one process abort (both bundle
+#    LLVM), and PyTorch imports Triton wherever it is importable
 # 3. Horovod 0.28.1 built from its PyPI sdist with PyTorch, TensorFlow, MPI
 #    and Gloo, with the source fixes in scripts/horovod_fixes.sh; the built
 #    wheel is cached under ~/.cache/hvd-compress/ keyed by versions and fixes
@@ -83,7 +85,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 have=$("$PY" - <<'PYEOF' 2>/dev/null || true
 import importlib.metadata as m
 out = []
-for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "numba", "triton", "setuptools", "wheel"):
+for d in ("torch", "tensorflow", "numpy", "mpi4py", "scikit-learn", "matplotlib", "numba", "setuptools", "wheel"):
     try:
         out.append(f"{d}={m.version(d)}")
     except m.PackageNotFoundError:
@@ -109,9 +111,25 @@ if [[ "$have" != *"torch=$TORCH_VERSION"* || "$have" != *"tensorflow=$TF_VERSION
     # numba compiles the fused CPU kernels (hvd_compress/kernels.py).
     "${PIP[@]}" install "torch==$TORCH_VERSION" "tensorflow==$TF_VERSION" numpy mpi4py scikit-learn matplotlib numba \
         >>"$log" 2>&1 || die "pip failed, see $log"
-    # triton: the GPU kernels (hvd_compress/accel/triton_*.py), about 1 GB
-    "$PY" -c 'import triton' 2>/dev/null || "${PIP[@]}" install "triton==$TRITON_VERSION" >>"$log" 2>&1 \
+fi
+# triton for the GPU kernels' tests (hvd_compress/accel/triton_*.py; about 1 GB), in a folder
+# of its own: `import tensorflow` then `import triton` in one process aborts ("LLVM ERROR:
+# inconsistency in registered CommandLine options"), and torch imports triton as soon as
+# its compiler stack loads (an optimizer step is enough) wherever triton is importable.
+# The tests put the folder on the path of the processes that need it (no TensorFlow there).
+TRITON_SITE=$VENV/triton-site
+if [ "$TORCH_FLAVOR" = cpu ] && [ ! -f "$TRITON_SITE/triton-$TRITON_VERSION.installed" ]; then
+    log=$LOGDIR/pip-triton.log
+    echo "triton $TRITON_VERSION into $TRITON_SITE (log: $log)"
+    "${PIP[@]}" install --no-deps --target "$TRITON_SITE" --upgrade "triton==$TRITON_VERSION" >"$log" 2>&1 \
         || die "pip failed, see $log"
+    touch "$TRITON_SITE/triton-$TRITON_VERSION.installed"
+fi
+if "$PY" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("triton") else 1)' \
+        && "$PY" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("tensorflow") else 1)'; then
+    echo "note: triton is importable in $VENV beside TensorFlow: a process that imports TensorFlow and then"
+    echo "      triton (torch does, at its first compiled call) aborts; \`pip uninstall triton\` there"
+    echo "      unless you need it (the tests use $TRITON_SITE)"
 fi
 TORCH_FULL=$("$PY" -c 'import torch; print(torch.__version__)') || die "torch does not import"
 TF_FULL=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))') || die "tensorflow is not installed"
