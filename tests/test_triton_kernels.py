@@ -361,6 +361,20 @@ def test_kernels_that_fail_on_a_device_warn_once_and_leave_the_chain(monkeypatch
         assert device.device_encoder(TorchBackend(), codec, 1, _cuda_like()) is None
 
 
+def test_device_scalars_are_the_numbers_torch_tensor_gives():
+    """The backend fills device scalars with ``torch.full`` (no wait for the GPU): the same
+    values as ``torch.tensor`` of the number, a float past the dtype's range included
+    (``torch.full`` alone raises there)."""
+    from hvd_compress.torch.backend import _filled
+    for value in (0.1, -2.5, 1e40, -1e40, 7e4, float("nan"), float("inf"), 3, np.float32(1.5)):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            got, want = _filled(value, dtype, "cpu"), torch.tensor(value, dtype=dtype)
+            assert got.dtype == want.dtype and (torch.equal(got, want) or
+                                                (got.isnan().item() and want.isnan().item())), \
+                (value, dtype, got, want)
+    assert torch.equal(_filled(3, torch.int64, "cpu"), torch.tensor(3))
+
+
 def test_importing_the_package_imports_no_triton():
     code = "import sys, hvd_compress, hvd_compress.torch; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

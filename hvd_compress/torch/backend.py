@@ -35,6 +35,21 @@ def _dev(like):
     return like.device if isinstance(like, torch.Tensor) else None
 
 
+def _on_device(dev) -> bool:
+    return dev is not None and dev.type != "cpu"
+
+
+def _filled(value, dtype, dev):
+    """A 0-d tensor of the number ``value`` on ``dev`` by ``torch.full``, which, unlike
+    ``torch.tensor`` of a number, does not wait for the device (pytorch#120996); a float
+    past the dtype's range gives inf as ``torch.tensor`` does (``torch.full`` raises)."""
+    if dtype.is_floating_point and abs(float(value)) > torch.finfo(dtype).max:
+        with np.errstate(over="ignore"):  # IEEE rounding: inf, or the largest if it rounds so
+            cast = {torch.float16: np.float16, torch.float32: np.float32}.get(dtype)
+            value = float(cast(value)) if cast else float(np.copysign(np.inf, float(value)))
+    return torch.full((), value, dtype=dtype, device=dev)
+
+
 class TorchBackend:
     """Backend on torch tensors (CPU or CUDA)."""
 
@@ -71,9 +86,10 @@ class TorchBackend:
         return torch.arange(n, dtype=_DTYPES[dtype], device=_dev(like))
 
     def scalar(self, value, dtype="float32", like=None):
-        if isinstance(value, (int, float, np.generic)):  # a number copied to a GPU waits for it
-            return torch.full((), value, dtype=_DTYPES[dtype], device=_dev(like))
-        return torch.tensor(value, dtype=_DTYPES[dtype], device=_dev(like))
+        dev = _dev(like)
+        if _on_device(dev) and isinstance(value, (int, float, np.generic)):
+            return _filled(value, _DTYPES[dtype], dev)  # a number copied to a GPU waits for it
+        return torch.tensor(value, dtype=_DTYPES[dtype], device=dev)
 
     def copy(self, x):
         return x.clone()
@@ -302,8 +318,8 @@ class TorchBackend:
             an = a.detach().numpy() if isinstance(a, torch.Tensor) else np.asarray(a, _np_dtype(ref))
             bn = b.detach().numpy() if isinstance(b, torch.Tensor) else np.asarray(b, _np_dtype(ref))
             return torch.from_numpy(np.asarray(np.true_divide(an, bn)))
-        a, b = (torch.full((), t, dtype=ref.dtype, device=ref.device)  # a number: no H2D wait
-                if isinstance(t, (int, float, np.generic))
+        a, b = (_filled(t, ref.dtype, ref.device)  # a number: no H2D wait
+                if _on_device(ref.device) and isinstance(t, (int, float, np.generic))
                 else torch.as_tensor(t, dtype=ref.dtype, device=ref.device) for t in (a, b))
         shape = torch.broadcast_shapes(a.shape, b.shape)
         return torch.div(a.expand(shape).contiguous(), b.expand(shape).contiguous())
