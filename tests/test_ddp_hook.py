@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from tests.harness import LaunchError, run_mpi
+from tests.harness import LaunchError, run_horovod, run_mpi
 
 pytestmark = pytest.mark.multiprocess
 
@@ -88,7 +88,7 @@ def _tol(spec, size) -> float:
 def test_collectives_over_torch_distributed(runs):
     for run in runs:
         assert run["collectives"] == {"rows": True, "alltoall": True, "max": True,
-                                      "reducescatter": True}
+                                      "reducescatter": True, "host": True}
 
 
 def test_hook_matches_the_numpy_reference_and_carries_error_feedback(runs):
@@ -121,13 +121,17 @@ def _check_reference(runs):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_hook_on_cuda_matches_the_numpy_reference():
-    """Models, buckets and payloads on the GPU (NCCL where each rank has a GPU of its own,
-    else Gloo with the ranks sharing one): the collectives and the reference check."""
-    runs = run_mpi("tests.workers.ddp_hook:run", np=2, timeout=300,
-                   kwargs={"port": _free_port(), "only": ["collectives", "reference"],
-                           "device": "cuda"})
-    test_collectives_over_torch_distributed(runs)
-    _check_reference(runs)
+    """Models, buckets and payloads on the GPU: two ranks (NCCL where each has a GPU of its
+    own, else Gloo with the ranks sharing one), and one rank on NCCL (host tensors through
+    it): the collectives and the reference check.  Launched by horovodrun --gloo (the GPU
+    machines have no MPI)."""
+    for np_ in (2, 1):
+        runs = run_horovod("tests.workers.ddp_hook:run", np=np_, controller="gloo", timeout=300,
+                           kwargs={"port": _free_port(), "only": ["collectives", "reference"],
+                                   "device": "cuda"})
+        assert np_ > 1 or runs[0]["backend"] == "nccl", runs[0]["backend"]
+        test_collectives_over_torch_distributed(runs)
+        _check_reference(runs)
 
 
 def test_hook_gives_the_horovod_optimizers_bits(runs):

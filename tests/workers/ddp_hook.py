@@ -393,7 +393,16 @@ def collectives() -> dict:
     biggest = coll.wait(coll.allreduce(torch.tensor([r, -r], dtype=torch.float32, **d), "max",
                                        op=MAX))
     part = coll.wait(coll.reducescatter(torch.arange(2 * p, dtype=torch.float32, **d), "rs"))
-    return {"rows": all(torch.equal(row, torch.arange(q + 2, dtype=torch.uint8, **d) + q)
+    # host tensors (the plan agreement's bytes) on any backend (NCCL moves CUDA tensors
+    # only): they travel by a device the backend takes and come back to the host
+    host = coll.wait(coll.allgather(torch.arange(3, dtype=torch.uint8) + r, "host"))
+    hsum = coll.wait(coll.allreduce(torch.ones(2), "hsum"))
+    hgot, _ = coll.wait(coll.alltoall(torch.full((p,), r, dtype=torch.int64), [1] * p, "ha2a"))
+    return {"host": all(x.device.type == "cpu" for x in [*host, hsum, hgot])
+            and all(torch.equal(row, torch.arange(3, dtype=torch.uint8) + q)
+                    for q, row in enumerate(host))
+            and hsum.tolist() == [float(p)] * 2 and hgot.tolist() == list(range(p)),
+            "rows": all(torch.equal(row, torch.arange(q + 2, dtype=torch.uint8, **d) + q)
                         for q, row in enumerate(rows)) and len(rows) == p,
             "alltoall": torch.equal(got, want) and got_splits == want_splits,
             "max": biggest.tolist() == [p - 1, 0],
@@ -414,8 +423,9 @@ def run(port, only=None, device="cpu") -> dict:
     global DEVICE
     import horovod.torch as hvd
     torch.set_num_threads(1)
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    # mpirun here; horovodrun --gloo on the GPU machines (no MPI there)
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "0")))
+    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("HOROVOD_SIZE", "1")))
     backend = "gloo"
     if device == "cuda":
         DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
