@@ -19,8 +19,9 @@
 #      PyTorch brings (its folder becomes HOROVOD_NCCL_HOME, linked shared), or
 #      HOROVOD_NCCL_HOME if set. GPU_CHECK_NCCL=0 skips it.
 #    About 2-3 minutes on 16 cores. `--check-build` of each is printed.
-# 2. tests: pytest on tests/test_torch_same_bits.py, tests/test_torch_multiprocess.py and
-#    tests/test_bench_kernels.py, the tests whose id says cuda (the CPU ones run in CI).
+# 2. tests: the tests whose id says cuda or gpu (the CPU ones run in CI) in the modules
+#    with CUDA cases: same bits, multiprocess, kernel benchmark, Triton kernels, the DDP
+#    hook, the device option, the torch examples.
 # 3. bench: scripts/bench_kernels.py --framework torch --device cuda, twice.
 # 4. examples: the torch examples with --device cuda at np 1 through the NCCL build (the
 #    Gloo build without NCCL), and at np 2 on the one GPU through the Gloo build.
@@ -74,7 +75,9 @@ apply_toolchain_fixes() {  # $1 = extracted source tree; what scripts/horovod_fi
 }
 
 nccl_home() {  # NCCL for Horovod's build: HOROVOD_NCCL_HOME, else the nvidia-nccl wheel's folder
-    if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then echo "$HOROVOD_NCCL_HOME"; return 0; fi
+    if [ -n "${HOROVOD_NCCL_HOME:-}" ] || { [ -n "${HOROVOD_NCCL_INCLUDE:-}" ] && [ -n "${HOROVOD_NCCL_LIB:-}" ]; }; then
+        echo "${HOROVOD_NCCL_HOME:-$HOROVOD_NCCL_INCLUDE}"; return 0
+    fi
     "$PY" - <<'PYEOF'
 import glob, os, sys
 try:
@@ -110,16 +113,24 @@ build_horovod() {  # $1 = target site folder, $2 = "nccl" or "gloo", $3 = make j
                HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_BUILD_CUDA_CC_LIST=$cc \
                CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=-j$jobs \
                CXXFLAGS="-include cstdint -include string -include stdexcept -include memory -include functional -include algorithm -include limits -include vector -include mutex -include atomic"
+        # the Gloo build takes no GPU operations the caller may have exported
+        unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_ALLGATHER HOROVOD_GPU_BROADCAST \
+              HOROVOD_GPU_ALLTOALL HOROVOD_GPU_REDUCESCATTER
         if [ "$kind" = nccl ]; then
-            nccl=$(nccl_home) || { echo "no NCCL on this machine"; exit 1; }
-            # the wheel has lib/libnccl.so.2 only; CMake's find_library wants libnccl.so
-            stage=$work/nccl
-            mkdir -p "$stage/lib"
-            ln -s "$nccl/include" "$stage/include"
-            ln -s "$(ls "$nccl"/lib/libnccl.so* | head -1)" "$stage/lib/libnccl.so"
-            export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_NCCL_HOME=$stage \
-                   HOROVOD_NCCL_INCLUDE=$stage/include HOROVOD_NCCL_LIB=$stage/lib
-            echo "NCCL from $nccl"
+            export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
+            if [ -n "${HOROVOD_NCCL_INCLUDE:-}" ] && [ -n "${HOROVOD_NCCL_LIB:-}" ]; then
+                echo "NCCL from HOROVOD_NCCL_INCLUDE=$HOROVOD_NCCL_INCLUDE HOROVOD_NCCL_LIB=$HOROVOD_NCCL_LIB"
+            else
+                nccl=$(nccl_home) || { echo "no NCCL on this machine"; exit 1; }
+                # the wheel has lib/libnccl.so.2 only; CMake's find_library wants libnccl.so
+                stage=$work/nccl
+                mkdir -p "$stage/lib"
+                ln -s "$nccl/include" "$stage/include"
+                ln -s "$(ls "$nccl"/lib/libnccl.so* | head -1)" "$stage/lib/libnccl.so"
+                export HOROVOD_NCCL_HOME=$stage HOROVOD_NCCL_INCLUDE=$stage/include \
+                       HOROVOD_NCCL_LIB=$stage/lib
+                echo "NCCL from $nccl"
+            fi
         fi
         cd "$src" && "$PY" -m pip wheel --no-deps --no-build-isolation -v -w "$work/whl" . \
             && "$PY" -m pip install -q --no-deps --no-compile --target "$site" "$work"/whl/horovod-*.whl
@@ -139,7 +150,9 @@ if [ "$WANT_NCCL" = 1 ] && ! PYTHONPATH=$NCCL_SITE "$PY" -c "import horovod.torc
     say "building Horovod 0.28.1 (PyTorch, Gloo, CUDA, NCCL) into $NCCL_SITE"
     build_horovod "$NCCL_SITE" nccl "$(( ($(nproc) + 1) / 2 ))" & pids+=($!)
 fi
-for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
+built=0
+for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || built=1; done  # every build ends first
+[ "$built" -eq 0 ] || { echo "a Horovod build failed (logs $OUT/horovod-build-*.log)" >&2; exit 1; }
 [ ${#pids[@]} -gt 0 ] && say "Horovod built"
 check_build() {  # $1 = site
     PYTHONPATH=$1:$ROOT "$PY" -c "import horovod.torch as hvd; print('horovod', hvd.__file__, 'gloo', hvd.gloo_built(), 'nccl', hvd.nccl_built(), 'cuda', hvd.cuda_built())" || return 1
@@ -164,8 +177,10 @@ fail() { [ "$rc" -eq 0 ] && rc=$1; }
 
 if has tests; then
     say "CUDA tests"
-    "$PY" -m pytest -p no:cacheprovider -q -rs -k cuda tests/test_torch_same_bits.py \
-        tests/test_torch_multiprocess.py tests/test_bench_kernels.py 2>&1 | tee "$OUT/pytest-cuda.log" | tail -15
+    PYTHONPATH=$SITE:$ROOT "$PY" -m pytest -p no:cacheprovider -q -rs -k "cuda or gpu" \
+        tests/test_torch_same_bits.py tests/test_torch_multiprocess.py tests/test_bench_kernels.py \
+        tests/test_triton_kernels.py tests/test_ddp_hook.py tests/test_device_option.py \
+        tests/test_torch_examples.py 2>&1 | tee "$OUT/pytest-cuda.log" | tail -15
     fail "${PIPESTATUS[0]}"
 fi
 if has bench; then
