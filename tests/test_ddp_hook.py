@@ -213,8 +213,12 @@ def test_state_refuses_what_it_cannot_serve():
     saved = hc.DDPCompressionState("topk:ratio=0.1", min_numel=0).state_dict()
     with pytest.raises(ValueError, match="checkpoint was made with compression"):
         hc.DDPCompressionState("onebit", min_numel=0).load_state_dict(saved)
+    choose = lambda name, shape, dtype: "fp16"  # noqa: E731
+    with pytest.raises(ValueError, match="callable needs named_parameters"):
+        hc.DDPCompressionState(choose)
     with pytest.raises(TypeError, match="callable"):
-        pickle.dumps(hc.DDPCompressionState(lambda name, shape, dtype: "fp16"))
+        pickle.dumps(hc.DDPCompressionState(choose, named_parameters=[
+            ("w", torch.nn.Parameter(torch.zeros(4)))]))
     state, hook = hc.ddp_comm_hook({"fc*": "topk:ratio=0.1", "*": "fp16"}, start_step=2)
     again = pickle.loads(pickle.dumps(state))
     assert hook is hc.compression_hook

@@ -87,6 +87,13 @@ class DDPCompressionState:
         self._engine = None
         if named_parameters is not None:
             self.name_parameters(named_parameters)
+        elif (isinstance(self.compression, TorchPolicy) and self.compression.policy.single is None
+              and self.compression.policy.rules is None):
+            # a callable's choices are known only from the tensors; settled from the first
+            # bucket alone, the uncompressed tensors' spec could differ from the optimizer's
+            raise ValueError("ddp_comm_hook: a compression callable needs named_parameters "
+                             "(e.g. named_parameters=ddp.named_parameters()): the plan is "
+                             "settled from every parameter before the first bucket")
         if dist.is_available() and dist.is_initialized():
             self._collectives()  # (else at the first bucket)
 
