@@ -24,6 +24,7 @@ from .triton_kernels import launch
 
 INF = tl.constexpr(float("inf"))  # a jit function reads constexpr globals only
 _VALUES = 1024  # values a program takes (a multiple of 4: whole bytes of width codes)
+_INT32 = 2 ** 31  # the kernels' indices are int32: longer tensors take the chain
 
 
 @triton.jit
@@ -145,6 +146,8 @@ def encoder(B, comp, cols):
 
     def encode(g, residual, noise, noise_source):
         n = g.shape[0]
+        if n + _VALUES >= _INT32:  # the kernels index in int32: the chain
+            return None, None, False
         programs = -(-n // _VALUES)
         counts = torch.empty((programs, 4), dtype=torch.int32, device=g.device)
         inv64 = _float64(inv, g)
@@ -172,6 +175,8 @@ def decoder(B, comp, cols):
     step = comp.step
 
     def decode(fields, n):
+        if n + _VALUES >= _INT32:  # the kernels index in int32: the chain
+            return None
         p = fields["payload"]
         if p.storage_offset() % 4:  # a row of a gathered buffer: its floats aligned
             p = p.clone()
