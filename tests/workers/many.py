@@ -6,12 +6,22 @@ another in the same processes, and its tests read their case's results."""
 
 from __future__ import annotations
 
+import os
+import time
+
 from .entry import resolve
 
 
 def run(calls):
-    """Call each ``[key, "module:function", kwargs]`` in order; returns ``{key: result}``."""
+    """Call each ``[key, "module:function", kwargs]`` in order; returns ``{key: result}``.
+    ``HVD_TEST_BODY_TIMES=PATH``: each body's seconds appended there (where a shared
+    launch's time goes)."""
     results = {}
+    timed = os.environ.get("HVD_TEST_BODY_TIMES")
     for key, target, kwargs in calls:
+        t0 = time.perf_counter()
         results[key] = resolve(target)(**kwargs)
+        if timed:
+            with open(timed, "a") as f:
+                f.write(f"{time.perf_counter() - t0:7.2f} s {key} (pid {os.getpid()})\n")
     return results
