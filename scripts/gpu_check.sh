@@ -74,26 +74,15 @@ apply_toolchain_fixes() {  # $1 = extracted source tree; what scripts/horovod_fi
     sed -i 's/setup_requires=require_list if is_build_action() else \[\],/setup_requires=[],/' "$src/setup.py"
 }
 
-nccl_home() {  # NCCL for Horovod's build: HOROVOD_NCCL_HOME, else the nvidia-nccl wheel's folder
-    if [ -n "${HOROVOD_NCCL_HOME:-}" ] || { [ -n "${HOROVOD_NCCL_INCLUDE:-}" ] && [ -n "${HOROVOD_NCCL_LIB:-}" ]; }; then
-        echo "${HOROVOD_NCCL_HOME:-$HOROVOD_NCCL_INCLUDE}"; return 0
-    fi
-    "$PY" - <<'PYEOF'
-import glob, os, sys
-try:
-    import nvidia.nccl as m  # the wheel CUDA PyTorch depends on (nvidia-nccl-cu*)
-except ImportError:
-    sys.exit(1)
-for d in m.__path__:
-    if os.path.exists(os.path.join(d, "include", "nccl.h")) and glob.glob(os.path.join(d, "lib", "libnccl.so*")):
-        print(d)
-        sys.exit(0)
-sys.exit(1)
-PYEOF
+# shellcheck source=scripts/nccl_home.sh
+source "$ROOT/scripts/nccl_home.sh"
+have_nccl() {  # NCCL given (HOROVOD_NCCL_INCLUDE and _LIB, or _HOME) or in the nvidia-nccl wheel
+    { [ -n "${HOROVOD_NCCL_INCLUDE:-}" ] && [ -n "${HOROVOD_NCCL_LIB:-}" ]; } && return 0
+    local probe; probe=$(mktemp -d) && stage_nccl "$PY" "$probe" >/dev/null
 }
 
 build_horovod() {  # $1 = target site folder, $2 = "nccl" or "gloo", $3 = make jobs; log $OUT/horovod-build-$2.log
-    local site=$1 kind=$2 jobs=$3 log=$OUT/horovod-build-$2.log work src cc nccl stage
+    local site=$1 kind=$2 jobs=$3 log=$OUT/horovod-build-$2.log work src cc stage
     work=$(mktemp -d)
     local sdist=$SDIST
     if [ ! -f "$sdist" ]; then
@@ -121,15 +110,10 @@ build_horovod() {  # $1 = target site folder, $2 = "nccl" or "gloo", $3 = make j
             if [ -n "${HOROVOD_NCCL_INCLUDE:-}" ] && [ -n "${HOROVOD_NCCL_LIB:-}" ]; then
                 echo "NCCL from HOROVOD_NCCL_INCLUDE=$HOROVOD_NCCL_INCLUDE HOROVOD_NCCL_LIB=$HOROVOD_NCCL_LIB"
             else
-                nccl=$(nccl_home) || { echo "no NCCL on this machine"; exit 1; }
-                # the wheel has lib/libnccl.so.2 only; CMake's find_library wants libnccl.so
-                stage=$work/nccl
-                mkdir -p "$stage/lib"
-                ln -s "$nccl/include" "$stage/include"
-                ln -s "$(ls "$nccl"/lib/libnccl.so* | head -1)" "$stage/lib/libnccl.so"
+                stage=$(stage_nccl "$PY" "$work/nccl") || { echo "no NCCL on this machine"; exit 1; }
                 export HOROVOD_NCCL_HOME=$stage HOROVOD_NCCL_INCLUDE=$stage/include \
                        HOROVOD_NCCL_LIB=$stage/lib
-                echo "NCCL from $nccl"
+                echo "NCCL from $stage ($(readlink -f "$stage/lib/libnccl.so"))"
             fi
         fi
         cd "$src" && "$PY" -m pip wheel --no-deps --no-build-isolation -v -w "$work/whl" . \
@@ -139,7 +123,7 @@ build_horovod() {  # $1 = target site folder, $2 = "nccl" or "gloo", $3 = make j
 
 NCCL_SITE=$SITE-nccl
 WANT_NCCL=${GPU_CHECK_NCCL:-1}
-[ "$WANT_NCCL" = 1 ] && ! nccl_home >/dev/null && { say "no NCCL on this machine: Gloo build only"; WANT_NCCL=0; }
+[ "$WANT_NCCL" = 1 ] && ! have_nccl && { say "no NCCL on this machine: Gloo build only"; WANT_NCCL=0; }
 pids=()
 if ! "$PY" -c "import horovod.torch" 2>/dev/null; then
     say "building Horovod 0.28.1 (PyTorch, Gloo, CUDA kernels) into $SITE"

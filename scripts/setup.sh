@@ -170,6 +170,14 @@ else
         export MAKEFLAGS=${MAKEFLAGS:--j$(nproc)}
         if [ "$TORCH_FLAVOR" = cuda ]; then
             export HOROVOD_GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-NCCL}
+            # NCCL: the caller's HOROVOD_NCCL_*, else the nvidia-nccl wheel CUDA torch brought
+            # shellcheck source=scripts/nccl_home.sh
+            source "$ROOT/scripts/nccl_home.sh"
+            if [ -z "${HOROVOD_NCCL_INCLUDE:-}" ] && nccl=$(stage_nccl "$PY" "$work/nccl"); then
+                export HOROVOD_NCCL_HOME=$nccl HOROVOD_NCCL_INCLUDE=$nccl/include \
+                       HOROVOD_NCCL_LIB=$nccl/lib HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-SHARED}
+                echo "NCCL from $nccl"
+            fi
         fi
         rm -rf "$WHEELDIR.tmp" && mkdir -p "$WHEELDIR.tmp"
         (cd "$src" && "${PIP[@]}" wheel --no-deps --no-build-isolation -v -w "$WHEELDIR.tmp" .) \

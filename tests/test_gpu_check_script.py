@@ -3,6 +3,7 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,3 +25,31 @@ def test_help_names_the_steps_and_nccl_and_no_gpu_is_refused(tmp_path):
     assert res.returncode == 1
     assert "no NVIDIA GPU here" in res.stderr
     assert not list((tmp_path / "out").glob("horovod-build-*.log"))
+
+
+def test_nccl_is_staged_from_the_wheel_cuda_torch_brings(tmp_path):
+    """scripts/nccl_home.sh's stage_nccl (setup.sh and gpu_check.sh build Horovod with it):
+    the nvidia-nccl wheel's folder made into one CMake finds (lib/libnccl.so), the caller's
+    HOROVOD_NCCL_HOME first, and a failure where there is neither."""
+    wheel = tmp_path / "site" / "nvidia" / "nccl"
+    (wheel / "include").mkdir(parents=True)
+    (wheel / "lib").mkdir()
+    (wheel / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+    (wheel / "lib" / "libnccl.so.2").write_bytes(b"\x7fELF")
+
+    def stage(site=None, home=None):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_NCCL")}
+        env["PYTHONPATH"] = str(site) if site else ""
+        if home:
+            env["HOROVOD_NCCL_HOME"] = home
+        return subprocess.run(["bash", "-c", f'source "{REPO}/scripts/nccl_home.sh" && '
+                               f'stage_nccl "{sys.executable}" "{tmp_path}/stage"'],
+                              capture_output=True, text=True, env=env, timeout=60)
+
+    got = stage(tmp_path / "site")
+    assert got.returncode == 0 and got.stdout.strip() == f"{tmp_path}/stage", got
+    assert (tmp_path / "stage" / "lib" / "libnccl.so").resolve() == wheel / "lib" / "libnccl.so.2"
+    assert (tmp_path / "stage" / "include" / "nccl.h").read_text().startswith("#define NCCL_MAJOR")
+    assert stage(tmp_path / "site", home="/opt/nccl").stdout.strip() == "/opt/nccl"
+    none = stage(tmp_path / "empty")
+    assert none.returncode == 1 and none.stdout == ""
