@@ -25,7 +25,7 @@
 # 3. bench: scripts/bench_kernels.py --framework torch --device cuda, twice.
 # 4. examples: the torch examples with --device cuda at np 1 through the NCCL build (the
 #    Gloo build without NCCL), and at np 2 on the one GPU through the Gloo build.
-# 5. compare: hvd-compress-compare --device cuda --np 1 2 (top-k 1%, 1-bit, none; the
+# 5. compare: hvd-compress-compare --device cuda --np 1 2, uncapped (top-k 1%, 1-bit, none; the
 #    Gloo build: its np 2 shares the GPU), results under $OUT/compare.
 #
 # GPU_CHECK_STEPS picks steps (default "tests bench"; "all" = tests bench examples
@@ -198,7 +198,7 @@ fi
 if has compare; then
     say "hvd-compress-compare --device cuda --np 1 2 (Gloo build)"
     PYTHONPATH=$SITE:$ROOT timeout -s INT 400 "$PY" -m hvd_compress.tools.compare --device cuda --np 1 2 \
-        --compression none topk:ratio=0.01 onebit --out "$OUT/compare" 2>&1 | tee "$OUT/compare.log" | tail -25
+        --bandwidth uncapped --compression none topk:ratio=0.01 onebit --out "$OUT/compare" 2>&1 | tee "$OUT/compare.log" | tail -25
     fail "${PIPESTATUS[0]}"
 fi
 say "done (exit status $rc)"
