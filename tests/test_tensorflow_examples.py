@@ -67,6 +67,9 @@ def test_keras_traced_run_reports_its_time_split(keras_bpps_doc):
                                            rel=0.01, abs=0.01)
     split = doc["encode_ms"] + doc["comm_ms"] + doc["decode_ms"]
     assert doc["compute_ms"] == pytest.approx(max(0.0, doc["step_ms"] - split), abs=0.01)
+    # and the bytes over a worker's links, from the same sample (2 workers: what it sends)
+    assert doc["wire_in_per_step"] == doc["wire_out_per_step"] > 0, doc
+    assert doc["wire_in_per_step"] == pytest.approx(doc["bytes_per_step"], rel=0.05), doc
 
 
 @pytest.mark.parametrize("flags, bytes_ratio", [
@@ -185,8 +188,11 @@ def test_tf_synthetic_benchmark(extra, tmp_path):
     split = [doc[k] for k in ("encode_ms", "comm_ms", "decode_ms")]
     if "--horovod-tape" in extra:  # Horovod's own tape keeps no account: null, not 0.0
         assert split == [None] * 3 and doc["split_measured"].startswith("not measured")
-    else:  # the traced tape's split, measured on a sample
+    else:  # the traced tape's split, measured on a sample, and its bytes over the links:
+        # at 2 workers an allgather's and a ring allreduce's are what a worker sends
         assert all(v > 0 for v in split) and doc["split_measured"].startswith("eager sample")
+        assert doc["wire_in_per_step"] == doc["wire_out_per_step"] > 0, doc
+        assert doc["wire_in_per_step"] == pytest.approx(doc["bytes_per_step"], rel=0.05), doc
 
 
 def test_keras_dgc_warmup_callback_retraces_when_the_density_changes(request):

@@ -94,7 +94,7 @@ def epoch_callback(keras, comp, eager=False):
     class Epochs(hct.keras.CompressionWarmupCallback):
         steps = 0
         sized = 0  # sum over batches of the payload bytes per update in force (DGC's warm-up)
-        split = dict.fromkeys(runtools.SPLIT_KEYS, 0.0)  # eager: summed over the batches
+        split = dict.fromkeys(runtools.SPLIT_KEYS + WIRE_KEYS, 0.0)  # eager: summed over batches
 
         def on_epoch_begin(self, epoch, logs=None):
             super().on_epoch_begin(epoch, logs)
@@ -146,6 +146,9 @@ def curve_callback(keras, xte, yte, epochs: int, stop=None):
 
 #: exchanges the split of a traced run is measured on (after one untimed), eagerly
 SAMPLE_EXCHANGES = 5
+#: the bytes leaving and reaching a worker over its links, per exchange: the account's
+#: (traced steps cannot count them as they go: taken with the split, eagerly)
+WIRE_KEYS = ("wire_out", "wire_in")
 
 
 def sample_split(tf, hct, args, variables, loss_of, hierarchical=None,
@@ -156,13 +159,13 @@ def sample_split(tf, hct, args, variables, loss_of, hierarchical=None,
     ``loss_of()`` with respect to ``variables``, by a tape with a compressor of its own
     (the run's state is not touched), past DGC's warm-up.  Eager dispatch costs more per
     op than a traced step, so the figures are an upper bound.  Every worker calls it.
-    Returns (per-exchange ms by key, or {} when not measured; how they were measured,
-    or why not)."""
+    Returns (per-exchange ms by key and the bytes over the links (:data:`WIRE_KEYS`), or {}
+    when not measured; how they were measured, or why not)."""
     if args.local_sgd:  # averages of parameters, on a schedule: not one exchange per step
         return {}, "not measured: local SGD averages the parameters on its own schedule"
     comp = hct.as_compression(args.compression, args.min_numel, 0)  # (the compressed phase)
     runtools.past_warmup(comp)
-    total = dict.fromkeys(runtools.SPLIT_KEYS, 0.0)
+    total = dict.fromkeys(runtools.SPLIT_KEYS + WIRE_KEYS, 0.0)
     for i in range(exchanges + 1):
         with tf.GradientTape() as tape:
             loss = loss_of()
