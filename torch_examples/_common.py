@@ -58,8 +58,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_optimizer(model, base, args, horovod_optimizer: bool = False):
-    """Our DistributedOptimizer (or Horovod's, for comparison) with broadcast initial state."""
+def make_optimizer(model, base, args, horovod_optimizer: bool = False, **options):
+    """Our DistributedOptimizer (or Horovod's, for comparison) with broadcast initial state;
+    ``options``: more keyword arguments for ours (e.g. DiLoCo's outer optimizer)."""
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if horovod_optimizer:
         if args.local_sgd or args.delay:
@@ -76,7 +77,7 @@ def make_optimizer(model, base, args, horovod_optimizer: bool = False):
                                       named_buffers=model.named_buffers(), delay=args.delay,
                                       min_numel=args.min_numel, start_step=args.start_step,
                                       hierarchical=runtools.HIERARCHICAL[args.hierarchical],
-                                      exchange=args.exchange)
+                                      exchange=args.exchange, **options)
         runtools.print_plan(opt.plan(), args, hvd.rank())
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     return opt

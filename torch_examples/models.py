@@ -1,4 +1,5 @@
-"""A ResNet of configurable size (He et al. 2016), for the synthetic and CIFAR-10 examples.
+"""A ResNet of configurable size (He et al. 2016), for the synthetic and CIFAR-10 examples,
+and a small decoder-only transformer (:class:`TinyLM`) for the language-model example.
 
 torchvision does not import beside this machine's PyTorch, so the model is
 written out: a stem, ``stages`` stages of ``blocks`` basic residual blocks each
@@ -52,3 +53,61 @@ class ResNet(torch.nn.Module):
 
 def resnet(width=16, blocks=(1, 1, 1), num_classes=10) -> ResNet:
     return ResNet(width, tuple(blocks), num_classes)
+
+
+class CausalSelfAttention(torch.nn.Module):
+    """Multi-head self-attention where position t sees positions <= t only (the causal mask
+    of a decoder: ``scaled_dot_product_attention(is_causal=True)``)."""
+
+    def __init__(self, d_model, heads):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not a multiple of heads {heads}")
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.qkv(x).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block: x + attention(LN(x)), then x + MLP(LN(x)) (GPT-2's)."""
+
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, heads)
+        self.ln2 = torch.nn.LayerNorm(d_model)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(torch.nn.Module):
+    """A decoder-only transformer language model (GPT-2's layout, small): token and learned
+    position embeddings, ``layers`` pre-norm blocks, a final LayerNorm and a linear head
+    over the ``vocab`` next-token logits.  Inputs (batch, t <= context) of token ids."""
+
+    def __init__(self, vocab=256, context=64, d_model=128, layers=4, heads=4):
+        super().__init__()
+        self.context = context
+        self.tok = torch.nn.Embedding(vocab, d_model)
+        self.pos = torch.nn.Embedding(context, d_model)
+        self.blocks = torch.nn.Sequential(*[Block(d_model, heads) for _ in range(layers)])
+        self.ln = torch.nn.LayerNorm(d_model)
+        self.head = torch.nn.Linear(d_model, vocab)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        if t > self.context:
+            raise ValueError(f"{t} tokens exceed the context of {self.context}")
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        return self.head(self.ln(self.blocks(x)))
