@@ -82,10 +82,11 @@ def follow_world(opt, reset: bool = False) -> None:
 
 def shared_state(sd: dict) -> dict:
     """A compressor's (or per-tensor policy's) ``state_dict()`` without its per-rank
-    part: per-rank tensors become placeholders, ``extra`` is left out."""
+    part: per-rank tensors become placeholders, ``extra`` and the two-phase ``owner``'s
+    state (the residuals of the chunks this rank owns) are left out."""
     if "compressors" in sd:  # a per-tensor policy
         return {**sd, "compressors": {k: shared_state(v) for k, v in sd["compressors"].items()}}
-    out = {k: v for k, v in sd.items() if k not in ("tensors", "extra")}
+    out = {k: v for k, v in sd.items() if k not in ("tensors", "extra", "owner")}
     out["tensors"] = {name: {k: _Placeholder(v) if k in PER_RANK else v for k, v in st.items()}
                       for name, st in sd.get("tensors", {}).items()}
     return out
@@ -99,8 +100,9 @@ def merge_state(shared: dict, mine: dict) -> dict:
         return {**shared, "compressors": {k: merge_state(v, own.get(k, {}))
                                           for k, v in shared["compressors"].items()}}
     out = {k: v for k, v in shared.items() if k != "tensors"}
-    if "extra" in mine:
-        out["extra"] = mine["extra"]
+    for own_only in ("extra", "owner"):  # (the two-phase owner's residuals: this rank's chunks)
+        if own_only in mine:
+            out[own_only] = mine[own_only]
     own = mine.get("tensors", {})
     tensors = {}
     for name, st in shared["tensors"].items():
