@@ -243,6 +243,14 @@ class Session:
                                      op=self.hvd.Average)
         return self._dense
 
+    def average_dense(self, tensors, names, make) -> None:
+        """Average ``tensors`` (named ``names``) over the ranks in place, uncompressed, one
+        collective each, all in flight at once; ``make()``: the ``none`` compressor."""
+        self.ready_engine()  # the ranks' plans agree (checked once, before any collective)
+        engine = self.dense_engine(make)
+        batches = [engine.send([t], [n], self.stats) for n, t in zip(names, tensors)]
+        engine.receive(batches, self.stats, outs=[[t] for t in tensors])
+
     def hierarchy(self) -> str:
         """How the engine crosses nodes, as a plan shows it."""
         if self._sets is None or not (self.hierarchical or self.exchange_mode == AUTO):

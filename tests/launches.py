@@ -74,3 +74,5 @@ TF_MPI = Shared(run_horovod, np=2, controller="mpi", timeout=1800)
 TORCH_GLOO = Shared(run_horovod, np=2, controller="gloo", timeout=1800)
 #: PyTorch, ``horovodrun -np 2 --mpi``
 TORCH_MPI = Shared(run_horovod, np=2, controller="mpi", timeout=1800)
+#: PyTorch, ``horovodrun -np 3 --gloo`` (a world size that is not a power of two)
+TORCH_GLOO3 = Shared(run_horovod, np=3, controller="gloo", timeout=1800)

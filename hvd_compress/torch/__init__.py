@@ -12,7 +12,8 @@ and keep Horovod's ``compress``/``decompress`` contract; the summable ones
 (``FP16``, ``BF16``, ``RandomK``, ``PowerSGD``) also work in Horovod's own
 ``hvd.DistributedOptimizer``.  For ``torch.nn.parallel.DistributedDataParallel``
 (NCCL or Gloo, no Horovod): ``ddp.register_comm_hook(*hc.ddp_comm_hook("topk:ratio=0.01"))``
-(:mod:`.ddp`).
+(:mod:`.ddp`).  Adam with compressed communication: wrap ``hc.OneBitAdam(...)`` or
+``hc.ZeroOneAdam(...)`` (:mod:`.adam`).
 """
 
 from ..requirements import require
@@ -21,6 +22,7 @@ require("torch")  # PyTorch and horovod.torch, or an ImportError naming what is 
 
 from ..frontend import class_names  # noqa: E402
 from . import compressors  # noqa: E402
+from .adam import OneBitAdam, ZeroOneAdam  # noqa: E402
 from .backend import TorchBackend  # noqa: E402
 from .compressors import TorchCompressor, as_compressor, compressor  # noqa: E402
 from .ddp import DDPCompressionState, compression_hook, ddp_comm_hook  # noqa: E402
@@ -28,6 +30,7 @@ from .distributed import DistributedOptimizer  # noqa: E402
 
 __all__ = ["TorchBackend", "TorchCompressor", "compressor", "as_compressor",
            "DistributedOptimizer", "DDPCompressionState", "compression_hook", "ddp_comm_hook",
+           "OneBitAdam", "ZeroOneAdam",
            *class_names()]
 
 
