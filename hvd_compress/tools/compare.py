@@ -7,18 +7,23 @@
 For each compressor spec x mode x worker count (``--np``) x bandwidth
 (``--bandwidth``; ``uncapped`` or a rate such as ``100mbit``/``1gbit``) this
 launches one of the
-examples (``--example synthetic|digits|cifar10``, ``--framework
-torch|tensorflow``) under Horovod -- ``horovodrun --gloo`` when uncapped; with a
-rate, one network namespace per worker behind ``tc``-capped links
+examples (``--example synthetic|digits|cifar10|lm``, ``--framework
+torch|tensorflow``; ``lm``, the transformer language model, is PyTorch's) under
+Horovod -- ``horovodrun --gloo`` when uncapped; with a rate, one network namespace per
+worker behind ``tc``-capped links
 (:mod:`hvd_compress.tools.netcap`, needs root); with ``--hosts h1:4,h2:4`` or
 ``--hostfile PATH``, on those hosts through ``horovodrun -H`` (uncapped; the rows record
 the layout: :mod:`hvd_compress.tools.hosts`) -- and collects the example's
 ``--json`` summary.  The modes: ``sync`` (ordinary synchronous training) always,
-then local SGD for each period of ``--local-sgd H ...`` and Delayed Gradient
+then local SGD for each period of ``--local-sgd H ...``, DiLoCo for each period of
+``--diloco H ...`` (the language model) and Delayed Gradient
 Averaging for each delay of ``--delay D ...`` (at more than one worker: for a
 single worker both are plain SGD; ``--modes-for SPEC ...`` runs them for those
 compressors only), and TensorFlow's MultiWorkerMirroredStrategy with ``--strategy
-mwms`` (the TensorFlow example, a baseline row per setting).  With
+mwms`` (the TensorFlow example, a baseline row per setting).  The language model
+also takes ``--optimizer adamw onebit-adam zeroone-adam``: AdamW runs every compressor and
+mode, 1-bit Adam and 0/1 Adam a row each per setting (``efsignsgd`` by the two-phase
+exchange), and ``--target-loss L`` times each run to a validation loss.  With
 ``--target-accuracy A --stop-at-target`` every run stops at the first epoch that
 reaches A (a time-to-accuracy matrix need not train on).  Every run trains on
 ``--device cuda`` (each worker on GPU local_rank % GPUs: the workers of one machine may
@@ -68,6 +73,7 @@ from pathlib import Path
 from . import devices, netcap, runtools, stopping
 from . import hosts as real_hosts
 from .plan import (
+    ADAM_COMPRESSION,
     COLUMNS,
     DEFAULT_COMPRESSIONS,
     DEFAULT_EXAMPLE_ARGS,
@@ -75,15 +81,19 @@ from .plan import (
     EXCHANGE_MODES,
     FLAT,
     FRAMEWORK_DIRS,
+    LOSS_EXAMPLES,
     MWMS,
     MWMS_EXAMPLES,
+    OPTIMIZERS,
     RUN_KEYS,
     SYNC,
+    TORCH_ONLY,
     UNCAPPED,
     bandwidth_label,
     check_modes,
     device_of,
     dga_mode,
+    diloco_mode,
     local_sgd_mode,
     method,
     mode_flags,
@@ -109,6 +119,8 @@ from .predict import (
     variant,
 )
 from .report import (
+    ACCURACY,
+    LOSS,
     add_targets,
     best_accuracy,
     best_lines,
@@ -145,7 +157,7 @@ __all__ = ["main", "parser", "COLUMNS", "DEFAULT_COMPRESSIONS", "DEFAULT_EXAMPLE
            "setting_of", "speedups", "target_lines", "write_csv", "write_markdown",
            "DEFAULT_ALPHA_US", "DEFAULT_LOCAL_BPS", "DEFAULT_PER_NODE", "HIER_MARK", "NODE_BWS",
            "NODE_PS", "hierarchical_row", "node_lines", "predict", "time_to_target_lines",
-           "variant"]
+           "variant", "ACCURACY", "LOSS", "LOSS_EXAMPLES", "OPTIMIZERS", "TORCH_ONLY", "diloco_mode"]
 
 
 def rate_arg(text: str) -> str:
@@ -203,8 +215,22 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--delay", nargs="+", type=runtools.nonnegative_int, default=None, metavar="D",
                     help="also run Delayed Gradient Averaging with each delay D (a mode; 0 is sync; "
                          "at more than one worker; one-round compressors only)")
+    ap.add_argument("--diloco", nargs="+", type=runtools.positive_int, default=None, metavar="H",
+                    help="also run DiLoCo, an outer Nesterov step every H steps, for each H (a mode; "
+                         "at more than one worker; --example lm, with AdamW)")
+    ap.add_argument("--fragments", type=runtools.positive_int, default=1, metavar="F",
+                    help="with --diloco: Streaming DiLoCo, the parameters in F fragments synced in "
+                         "turn (default 1)")
+    ap.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS["lm"], default=None, metavar="O",
+                    help="--example lm: the optimizers to run (" + ", ".join(OPTIMIZERS["lm"])
+                         + "); adamw runs every compressor and mode, 1-bit Adam and 0/1 Adam a row "
+                         "each per setting, with --adam-compression by the two-phase exchange "
+                         "(default: adamw)")
+    ap.add_argument("--adam-compression", type=runtools.spec_arg, default=ADAM_COMPRESSION,
+                    metavar="SPEC", help="what 1-bit Adam and 0/1 Adam send their momentum with "
+                                         "(default %(default)s)")
     ap.add_argument("--modes-for", nargs="+", default=None, metavar="SPEC",
-                    help="run the --local-sgd and --delay modes only for these of the "
+                    help="run the --local-sgd, --diloco and --delay modes only for these of the "
                          "--compression specs (default: for all)")
     ap.add_argument("--exchange", nargs="+", choices=EXCHANGE_MODES, default=None, metavar="E",
                     help="also run each compressor that sends packed payloads with each of these "
@@ -241,11 +267,14 @@ def parser() -> argparse.ArgumentParser:
                     help="test accuracy in (0, 1] to time: adds time and epochs to it per run and the "
                          "fastest method to it per setting (examples with accuracy: digits, "
                          "digits-wide, cifar10)")
+    ap.add_argument("--target-loss", type=float, default=None, metavar="L",
+                    help="--example lm: validation loss (nats a byte) to time: adds time and steps "
+                         "to it per run and the fastest method to it per setting")
     ap.add_argument("--stop-at-target", action="store_true",
-                    help="with --target-accuracy: every run stops after the first epoch that "
-                         "reaches it (the examples' --stop-at), so the curves end there and a "
-                         "time-to-accuracy matrix takes less time; runs that never reach it "
-                         "train every epoch")
+                    help="with --target-accuracy (--target-loss): every run stops after the first "
+                         "epoch (evaluation) that reaches it (the examples' --stop-at), so the "
+                         "curves end there and a time-to-target matrix takes less time; runs that "
+                         "never reach it train to the end")
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
     ap.add_argument("--resume", action="store_true",
                     help="keep the successful runs already in DIR/results.csv; run the rest")
@@ -325,6 +354,38 @@ def _check_device(ap, args) -> None:
         ap.error(str(exc))
 
 
+def _check_language_model(ap, args) -> None:
+    """What only the language model (``--example lm``, PyTorch's) runs -- optimizers,
+    DiLoCo, a target loss -- refused elsewhere, and what it lacks (a test accuracy)."""
+    lm = args.example in LOSS_EXAMPLES
+    if args.example in TORCH_ONLY and args.framework != "torch":
+        ap.error(f"--example {args.example} is PyTorch's only: --framework torch")
+    if args.optimizer and args.example not in OPTIMIZERS:
+        ap.error("--optimizer chooses the optimizers of --example " + " or ".join(OPTIMIZERS))
+    if args.diloco and args.example not in OPTIMIZERS:
+        ap.error("--diloco runs with --example " + " or ".join(OPTIMIZERS))
+    if args.fragments > 1 and not args.diloco:
+        ap.error("--fragments needs --diloco H")
+    if args.diloco and args.optimizer and OPTIMIZERS[args.example][0] not in args.optimizer:
+        ap.error(f"--diloco runs {OPTIMIZERS[args.example][0]} inside: add it to --optimizer")
+    if args.target_loss is not None:
+        if not lm:
+            ap.error("--target-loss needs an example that reports a validation loss (--example "
+                     + " or ".join(LOSS_EXAMPLES) + ")")
+        if not (math.isfinite(args.target_loss) and args.target_loss > 0):
+            ap.error(f"--target-loss is a validation loss > 0 (nats a byte), got {args.target_loss:g}")
+    if lm and args.target_accuracy is not None:
+        ap.error(f"--example {args.example} reports a validation loss, not a test accuracy: "
+                 "--target-loss L")
+
+
+def target_of(args) -> tuple:
+    """(target, metric): the matrix's --target-loss (LOSS) or --target-accuracy (ACCURACY)."""
+    if getattr(args, "target_loss", None) is not None:
+        return args.target_loss, LOSS
+    return args.target_accuracy, ACCURACY
+
+
 def on_hosts(run, host_list, link_bandwidth=None):
     """``run`` on real hosts: the hosts its ranks fill (``hosts``, as horovodrun places
     them) and their number (``nodes``), and the stated rate between them."""
@@ -357,10 +418,11 @@ def main(argv=None) -> int:
         if args.example == "synthetic":
             ap.error("--target-accuracy needs an example that reports test accuracy (--example digits "
                      "or cifar10); the synthetic benchmark has none")
-    if args.stop_at_target and args.target_accuracy is None:
+    _check_language_model(ap, args)
+    if args.stop_at_target and args.target_accuracy is None and args.target_loss is None:
         ap.error("--stop-at-target needs --target-accuracy A")
     if args.modes_for:
-        if not (args.local_sgd or args.delay):
+        if not (args.local_sgd or args.delay or args.diloco):
             ap.error("--modes-for needs --local-sgd or --delay")
         stray = [s for s in args.modes_for if s not in args.compression]
         if stray:
@@ -377,7 +439,7 @@ def main(argv=None) -> int:
         ap.error("--strategy mwms runs with --example " + " or ".join(MWMS_EXAMPLES))
     try:
         check_modes(args.modes_for or args.compression,
-                    run_modes(args.local_sgd, args.delay, args.strategy))
+                    run_modes(args.local_sgd, args.delay, args.strategy, args.diloco, args.fragments))
     except ValueError as exc:
         ap.error(str(exc))
     _check_device(ap, args)  # (last: it imports the frameworks)
@@ -443,8 +505,9 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     progress = runtools.Progress(len(todo), "runs", enabled=not args.quiet, stream=sys.stdout)
     progress.update(0)
     failed = 0
+    target, metric = target_of(args)
     for i, run in enumerate(todo):
-        row = add_targets([execute(args, run, out)], args.target_accuracy)[0]
+        row = add_targets([execute(args, run, out)], target, metric)[0]
         if reaper:
             stopping.reap(spare=state["before"])  # orphans that ended during the run
         rows.append(row)
@@ -457,11 +520,11 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
         progress.update(i + 1, note)
     order = {run_key(r): i for i, r in enumerate(runs)}
     rows.sort(key=lambda r: order.get(run_key(r), len(order)))
-    add_targets(rows, args.target_accuracy)
+    add_targets(rows, target, metric)
     write_csv(csv_path, rows)
-    write_markdown(out / "results.md", rows, args.target_accuracy, args.stop_at_target)
+    write_markdown(out / "results.md", rows, target, args.stop_at_target, metric)
     here = [r for r in rows if device_of(r) == (args.device or "cpu")]  # (not another device's)
-    files = [str(csv_path), str(out / "results.md")] + plot(out, here, args.target_accuracy)
+    files = [str(csv_path), str(out / "results.md")] + plot(out, here, target, metric)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
         text, say = predict(here, args.alpha_us, args.target_accuracy, args.per_node,

@@ -2,8 +2,9 @@
 
 A run is a :class:`~hvd_compress.tools.runrow.RunRow` holding :data:`RUN_KEYS` (its CSV
 row adds the other :data:`COLUMNS`); the modes
-say how often the workers talk (``sync``, local SGD, DGA, TensorFlow's
-MultiWorkerMirroredStrategy, the flat exchange beside the hierarchical one); every run of a
+say how often the workers talk (``sync``, local SGD, DiLoCo, DGA, TensorFlow's
+MultiWorkerMirroredStrategy, the flat exchange beside the hierarchical one); the language
+model's runs also say which optimizer trained (AdamW, 1-bit Adam, 0/1 Adam); every run of a
 matrix trains on one device (``cuda`` or ``cpu``: :mod:`.devices`), which its key holds.
 :func:`plan_runs` turns ``hvd-compress-compare``'s arguments into the runs, which
 :mod:`.run` launches, :mod:`.report` tabulates and :mod:`.predict` fits.
@@ -17,8 +18,20 @@ from . import netcap, runrow
 from .runrow import RunRow
 
 EXAMPLES = {"synthetic": "synthetic_benchmark.py", "digits": "train_digits.py",
-            "digits-wide": "train_digits.py", "cifar10": "train_cifar10.py"}
+            "digits-wide": "train_digits.py", "cifar10": "train_cifar10.py", "lm": "train_lm.py"}
 FRAMEWORK_DIRS = {"torch": "torch_examples", "tensorflow": "tf_examples"}
+#: examples one framework lacks: the language model is PyTorch's only
+TORCH_ONLY = ("lm",)
+#: examples whose runs report a validation loss (``--target-loss``), not a test accuracy
+LOSS_EXAMPLES = ("lm",)
+#: examples with a choice of optimizer (``--optimizer``): AdamW, the first, trains with
+#: every compressor and mode; each other one is its own method, a row per setting
+#: compressing its own messages (:data:`ADAM_COMPRESSION`, by the two-phase exchange)
+OPTIMIZERS = {"lm": ("adamw", "onebit-adam", "zeroone-adam")}
+#: the compressor 1-bit Adam and 0/1 Adam send their momentum with (DeepSpeed's: a sign and
+#: one scale, error feedback on both sides of the two-phase exchange)
+ADAM_COMPRESSION = "efsignsgd"
+ADAM_EXCHANGE = "two-phase"
 DEFAULT_COMPRESSIONS = ["none", "fp16", "topk:ratio=0.01", "dgc:ratio=0.001", "onebit", "qsgd:levels=7",
                         "terngrad", "randomk:ratio=0.01", "powersgd:rank=2"]
 # Small enough for a 2-core machine, big enough (21.8M parameters, 87 MB of
@@ -33,9 +46,10 @@ DEFAULT_EXAMPLE_ARGS = {
     # gradients a step)
     "digits-wide": "--model wide --batch-size 64 --epochs 6",
     "cifar10": "--epochs 1",
+    "lm": "--steps 600 --eval-every 50",
 }
 RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes",
-            "device")
+            "device", "optimizer")
 #: results.csv's columns (:class:`~hvd_compress.tools.runrow.RunRow`'s fields): the examples'
 #: summary keys, then what compare adds (new ones are appended, so that the older columns
 #: keep their places)
@@ -59,15 +73,23 @@ def local_sgd_mode(period: int) -> str:
     return f"local SGD H={int(period)}"
 
 
+def diloco_mode(period: int, fragments: int = 1) -> str:
+    """DiLoCo's mode: an outer step every ``period`` steps, the parameters in ``fragments``
+    (Streaming DiLoCo) when more than one."""
+    return f"DiLoCo H={int(period)}" + (f" F={int(fragments)}" if int(fragments) > 1 else "")
+
+
 def dga_mode(delay: int) -> str:
     return SYNC if int(delay) == 0 else f"DGA D={int(delay)}"
 
 
-def run_modes(periods=(), delays=(), strategy: str = "horovod") -> list[str]:
+def run_modes(periods=(), delays=(), strategy: str = "horovod", diloco=(),
+              fragments: int = 1) -> list[str]:
     """The modes of a matrix: sync first (the baseline), then DGA delays, then local SGD
-    periods (``--delay 0`` is sync itself), then TensorFlow's strategy with
-    ``strategy="mwms"``."""
+    periods (``--delay 0`` is sync itself), then DiLoCo periods (each with ``fragments``),
+    then TensorFlow's strategy with ``strategy="mwms"``."""
     modes = [SYNC] + [dga_mode(d) for d in delays or ()] + [local_sgd_mode(h) for h in periods or ()]
+    modes += [diloco_mode(h, fragments) for h in diloco or ()]
     modes += [MWMS] if strategy == "mwms" else []
     return list(dict.fromkeys(modes))
 
@@ -95,8 +117,11 @@ def mode_flags(mode: str, nodes: int = 1, np_: int = 0) -> list[str]:
     m = re.fullmatch(r"DGA D=(\d+)", mode)
     if m:
         return ["--delay", m.group(1)]
-    raise ValueError(f"unknown mode {mode!r} (sync, 'local SGD H=<period>', 'DGA D=<delay>' "
-                     f"or {MWMS!r})")
+    m = re.fullmatch(r"DiLoCo H=(\d+)(?: F=(\d+))?", mode)
+    if m:
+        return ["--diloco", m.group(1)] + (["--fragments", m.group(2)] if m.group(2) else [])
+    raise ValueError(f"unknown mode {mode!r} (sync, 'local SGD H=<period>', 'DiLoCo H=<period>', "
+                     f"'DGA D=<delay>' or {MWMS!r})")
 
 
 def check_modes(specs, modes) -> None:
@@ -108,8 +133,9 @@ def check_modes(specs, modes) -> None:
             if mode in (MWMS, FLAT) or mode in EXCHANGE_MODES:  # uncompressed / any spec
                 continue
             flags = mode_flags(mode)
-            local = "--local-sgd" in flags
-            period = int(flags[-1]) if local else 1
+            local = "--local-sgd" in flags or "--diloco" in flags  # (DiLoCo: local SGD outside)
+            period = int(flags[flags.index("--diloco") + 1]) if "--diloco" in flags else \
+                int(flags[-1]) if local else 1
             delay = int(flags[-1]) if "--delay" in flags else 0
             for s in specs_of(spec):
                 try:
@@ -118,10 +144,18 @@ def check_modes(specs, modes) -> None:
                     raise ValueError(f"{spec} in mode {mode}: {exc}") from None
 
 
+def optimizer_of(row: dict) -> str:
+    """A row's optimizer: "" where the example has no choice (and in rows written before)."""
+    return row.get("optimizer") or ""
+
+
 def method(row: dict) -> str:
-    """What a row compares: its compression, and its mode when not sync."""
+    """What a row compares: its compression, and its mode when not sync, after its
+    optimizer when that is not the example's first (AdamW's rows read as before)."""
     mode = mode_of(row)
-    return row["compression"] if mode == SYNC else f"{row['compression']} ({mode})"
+    text = row["compression"] if mode == SYNC else f"{row['compression']} ({mode})"
+    opt = optimizer_of(row)
+    return f"{opt}: {text}" if opt and opt != OPTIMIZERS.get(row.get("example"), ("",))[0] else text
 
 
 def bandwidth_label(text: str) -> str:
@@ -157,7 +191,8 @@ def gathers(spec: str) -> bool:
 def plan_runs(args, capped_ok: bool) -> list[RunRow]:
     runs = []
     modes = run_modes(getattr(args, "local_sgd", None), getattr(args, "delay", None),
-                      getattr(args, "strategy", "horovod"))
+                      getattr(args, "strategy", "horovod"), getattr(args, "diloco", None),
+                      getattr(args, "fragments", 1) or 1)
     nodes = int(getattr(args, "nodes", 1) or 1)
     device = getattr(args, "device", None) or "cpu"  # (compare's main resolves the default)
     if nodes > 1:  # the hierarchical exchange (sync) and the flat one side by side
@@ -168,10 +203,10 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
         if exchange not in modes:
             modes.insert(at, exchange)
 
-    def add(spec, mode):
+    def add(spec, mode, force=False):
         if mode == FLAT and not takes_hierarchy(spec):
             return  # summable payloads go by one allreduce either way
-        if mode in EXCHANGE_MODES and mode != "auto" and not gathers(spec) and \
+        if mode in EXCHANGE_MODES and mode != "auto" and not gathers(spec) and not force and \
                 not (mode.startswith("hierarchical") and takes_hierarchy(spec)):
             return  # summable payloads: one allreduce whatever the exchange
         for np_ in args.np:
@@ -187,19 +222,30 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
                                    nodes=nodes if np_ > 1 else 1, device=device))
 
     only = getattr(args, "modes_for", None)
-    for spec in args.compression:
-        for mode in modes:
-            if mode in (SYNC, FLAT) or (mode != MWMS and (not only or spec in only)):
-                add(spec, mode)
+    choices = OPTIMIZERS.get(args.example, ())  # (none: the example has no choice)
+    asked = getattr(args, "optimizer", None) or choices[:1]
+    if not choices or choices[0] in asked:  # AdamW: every compressor, every mode
+        for spec in args.compression:
+            for mode in modes:
+                if mode in (SYNC, FLAT) or (mode != MWMS and (not only or spec in only)):
+                    add(spec, mode)
     if MWMS in modes:  # the baseline's rows, once: uncompressed
         add("none", MWMS)
+    for run in runs if choices else ():
+        run.optimizer = choices[0]
+    for name in [o for o in asked if o != choices[0]]:  # the Adam-family methods: one row a setting
+        first = len(runs)
+        add(getattr(args, "adam_compression", None) or ADAM_COMPRESSION, ADAM_EXCHANGE, force=True)
+        for run in runs[first:]:
+            run.optimizer = name
     return runs
 
 
 def run_key(row: dict) -> tuple:
     """What tells runs apart (:data:`RUN_KEYS`), a resumed matrix's rows too: a column its
     results.csv lacked reads as its value then (sync, one node, cpu)."""
-    of = {"mode": mode_of, "nodes": lambda r: str(nodes_of(r)), "device": device_of}
+    of = {"mode": mode_of, "nodes": lambda r: str(nodes_of(r)), "device": device_of,
+          "optimizer": optimizer_of}
     return tuple(of[k](row) if k in of else str(row.get(k, "")) for k in RUN_KEYS)
 
 
@@ -212,7 +258,9 @@ def run_name(run: dict) -> str:
     mode = "" if mode_of(run) == SYNC else "_" + _safe(mode_of(run))
     nodes = f"_{nodes_of(run)}nodes" if nodes_of(run) > 1 else ""
     device = "" if device_of(run) == "cpu" else "_" + device_of(run)
-    return (f"{run['framework']}_{run['example']}_{_safe(run['compression'])}{mode}_np{run['np']}"
+    opt = optimizer_of(run)
+    opt = f"_{_safe(opt)}" if opt and opt != OPTIMIZERS.get(run.get("example"), ("",))[0] else ""
+    return (f"{run['framework']}_{run['example']}{opt}_{_safe(run['compression'])}{mode}_np{run['np']}"
             f"{nodes}_{run['bandwidth']}{lat}{device}")
 
 

@@ -20,11 +20,13 @@ from .plan import (
     FRAMEWORK_DIRS,
     MWMS,
     RUN_KEYS,
+    TORCH_ONLY,
     UNCAPPED,
     device_of,
     mode_flags,
     mode_of,
     nodes_of,
+    optimizer_of,
     run_name,
 )
 from .runrow import RunRow
@@ -39,18 +41,26 @@ def examples_dir(framework: str, tools_dir: Path | None = None) -> Path:
     so that edits to the examples are what runs; else the copy an installed package
     carries (``hvd_compress/tools/examples/torch_examples``, made by setup.py's
     build step).  ``tools_dir``: this sub-package's folder (default: where this
-    module lies).  A folder counts only if it holds every example script."""
+    module lies).  A folder counts only if it holds every example script of the framework
+    (:func:`scripts_of`)."""
     tools_dir = Path(tools_dir) if tools_dir is not None else TOOLS_DIR
     name = FRAMEWORK_DIRS[framework]
     candidates = (tools_dir.parents[1] / name, tools_dir / "examples" / name)
     for folder in candidates:
-        if all((folder / script).is_file() for script in EXAMPLES.values()):
+        if all((folder / script).is_file() for script in scripts_of(framework)):
             return folder
     raise FileNotFoundError(
-        f"cannot find the {framework} example scripts ({', '.join(sorted(EXAMPLES.values()))}): "
+        f"cannot find the {framework} example scripts ({', '.join(scripts_of(framework))}): "
         f"looked in {candidates[0]} (a checkout of the repository) and in {candidates[1]} "
         "(the copy an installed package carries); run from a checkout, or install hvd-compress "
         "from its repository or a wheel built from it")
+
+
+def scripts_of(framework: str) -> list[str]:
+    """The example scripts ``framework``'s folder holds (TensorFlow's lacks the PyTorch-only
+    ones, :data:`~hvd_compress.tools.plan.TORCH_ONLY`)."""
+    return sorted({script for example, script in EXAMPLES.items()
+                   if framework == "torch" or example not in TORCH_ONLY})
 
 
 def example_command(args, run, json_path: Path) -> list[str]:
@@ -64,7 +74,12 @@ def example_command(args, run, json_path: Path) -> list[str]:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     # simulated nodes pick the exchange of each mode; real hosts (--hosts) run the default
     extra += mode_flags(mode_of(run), 1 if run.hosts else nodes_of(run), int(run.np or 0))
-    if getattr(args, "stop_at_target", False):
+    if optimizer_of(run):
+        extra += ["--optimizer", optimizer_of(run)]
+    if getattr(args, "target_loss", None) is not None:  # (the example reports the time to it too)
+        extra += ["--target-loss", f"{args.target_loss:g}"]
+        extra += ["--stop-at-target"] if getattr(args, "stop_at_target", False) else []
+    elif getattr(args, "stop_at_target", False):
         extra += ["--stop-at", f"{args.target_accuracy:g}"]
     return [sys.executable, str(script), *extra, "--compression", run.compression,
             "--device", device_of(run), "--json", str(json_path), "--quiet"]

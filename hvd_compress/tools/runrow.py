@@ -75,6 +75,13 @@ class RunRow(MutableMapping):
     wire_in_per_step: int = ABSENT  # bytes reaching a worker over its links (the account)
     wire_out_per_step: int = ABSENT
     device: str = ABSENT  # where the run trained: "cuda" or "cpu" (rows written before: cpu)
+    # the language model's (hvd_compress.tools.plan.LOSS_EXAMPLES, OPTIMIZERS)
+    optimizer: str = ABSENT  # "adamw", "onebit-adam", ...; "" for examples without a choice
+    tokens_per_sec: float = ABSENT  # (images_per_sec holds the same: tokens are its samples)
+    val_loss: float = ABSENT  # the validation loss at the end (nats a byte)
+    best_loss: float | str = ABSENT  # the lowest validation loss of the curve
+    target_loss: float | str = ABSENT  # "" without a --target-loss
+    steps_to_target: int | str = ABSENT  # "" where the run never reached it
     #: keys outside :data:`COLUMNS`, as they came
     others: dict = field(default_factory=dict)
 
