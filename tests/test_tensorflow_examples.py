@@ -1,4 +1,8 @@
-"""TensorFlow examples and the Keras optimizer under real horovodrun -np 2 launches."""
+"""TensorFlow examples and the Keras optimizer under real horovodrun -np 2 launches.
+
+The example runs under Horovod share one launch (tests/workers/examples.py runs the
+scripts' ``main`` one after another in the same workers, with the first half of the
+checkpoint test): a launch costs about 12 s before a script's first step."""
 
 import json
 import os
@@ -11,10 +15,77 @@ import pytest
 
 from hvd_compress.tools import devices
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import REPO, run_horovod, run_script
+from tests.harness import REPO, run_horovod, run_many
 from tests.launches import TF_GLOO
 
 pytestmark = pytest.mark.multiprocess
+
+CKPT_SPECS = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
+SYNTHETIC = ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
+             "--num-warmup-batches", "1"]
+# our tape (with backward passes per step) and Horovod's; a third run of our tape
+# without them checked nothing these two do not (the test budget)
+SYNTHETIC_EXTRA = [["--compression", "onebit", "--backward-passes-per-step", "2"],
+                   ["--compression", "fp16", "--horovod-tape"]]
+# local SGD averages after every 4th of 270 updates, and once more before evaluating;
+# DGA sends every update
+LOCAL_FLAGS = [(["--local-sgd", "--backward-passes-per-step", "4"], (270 // 4 + 1) / 270),
+               (["--delay", "2"], 1.0)]
+# {key: (script, arguments before --json)}: every example run under Horovod that the tests read
+RUNS = {
+    # at most 7 epochs, ending after the first at 90% (--stop-at; seen: 95.3%, 96.9% after 7)
+    **{f"digits-{spec}": ("train_digits.py", ["--compression", spec, "--epochs", "7",
+                                              "--stop-at", "0.9", "--quiet"])
+       for spec in ["topk:ratio=0.01", "dgc:ratio=0.001"]},  # the rest: scripts/accuracy.py
+    "bpps": ("train_digits.py", ["--compression", "topk:ratio=0.05", "--epochs", "2",
+                                 "--backward-passes-per-step", "2"]),
+    # six epochs (seen: 98.1% and 97.8%)
+    **{f"local-{i}": ("train_digits.py", [*flags, "--epochs", "6", "--quiet"])
+       for i, (flags, _) in enumerate(LOCAL_FLAGS)},
+    "stop-at": ("train_digits.py", ["--local-sgd", "--backward-passes-per-step", "4", "--epochs",
+                                    "4", "--stop-at", "0.2", "--quiet"]),
+    "synthetic-local-sgd": ("synthetic_benchmark.py", [*SYNTHETIC, "--local-sgd",
+                                                       "--backward-passes-per-step", "2", "--quiet"]),
+    **{f"synthetic-{i}": ("synthetic_benchmark.py", [*SYNTHETIC, *extra])
+       for i, extra in enumerate(SYNTHETIC_EXTRA)},
+    "cifar10": ("train_cifar10.py", ["--data-dir", "{cifar}", "--epochs", "1", "--batch-size", "8",
+                                     "--compression", "dgc:ratio=0.01", "--quiet"]),
+}
+
+
+def write_cifar_batches(folder) -> None:
+    """Six python-pickle batches of 16 images (CIFAR-10's format), the pixels shifted by label."""
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = rng.integers(0, 10, 16)
+        data = (rng.integers(0, 80, (16, 3072)) + labels[:, None] * 16).astype(np.uint8)
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"data": data, b"labels": labels.tolist()}, f)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One np 2 Gloo launch: every run of RUNS (``{key: per-rank {"out", "doc"}}``, the
+    summary in rank 0's), then the checkpoint test's first halves (``"ckpt"``: per-rank
+    results) and the checkpoints' folder (``"ckpt_path"``)."""
+    tmp = tmp_path_factory.mktemp("tf-examples")
+    cifar = tmp / "cifar"
+    cifar.mkdir()
+    write_cifar_batches(cifar)
+    runs = [[key, script, [str(a).format(cifar=cifar) for a in args] + ["--json", str(tmp / f"{key}.json")]]
+            for key, (script, args) in RUNS.items()]
+    path = str(tmp / "ckpt")
+    got = run_many(run_horovod, [
+        ("runs", "tests.workers.examples:run", {"folder": "tf_examples", "runs": runs}),
+        ("ckpt", "tests.workers.tf_tape:keras_checkpoint_phases",
+         {"specs": CKPT_SPECS, "path": path, "phase": "run"})], np=2, controller="gloo",
+        timeout=1800)
+    return {**{key: [rank[key] for rank in got["runs"]] for key in RUNS},
+            "ckpt": got["ckpt"], "ckpt_path": path}
+
+
+def summary(launched, key) -> dict:
+    return launched[key][0]["doc"]
 
 
 def default_device() -> str:
@@ -23,13 +94,9 @@ def default_device() -> str:
     return {"cuda": "cuda:0", "cpu": "cpu"}[devices.resolve(None, "tensorflow")]
 
 
-@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "dgc:ratio=0.001"])  # the rest: scripts/accuracy.py
-def test_keras_fit_digits_reaches_90_percent(spec, tmp_path):
-    out = tmp_path / "s.json"
-    # at most 7 epochs, ending after the first at 90% (--stop-at; seen: 95.3%, 96.9% after 7)
-    run_script("tf_examples/train_digits.py", ["--compression", spec, "--epochs", "7", "--stop-at",
-                                               "0.9", "--json", out, "--quiet"], timeout=600)
-    doc = json.loads(out.read_text())
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "dgc:ratio=0.001"])
+def test_keras_fit_digits_reaches_90_percent(spec, launched):
+    doc = summary(launched, f"digits-{spec}")
     assert set(SUMMARY_KEYS) <= set(doc) and doc["framework"] == "tensorflow" and doc["np"] == 2
     assert doc["test_accuracy"] >= 0.90, doc
     if spec != "none":
@@ -37,11 +104,8 @@ def test_keras_fit_digits_reaches_90_percent(spec, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def keras_bpps_doc(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bpps") / "s.json"
-    run_script("tf_examples/train_digits.py", ["--compression", "topk:ratio=0.05", "--epochs", "2",
-                                               "--backward-passes-per-step", "2", "--json", out])
-    return json.loads(out.read_text())
+def keras_bpps_doc(launched):
+    return summary(launched, "bpps")
 
 
 def test_keras_backward_passes_per_step(keras_bpps_doc):
@@ -72,30 +136,21 @@ def test_keras_traced_run_reports_its_time_split(keras_bpps_doc):
     assert doc["wire_in_per_step"] == pytest.approx(doc["bytes_per_step"], rel=0.05), doc
 
 
-@pytest.mark.parametrize("flags, bytes_ratio", [
-    # averages after every 4th of 270 updates, and once more before evaluating
-    (["--local-sgd", "--backward-passes-per-step", "4"], (270 // 4 + 1) / 270),
-    (["--delay", "2"], 1.0),  # DGA sends every update
-])
-def test_keras_fit_digits_with_local_sgd_and_dga(flags, bytes_ratio, tmp_path):
-    out = tmp_path / "s.json"  # six epochs (seen: 98.1% and 97.8%)
-    run_script("tf_examples/train_digits.py", [*flags, "--epochs", "6", "--json", out, "--quiet"],
-               timeout=600)
-    doc = json.loads(out.read_text())
+@pytest.mark.parametrize("run", range(len(LOCAL_FLAGS)),
+                         ids=["local-sgd", "dga"])
+def test_keras_fit_digits_with_local_sgd_and_dga(run, launched):
+    flags, bytes_ratio = LOCAL_FLAGS[run]
+    doc = summary(launched, f"local-{run}")
     assert doc["test_accuracy"] >= 0.90, doc
     assert doc["steps"] == 6 * 45  # one update per batch in both
     assert doc["bytes_per_step"] == pytest.approx(153_128 * bytes_ratio, rel=0.01)
     assert doc["local_sgd"] == ("--local-sgd" in flags)
 
 
-def test_keras_fit_stops_at_the_target_on_every_worker(tmp_path):
+def test_keras_fit_stops_at_the_target_on_every_worker(launched):
     """--stop-at A ends fit after the first epoch that reaches A (rank 0 decides), under
     local SGD too; the summary counts no final average, which did not run."""
-    out = tmp_path / "s.json"
-    run_script("tf_examples/train_digits.py", ["--local-sgd", "--backward-passes-per-step", "4",
-                                               "--epochs", "4", "--stop-at", "0.2", "--json", out,
-                                               "--quiet"], timeout=300)
-    doc = json.loads(out.read_text())
+    doc = summary(launched, "stop-at")
     assert doc["epochs"] == 1 and [p["epoch"] for p in doc["curve"]] == [1], doc
     assert doc["steps"] == 45 and doc["test_accuracy"] == doc["curve"][0]["test_accuracy"] >= 0.2
     assert doc["bytes_per_step"] == pytest.approx(153_128 * 11 / 45, rel=0.01)  # 11 averages
@@ -103,17 +158,11 @@ def test_keras_fit_stops_at_the_target_on_every_worker(tmp_path):
     assert doc["curve"][0]["seconds"] == pytest.approx(images / doc["images_per_sec"], rel=0.02)
 
 
-def test_synthetic_tape_with_local_sgd(tmp_path):
-    out = tmp_path / "s.json"
-    run_script("tf_examples/synthetic_benchmark.py",
-               ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
-                "--num-warmup-batches", "1", "--local-sgd", "--backward-passes-per-step", "2",
-                "--json", out, "--quiet"], timeout=600)
-    doc = json.loads(out.read_text())
+def test_synthetic_tape_with_local_sgd(launched):
+    doc = summary(launched, "synthetic-local-sgd")
     assert doc["local_sgd"] and doc["steps"] == 4 and doc["bytes_per_step"] > 0
 
 
-CKPT_SPECS = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
 WARMUP_SPEC = "dgc:ratio=0.01,warmup_epochs=2"
 
 
@@ -122,16 +171,15 @@ WARMUP_SPEC = "dgc:ratio=0.01,warmup_epochs=2"
 TF_GLOO.add(__name__, "warmup", "tests.workers.tf_tape:keras_dgc_warmup", {"spec": WARMUP_SPEC})
 
 
-def test_keras_optimizer_checkpoint_resumes_identically(tmp_path):
-    """One launch for the compressors' first halves (Gloo), one for the resumes (MPI: a
-    checkpoint does not depend on the controller that wrote it).  The first halves launch on
-    their own: the compressors' state is keyed by the variables' names, which Keras numbers
-    per process (a model built after another body's is named dense_1, ...)."""
-    path = str(tmp_path / "ckpt")
-    full = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="gloo",
-                       kwargs={"specs": CKPT_SPECS, "path": path, "phase": "run"}, timeout=600)
+def test_keras_optimizer_checkpoint_resumes_identically(launched):
+    """The compressors' first halves in the examples' launch (Gloo), the resumes in a
+    launch of their own (MPI: a checkpoint does not depend on the controller that wrote it).
+    The compressors' state is keyed by the variables' names, which Keras numbers per
+    process: each phase clears Keras's global state before building its models."""
+    full = launched["ckpt"]
     resumed = run_horovod("tests.workers.tf_tape:keras_checkpoint_phases", np=2, controller="mpi",
-                          kwargs={"specs": CKPT_SPECS, "path": path, "phase": "resume"}, timeout=600)
+                          kwargs={"specs": CKPT_SPECS, "path": launched["ckpt_path"],
+                                  "phase": "resume"}, timeout=600)
     for spec in CKPT_SPECS:
         for a, b in zip(full, resumed):
             assert a[spec]["params"] == b[spec]["params"], spec
@@ -150,18 +198,8 @@ def test_help_and_bad_spec(name):
     assert bad.returncode == 2 and "qsgd: levels must be >= 1, got 0" in bad.stderr
 
 
-def test_tf_train_cifar10_reads_python_batches(tmp_path):
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        labels = rng.integers(0, 10, 16)
-        data = (rng.integers(0, 80, (16, 3072)) + labels[:, None] * 16).astype(np.uint8)
-        with open(tmp_path / name, "wb") as f:
-            pickle.dump({b"data": data, b"labels": labels.tolist()}, f)
-    out = tmp_path / "s.json"
-    run_script("tf_examples/train_cifar10.py",
-               ["--data-dir", tmp_path, "--epochs", "1", "--batch-size", "8",
-                "--compression", "dgc:ratio=0.01", "--json", out, "--quiet"], timeout=600)
-    doc = json.loads(out.read_text())
+def test_tf_train_cifar10_reads_python_batches(launched):
+    doc = summary(launched, "cifar10")
     assert doc["example"] == "train_cifar10" and 0.0 <= doc["test_accuracy"] <= 1.0
     assert doc["steps"] == 40 // 8  # 80 training images, 40 per rank
 
@@ -172,17 +210,12 @@ def test_tf_train_cifar10_missing_data_is_a_clear_error(tmp_path):
     assert proc.returncode != 0 and "data_batch_1 not found" in proc.stderr
 
 
-# our tape (with backward passes per step) and Horovod's; a third launch of our tape
-# without them checked nothing these two do not (the test budget)
-@pytest.mark.parametrize("extra", [["--compression", "onebit", "--backward-passes-per-step", "2"],
-                                   ["--compression", "fp16", "--horovod-tape"]])
-def test_tf_synthetic_benchmark(extra, tmp_path):
-    out = tmp_path / "s.json"
-    text = run_script("tf_examples/synthetic_benchmark.py",
-                      ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
-                       "--num-warmup-batches", "1", "--json", out, *extra], timeout=600)
-    assert "total img/sec on 2 workers" in text
-    doc = json.loads(out.read_text())
+@pytest.mark.parametrize("run", range(len(SYNTHETIC_EXTRA)),
+                         ids=["our-tape", "horovod-tape"])
+def test_tf_synthetic_benchmark(run, launched):
+    extra = SYNTHETIC_EXTRA[run]
+    assert "total img/sec on 2 workers" in launched[f"synthetic-{run}"][0]["out"]
+    doc = summary(launched, f"synthetic-{run}")
     assert set(SUMMARY_KEYS) <= set(doc) and doc["steps"] == 4 and doc["test_accuracy"] is None
     assert doc["bytes_per_step"] > 0 and doc["device"] == default_device(), doc
     split = [doc[k] for k in ("encode_ms", "comm_ms", "decode_ms")]

@@ -29,11 +29,9 @@ def strategy_and_world(device: str = "cpu"):
     (the worker placed as the Horovod examples place theirs: ``_common.place``, its index
     the local rank, the workers all on this machine); one share of the cores per worker,
     as the Horovod examples take."""
+    check_launched()
     import tensorflow as tf
     from _common import place
-    if "TF_CONFIG" not in os.environ:
-        raise SystemExit("--strategy mwms needs TF_CONFIG: launch with "
-                         "python -m hvd_compress.tools.mwms -np N python ...")
     cfg = json.loads(os.environ["TF_CONFIG"])
     size = len(cfg["cluster"]["worker"])
     index = int(cfg["task"]["index"])
@@ -41,6 +39,13 @@ def strategy_and_world(device: str = "cpu"):
     tf.config.threading.set_intra_op_parallelism_threads(runtools.worker_threads(size))
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     return strategy, index, size, label
+
+
+def check_launched() -> None:
+    """Exit with how to launch where ``TF_CONFIG`` is not set (before TensorFlow loads)."""
+    if "TF_CONFIG" not in os.environ:
+        raise SystemExit("--strategy mwms needs TF_CONFIG: launch with "
+                         "python -m hvd_compress.tools.mwms -np N python ...")
 
 
 def check_args(ap, args) -> None:

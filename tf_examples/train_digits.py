@@ -60,11 +60,13 @@ def main(argv=None):
                     help="horovod (default), or mwms: TensorFlow's MultiWorkerMirroredStrategy, "
                          "launched by python -m hvd_compress.tools.mwms (--compression none)")
     args = ap.parse_args(argv)
+    if args.strategy == "mwms":  # what it refuses, at once (before TensorFlow loads)
+        _mwms.check_args(ap, args)
+        _mwms.check_launched()
     t_start = time.perf_counter()
     device = choose_device(ap, args)
     data = [a[..., None] if a.ndim == 3 else a for a in digits_split()]
     if args.strategy == "mwms":
-        _mwms.check_args(ap, args)
         strategy, rank, size, label = _mwms.strategy_and_world(device)
         xtr, ytr, xte, yte = data
         steps = -(-(len(xtr) // size) // args.batch_size)  # Keras fit's count on the smaller shard

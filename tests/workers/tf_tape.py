@@ -255,7 +255,11 @@ def keras_checkpoint_phase(spec, path, phase, total_steps=6, save_at=3):
 
 def keras_checkpoint_phases(specs, path, phase):
     """:func:`keras_checkpoint_phase` for several compressors in one launch (one folder
-    each)."""
+    each), Keras's global state cleared first: the compressors' state is keyed by the
+    variables' names, which Keras numbers per process, so both phases name them alike
+    whatever bodies ran before them in their launch."""
+    import keras
+    keras.backend.clear_session()
     return {spec: keras_checkpoint_phase(spec, f"{path}/{i}", phase) for i, spec in enumerate(specs)}
 
 
