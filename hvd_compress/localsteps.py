@@ -22,14 +22,20 @@ worker steps on its own gradient, corrected once the stale average arrives::
 
 so the collective of step ``i`` overlaps the compute of the next ``D`` steps.
 ``D = 0`` is ordinary synchronous training.
+
+**DiLoCo and Streaming DiLoCo** (:mod:`.core.outer`): local SGD whose averaging is an
+outer Nesterov step on the pseudo-gradient, optionally one fragment of the parameters
+at a time; :func:`check_outer_args` says which settings make sense.
 """
 
 from __future__ import annotations
 
+from .core.outer import OUTER_MOMENTUM
 from .core.registry import chains_rounds, passes_through
 from .core.spec import parse
 
-__all__ = ["LocalSGDSchedule", "check_local_args", "check_wrapper_args", "check_horovod_args"]
+__all__ = ["LocalSGDSchedule", "check_local_args", "check_wrapper_args", "check_horovod_args",
+           "check_outer_args"]
 
 
 class LocalSGDSchedule:
@@ -113,3 +119,34 @@ def check_local_args(local_sgd: bool, backward_passes_per_step: int, warmup: int
         raise ValueError("delay (Delayed Gradient Averaging) needs a one-round compressor; "
                          f"{parse(spec).name}'s second round depends on its first, so its exchange "
                          "cannot be left in flight across steps")
+
+
+def check_outer_args(local_sgd: bool, outer_lr, outer_momentum: float, fragments,
+                     period: int, tensors: int | None = None) -> None:
+    """DiLoCo's settings (:mod:`.core.outer`): ``outer_lr`` (None: plain local SGD's
+    average), ``outer_momentum`` and ``fragments`` only with ``local_sgd``; the period
+    (``backward_passes_per_step``) a multiple of ``fragments``, at most ``tensors``
+    fragments (the number of parameters exchanged, where known)."""
+    if outer_lr is not None and not local_sgd:
+        raise ValueError("outer_lr (DiLoCo's outer step) needs local_sgd=True")
+    if not isinstance(fragments, int) or isinstance(fragments, bool) or fragments < 1:
+        raise ValueError(f"fragments must be an integer >= 1, got {fragments!r}")
+    if fragments != 1 and not local_sgd:
+        raise ValueError("fragments (Streaming DiLoCo) needs local_sgd=True")
+    if outer_lr is None:
+        if outer_momentum != OUTER_MOMENTUM:
+            raise ValueError("outer_momentum needs outer_lr (DiLoCo's outer step)")
+    else:
+        if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or \
+                not outer_lr > 0:
+            raise ValueError(f"outer_lr must be a number > 0, got {outer_lr!r}")
+        if isinstance(outer_momentum, bool) or not isinstance(outer_momentum, (int, float)) \
+                or not 0 <= outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
+    if local_sgd and period % fragments:
+        raise ValueError(f"backward_passes_per_step ({period}, the period H) must be a "
+                         f"multiple of fragments ({fragments}): one fragment syncs every "
+                         "H / fragments steps")
+    if tensors is not None and fragments > max(tensors, 1):
+        raise ValueError(f"fragments ({fragments}) cannot exceed the number of parameters "
+                         f"exchanged ({tensors})")

@@ -55,12 +55,15 @@ class GradientPath:
         collect(self.session.engine, pending, self.session.stats, dest)
 
     def exchange_all(self, src) -> None:
-        """Send every group's tensors in ``src`` and leave their averages there (local
-        SGD's parameter changes)."""
+        """Send the tensors in ``src`` (parameter -> tensor; each group's members there,
+        in its order: all of them, or a Streaming DiLoCo fragment's) and leave their
+        averages there (local SGD's parameter changes, DiLoCo's pseudo-gradients)."""
         s, pending = self.session, {}
         for group in s.groups:
-            self.launch(group, src=src)
-            pending[group] = s.pending.pop(group)
+            part = group if all(p in src for p in group) else tuple(p for p in group if p in src)
+            if part:
+                self.launch(part, src=src)
+                pending[part] = s.pending.pop(part)
         self.collect(pending, dest=src)
 
     def synchronize(self) -> None:

@@ -4,7 +4,8 @@ The rules are :mod:`hvd_compress.localsteps`'; these are their PyTorch forms,
 small strategies around the optimizer's session (:mod:`hvd_compress.session`), with the same
 methods as TensorFlow's (:mod:`hvd_compress.tensorflow.localsteps`):
 ``step`` (what ``optimizer.step()`` does), ``average`` / ``drain``, and the
-state they add to ``state_dict()``.
+state they add to ``state_dict()``.  Local SGD's averaging may be DiLoCo's outer step,
+one fragment at a time (:mod:`hvd_compress.core.outer`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import deque
 import torch
 
 from ..core import build
+from ..core.outer import OUTER_MOMENTUM, StreamingSchedule, nesterov_step, split_fragments
+from ..localsteps import check_outer_args
 from .backend import TorchBackend
 
 
@@ -26,37 +29,89 @@ class LocalSGD:
     ``session``: the optimizer's :class:`~hvd_compress.session.Session` (step count,
     schedule, account); ``params`` and ``names`` (parameter -> name): what it averages;
     ``comp``: the optimizer's compression; ``base_step(closure)``: the wrapped
-    optimizer's own step; ``exchange_all(src)``: the compressed exchange of every
-    group's tensors in ``src``, averages left there."""
+    optimizer's own step; ``exchange_all(src)``: the compressed exchange of the
+    tensors in ``src`` (every group's members there), averages left there.
 
-    def __init__(self, session, params, names, comp, named_buffers, base_step, exchange_all):
+    DiLoCo (:mod:`hvd_compress.core.outer`): ``outer_lr`` set, a sync sends each
+    rank's pseudo-gradient ``anchor - p`` (through the compressor, error feedback as
+    above), takes one outer Nesterov step (``outer_lr``, ``outer_momentum``) on the
+    anchors with the mean, and every rank restarts from them.  ``fragments=F``
+    (Streaming DiLoCo; also without ``outer_lr``: fragment-wise local SGD): the
+    parameters in exchange order cut into F runs of about equal size
+    (:func:`~hvd_compress.core.outer.split_fragments`), one run synced every
+    ``period / F`` steps in turn (:class:`~hvd_compress.core.outer.StreamingSchedule`),
+    the float buffers with the last run (a period changed by
+    ``set_backward_passes_per_step`` must stay a multiple of F: the next step raises
+    ValueError otherwise).  One worker alone takes the outer step on its own
+    pseudo-gradient, uncompressed."""
+
+    def __init__(self, session, params, names, comp, named_buffers, base_step, exchange_all,
+                 outer_lr=None, outer_momentum=OUTER_MOMENTUM, fragments=1):
         self.session, self.params, self.names, self.comp = session, params, names, comp
         self.schedule = session.schedule
         self.buffers = [(k, b) for k, b in (named_buffers or ())
                         if b.is_floating_point() and b.numel() > 0]
         self._base_step, self._exchange_all = base_step, exchange_all
-        self.anchors = None  # parameters after the last average (compressed)
+        self.anchors = None  # parameters after the last average (compressed, DiLoCo)
+        self.outer_lr, self.outer_momentum = outer_lr, float(outer_momentum)
+        order = [p for group in session.groups for p in group]  # the exchange order
+        check_outer_args(True, outer_lr, outer_momentum, fragments, session.schedule.period,
+                         len(order))
+        self.fragments = [[order[i] for i in run]
+                          for run in split_fragments([p.numel() for p in order], fragments)]
+        self.synced = 0     # fragment syncs so far: the schedule's position
+        self.momenta = {}   # parameter -> its outer Nesterov buffer
+        self.streaming()    # (the period is a multiple of the fragments)
+
+    @property
+    def anchored(self) -> bool:
+        """Whether averages start from anchors (compressed, or DiLoCo's outer step)."""
+        return self.outer_lr is not None or not self.comp.passthrough
+
+    def streaming(self, period=None) -> StreamingSchedule:
+        """The fragments' schedule for the current period (or ``period``)."""
+        sched = self.schedule
+        return StreamingSchedule(sched.period if period is None else period,
+                                 len(self.fragments), sched.warmup)
+
+    def describe(self) -> str:
+        """The outer settings as the exchange plan shows them."""
+        lr = "off" if self.outer_lr is None else repr(float(self.outer_lr))
+        return f"outer_lr={lr},outer_momentum={self.outer_momentum!r}," \
+               f"fragments={len(self.fragments)}"
 
     def step(self, closure):
         s = self.session
-        if not self.comp.passthrough:
+        if self.anchored:
             self._ensure_anchors()  # before the first local step: where every rank stands
         loss = self._base_step(closure)
         step = s.steps
         s.steps += 1
-        if s.averages_now(step) and s.communicates():
-            self.average()
+        alone_too = self.outer_lr is not None  # DiLoCo's outer step on one worker as well
+        if self.streaming().syncs_after(step) and \
+                (s.exchanges() if alone_too else s.communicates()):
+            self.sync()
         s.close_step()
         return loss
+
+    def sync(self):
+        """The schedule's next fragment syncs now (every parameter with one fragment);
+        the buffers go with the last fragment."""
+        f = self.streaming().fragment(self.synced)
+        self.synced += 1
+        self._sync(self.fragments[f], buffers=f == len(self.fragments) - 1)
 
     def average(self):
         """Average the parameters and float buffers over the ranks now.  Uncompressed: the
         parameters' exact mean; compressed: each rank's change since the last average
-        goes through the compressor and all ranks add the mean change to the anchors."""
-        params = self.params
-        if self.comp.passthrough:
+        goes through the compressor and all ranks add the mean change to the anchors;
+        DiLoCo: one outer step of every fragment (the schedule's position stays)."""
+        self._sync([p for run in self.fragments for p in run], buffers=True)
+
+    def _sync(self, params, buffers: bool):
+        if self.outer_lr is None and self.comp.passthrough:
             self._allreduce_in_place([(self.names[p], p.data) for p in params])
-        else:
+        elif self.outer_lr is None:
             self._ensure_anchors()
             deltas = {p: p.detach() - self.anchors[p] for p in params}
             self._exchange_all(deltas)
@@ -64,7 +119,24 @@ class LocalSGD:
                 for p in params:
                     self.anchors[p].add_(deltas[p])
                     p.copy_(self.anchors[p])
-        self._allreduce_in_place(self.buffers)
+        else:
+            self._outer_step(params)
+        if buffers and self.session.communicates():
+            self._allreduce_in_place(self.buffers)
+
+    def _outer_step(self, params):
+        """DiLoCo: the mean pseudo-gradient ``anchor - p`` moves the anchors by one
+        Nesterov step (:func:`~hvd_compress.core.outer.nesterov_step`); p = anchor."""
+        self._ensure_anchors()
+        grads = {p: self.anchors[p] - p.detach() for p in params}
+        if self.session.communicates():
+            self._exchange_all(grads)
+        with torch.no_grad():
+            for p in params:
+                self.anchors[p], self.momenta[p] = nesterov_step(
+                    self.anchors[p], grads[p], self.momenta.get(p), self.outer_lr,
+                    self.outer_momentum)
+                p.copy_(self.anchors[p])
 
     def _ensure_anchors(self):
         if self.anchors is None:
@@ -79,14 +151,21 @@ class LocalSGD:
         engine.receive(batches, s.stats, outs=[[t] for _, t in named])
 
     def state_dict(self) -> dict:
-        if self.anchors is None:
-            return {}
-        return {"anchors": {self.names[p]: a.clone() for p, a in self.anchors.items()}}
+        out = {}
+        if self.anchors is not None:
+            out["anchors"] = {self.names[p]: a.clone() for p, a in self.anchors.items()}
+        if self.outer_lr is not None or len(self.fragments) > 1:
+            out["outer"] = {"synced": self.synced,
+                            "momenta": {self.names[p]: b.clone() for p, b in self.momenta.items()}}
+        return out
 
     def load_state_dict(self, sd: dict) -> None:
+        by_name = {n: p for p, n in self.names.items()}
         if "anchors" in sd:
-            by_name = {n: p for p, n in self.names.items()}
             self.anchors = {by_name[n]: a.clone() for n, a in sd["anchors"].items()}
+        if "outer" in sd:
+            self.synced = int(sd["outer"]["synced"])
+            self.momenta = {by_name[n]: b.clone() for n, b in sd["outer"]["momenta"].items()}
 
 
 class DelayedAveraging:
