@@ -89,6 +89,7 @@ def test_the_issue_table_is_one_matrix_with_each_method_and_its_flags():
     (["--example", "lm", "--optimizer", "sgd"], "invalid choice: 'sgd'"),
     (["--example", "lm", "--stop-at-target"], "--stop-at-target needs --target-accuracy A"),
     (["--example", "lm", "--compression", "powersgd:rank=2", "--diloco", "0"], "must be >= 1"),
+    (["--example", "lm", "--diloco", "50", "--fragments", "4"], "must be a multiple of fragments (4)"),
 ])
 def test_what_the_language_model_alone_runs_is_refused_elsewhere(flags, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:

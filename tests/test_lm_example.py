@@ -89,6 +89,8 @@ def test_help():
     (["--stop-at-target"], "--stop-at-target needs --target-loss L"),
     (["--d-model", "30", "--heads", "4"], "not a multiple of --heads 4"),
     (["--diloco", "0"], "must be >= 1"),
+    (["--diloco", "6", "--fragments", "4"], "must be a multiple of fragments (4)"),
+    (["--diloco", "4", "--outer-momentum", "1"], "outer_momentum must be in [0, 1)"),
 ])
 def test_bad_flags_are_refused_before_anything_starts(flags, message, capsys):
     import train_lm

@@ -41,7 +41,7 @@ from _common import finish, make_optimizer, reset_stats, setup, synchronize
 from models import TinyLM
 
 import hvd_compress.torch as hc
-from hvd_compress.localsteps import check_local_args
+from hvd_compress.localsteps import check_local_args, check_outer_args
 from hvd_compress.tools import runtools
 from hvd_compress.tools.datasets import lm_batch_starts, lm_val_starts, stdlib_text
 
@@ -130,10 +130,11 @@ def check_args(ap, args) -> dict:
     if missing:
         usage_error(ap, "--diloco needs hvd_compress.torch.DistributedOptimizer's "
                         f"{', '.join(missing)}, which this version does not have")
-    try:  # what local SGD refuses (a compressor it cannot run), as its own usage error
+    try:  # what local SGD and the outer step refuse (a compressor, a period), as usage errors
         from hvd_compress.core import policy
         for spec in policy.Policy(args.compression).known_specs() or [None]:
             check_local_args(True, args.diloco, 0, 0, True, spec)
+        check_outer_args(True, args.outer_lr, args.outer_momentum, args.fragments, args.diloco)
     except ValueError as exc:
         usage_error(ap, f"--diloco: {exc}")
     args.local_sgd, args.backward_passes_per_step = True, args.diloco  # DiLoCo is local SGD

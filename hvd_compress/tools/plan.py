@@ -127,7 +127,15 @@ def mode_flags(mode: str, nodes: int = 1, np_: int = 0) -> list[str]:
 def check_modes(specs, modes) -> None:
     """Raise ValueError for a compressor that a mode cannot run (the optimizers' own rule,
     e.g. DGA needs a one-round compressor), before anything is launched."""
-    from ..localsteps import check_local_args
+    from ..localsteps import check_local_args, check_outer_args
+    for mode in modes:  # DiLoCo's period: a multiple of its fragments
+        flags = mode_flags(mode) if mode not in (MWMS, FLAT) and mode not in EXCHANGE_MODES else []
+        if "--diloco" in flags:
+            fragments = int(flags[-1]) if "--fragments" in flags else 1
+            try:
+                check_outer_args(True, 0.7, 0.9, fragments, int(flags[1]))
+            except ValueError as exc:
+                raise ValueError(f"mode {mode}: {exc}") from None
     for spec in specs:
         for mode in modes:
             if mode in (MWMS, FLAT) or mode in EXCHANGE_MODES:  # uncompressed / any spec
