@@ -15,14 +15,18 @@ def entries(params, names) -> list:
 
 
 def optimizer_plan(session, comp, names, groups, rows, backward_passes_per_step,
-                   sparse_as_dense, buffers) -> dict:
+                   sparse_as_dense, local) -> dict:
     """Compressor, op, settings, groups, and the parameters in the order they travel.
     ``names``: parameter -> name; ``rows``: the per-tensor plan (:meth:`plan`'s rows) or
-    None; ``buffers``: local SGD's ``(name, buffer)`` pairs."""
+    None; ``local``: the local SGD strategy (:class:`~.localsteps.LocalSGD`: its
+    buffers and DiLoCo settings) or None."""
     schedule = session.schedule
     per_tensor = {}
     if rows is not None:  # each tensor's own compressor
         per_tensor["plan"] = [r.compression for r in rows]
+    if local is not None:
+        per_tensor["outer"] = local.describe()
+    buffers = local.buffers if local is not None else []
     return agreement.plan(
         "torch.DistributedOptimizer", comp.describe(), agreement.op_name(session.op, hvd),
         session.predivide, backward_passes_per_step,

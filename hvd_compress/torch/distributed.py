@@ -20,7 +20,9 @@ import warnings
 
 import horovod.torch as hvd
 
+from ..core.outer import OUTER_MOMENTUM
 from ..core.policy import DEFAULT_MIN_NUMEL
+from ..localsteps import check_outer_args
 from .compressors import TorchPolicy, as_compression, pair_dgc_with_momentum
 from .optimizer import _DistributedOptimizer
 from .params import check_args
@@ -34,7 +36,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          local_sgd=False, local_sgd_warmup_steps=0, named_buffers=None, delay=0,
                          min_numel=DEFAULT_MIN_NUMEL, start_step=0, hierarchical=None,
-                         exchange="auto"):
+                         exchange="auto", outer_lr=None, outer_momentum=OUTER_MOMENTUM,
+                         fragments=1):
     """Wrap ``optimizer`` so gradients are compressed, exchanged and averaged across ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer`` 0.28.1, with
@@ -54,7 +57,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     ``backward_passes_per_step`` steps the workers average their parameters
     (compressed: their change since the last average, with error feedback) and the
     float buffers in ``named_buffers`` (``model.named_buffers()`` for BatchNorm);
-    ``local_sgd_warmup_steps=K`` synchronous steps come first.  ``delay=D``: Delayed
+    ``local_sgd_warmup_steps=K`` synchronous steps come first.  DiLoCo (with
+    ``local_sgd``; :mod:`hvd_compress.core.outer`): ``outer_lr`` (the paper: 0.7; None,
+    the default: the plain average) makes each average an outer Nesterov step of
+    momentum ``outer_momentum`` (0.9) on the mean pseudo-gradient ``anchor - p`` (any
+    compressor carries it, with error feedback); ``fragments=F`` (Streaming DiLoCo)
+    syncs one of F parameter fragments every ``backward_passes_per_step / F`` steps,
+    each every ``backward_passes_per_step`` (docs/local-steps.md).  ``delay=D``: Delayed
     Gradient Averaging, step i's average applied at step i + D as ``g_i - g_{i-D} +
     avg(g_{i-D})`` (a one-round compressor, ``backward_passes_per_step=1``; call
     ``drain()`` at the end).  ``exchange``: how compressed payloads travel --
@@ -77,10 +86,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     comp = as_compression(compression, min_numel, start_step)
     check_args(comp.specs(), op, gradient_predivide_factor, backward_passes_per_step, local_sgd,
                local_sgd_warmup_steps, delay, start_step)
+    check_outer_args(local_sgd, outer_lr, outer_momentum, fragments, backward_passes_per_step)
     if not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
         pair_dgc_with_momentum(optimizer, comp)  # local steps keep their own momentum
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, local_sgd,
-               local_sgd_warmup_steps, named_buffers, delay, hierarchical, exchange)
+               local_sgd_warmup_steps, named_buffers, delay, hierarchical, exchange,
+               outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments)

@@ -5,7 +5,7 @@ It hands the wrapped optimizer's gradients to a :class:`~hvd_compress.session.Se
 through a :class:`~.grads.GradientPath` (hooks, what a parameter sends, where its
 average lands), and keeps Horovod's optimizer API: ``synchronize()`` /
 ``skip_synchronize()``, ``set_backward_passes_per_step``, ``state_dict()``.  Local SGD
-and DGA are strategies in :mod:`.localsteps`.
+(DiLoCo's outer step included) and DGA are strategies in :mod:`.localsteps`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, local_sgd=False,
                  local_sgd_warmup_steps=0, named_buffers=None, delay=0, hierarchical=None,
-                 exchange="auto"):
+                 exchange="auto", **outer):
         super(self.__class__, self).__init__(params)
         s = self._session = Session(
             hvd, process_set, HorovodTorch, op=op, predivide=gradient_predivide_factor,
@@ -77,7 +77,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Local SGD: backward_passes_per_step is the averaging period, each pass a local step.
         s.set_groups(made, 1 if local_sgd else backward_passes_per_step)
         self._local = LocalSGD(s, self._requires_update, names, compression, named_buffers,
-                               self._base_step, self._path.exchange_all) if local_sgd else None
+                               self._base_step, self._path.exchange_all, **outer) \
+            if local_sgd else None  # (outer: DiLoCo's outer_lr, outer_momentum, fragments)
         self._dga = DelayedAveraging(s, delay, self._path, self._base_step) if delay else None
         if s.follow_world(compression) and elastic_launch():
             self._path.register_hooks(self._requires_update)  # (as Horovod's: it may grow)
@@ -113,8 +114,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         comp, local = self._compression, self._local
         return optimizer_plan(self._session, comp, self._parameter_names, self._session.groups,
                               self.plan() if hasattr(comp, "policy") else None,
-                              self.backward_passes_per_step, self.sparse_as_dense,
-                              local.buffers if local is not None else [])
+                              self.backward_passes_per_step, self.sparse_as_dense, local)
 
     # -- steps -----------------------------------------------------------------------------
     def set_backward_passes_per_step(self, passes):
@@ -155,8 +155,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._base_step(closure)
 
     def average_parameters(self):
-        """Local SGD: average parameters and float buffers now (``step()`` does every
-        ``backward_passes_per_step`` local steps), e.g. before evaluating."""
+        """Local SGD: average parameters and float buffers now (DiLoCo: an outer step of
+        every fragment), e.g. before evaluating; ``step()`` does it when due."""
         if self._local is None:
             raise RuntimeError("average_parameters() is for local_sgd=True")
         self._local.average()

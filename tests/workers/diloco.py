@@ -1,0 +1,142 @@
+"""Bodies for tests/test_diloco.py (torch), one ``horovodrun -np 3`` launch.
+
+The np 2 cases run on the process set of ranks 0 and 1 (rank 2 only waits at the
+closing barrier), the np 3 cases on every rank.  The model: Linear(4, 3), Tanh,
+Linear(3, 2) (tensors ``0.bias 0.weight 2.bias 2.weight`` in exchange order, 3, 12, 2
+and 6 values), squared loss on data of each rank's own; the inner optimizer records
+the parameters after each of its own steps, i.e. what each rank holds before a sync:
+the inputs of the numpy reference (tests/workers/diloco_hand.py).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+
+_PAIR = []  # the process set of ranks 0 and 1, once Horovod is up
+SEEN = []   # the parameters after each inner step: {name: list}
+
+
+def _init():
+    import horovod.torch as hvd
+    if not _PAIR:
+        _PAIR.append(hvd.ProcessSet([0, 1]))
+        hvd.init(process_sets=[_PAIR[0]])
+    return hvd, _PAIR[0]
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+
+
+def _batch(rank, step):
+    g = np.random.default_rng(1000 + 97 * rank + step)
+    x = g.normal(size=(8, 4)).astype(np.float32) * (1 + rank)
+    y = np.stack([x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32),
+                  x[:, 0] * (1.0 + rank)], 1).astype(np.float32)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _named(model) -> dict:
+    return {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+
+
+def _recorder(base):
+    """``base`` (an optimizer class) whose own step records the parameters by name."""
+    class Recorder(base):
+        def step(self, closure=None):
+            loss = super().step(closure)
+            names = {p: n for n, p in self._rec_model.named_parameters()}
+            SEEN.append({names[p]: p.detach().reshape(-1).tolist()
+                         for g in self.param_groups for p in g["params"]})
+            return loss
+    return Recorder
+
+
+def _optimizer(model, spec, period, fragments, outer_lr, outer_momentum, warmup, pset,
+               inner="sgd"):
+    import hvd_compress.torch as hc
+    if inner == "sgd":
+        base = _recorder(torch.optim.SGD)(model.parameters(), lr=0.1, momentum=0.5)
+    else:
+        base = _recorder(torch.optim.AdamW)(model.parameters(), lr=0.01, weight_decay=0.1)
+    opt = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                  compression=spec, backward_passes_per_step=period,
+                                  local_sgd=True, local_sgd_warmup_steps=warmup,
+                                  outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                  fragments=fragments, min_numel=0, process_set=pset)
+    opt._rec_model = model
+    return opt
+
+
+def _train(model, opt, rank, steps, log=None, start=0):
+    for step in range(start, start + steps):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        if log is not None:
+            log.append({"inner": SEEN[-1], "after": _named(model),
+                        "synced": opt._local.synced,
+                        "bytes": opt.last_stats["bytes_sent"]})
+
+
+def outer_run(spec="none", size=2, period=4, fragments=1, steps=8, outer_lr=0.7,
+              outer_momentum=0.9, warmup=0):
+    """DiLoCo for ``steps`` steps; per step every rank's parameters after its inner step
+    and after the optimizer's step, the fragment syncs so far and the bytes sent; the
+    first parameters and the fragments by name."""
+    hvd, pair = _init()
+    pset = pair if size == 2 else hvd.global_process_set
+    out = None
+    if hvd.rank() < size:
+        model = _model()
+        first = _named(model)
+        opt = _optimizer(model, spec, period, fragments, outer_lr, outer_momentum, warmup, pset)
+        SEEN.clear()
+        log = []
+        _train(model, opt, hvd.rank(), steps, log)
+        names = opt._parameter_names
+        out = {"first": first, "log": log,
+               "fragments": [[names[p] for p in run] for run in opt._local.fragments]}
+    hvd.barrier()
+    return out
+
+
+def resume(spec="topk:ratio=0.25", size=3, period=4, fragments=2, steps=11, cut=7):
+    """The same DiLoCo run (AdamW inside) uninterrupted and saved after ``cut`` steps
+    (between two syncs), loaded into a fresh model and optimizer, continued to ``steps``:
+    both runs' parameters at the end, and what the checkpoint held."""
+    hvd, pair = _init()
+    pset = pair if size == 2 else hvd.global_process_set
+    out = None
+    if hvd.rank() < size:
+        rank = hvd.rank()
+        model = _model()
+        opt = _optimizer(model, spec, period, fragments, 0.7, 0.9, 0, pset, inner="adamw")
+        _train(model, opt, rank, steps)
+        whole = _named(model)
+
+        model = _model()
+        opt = _optimizer(model, spec, period, fragments, 0.7, 0.9, 0, pset, inner="adamw")
+        _train(model, opt, rank, cut)
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+        saved = opt.state_dict()["hvd_compress"]
+        del model, opt
+        buf.seek(0)
+        ckpt = torch.load(buf, weights_only=False)
+        model = _model()
+        for p in model.parameters():  # a fresh model elsewhere: nothing left of the first
+            torch.nn.init.normal_(p)
+        opt = _optimizer(model, spec, period, fragments, 0.7, 0.9, 0, pset, inner="adamw")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        _train(model, opt, rank, steps - cut, start=cut)
+        out = {"whole": whole, "resumed": _named(model), "synced": saved["outer"]["synced"],
+               "momenta": sorted(saved["outer"]["momenta"]), "anchors": sorted(saved["anchors"])}
+    hvd.barrier()
+    return out
