@@ -204,3 +204,22 @@ def test_elastic_merge_keeps_this_ranks_owner_residuals():
     mine = {"spec": {}, "tensors": {}, "owner": {"spec": {}, "tensors": {"w#1/2": {"x": 1}}}}
     assert "owner" not in shared_state(root)
     assert merge_state(shared_state(root), mine)["owner"] == mine["owner"]
+
+
+@pytest.mark.parametrize("min_numel", [0, 4])
+def test_restarting_error_feedback_empties_every_residual(min_numel):
+    """0/1 Adam's local steps start from zero residuals, with one compressor or a per-tensor
+    policy (the examples' default): gradient residuals added to accumulated updates, 300
+    times smaller, made the loss explode."""
+    torch = pytest.importorskip("torch")
+    from hvd_compress.core.spec import parse
+    from hvd_compress.torch.adam import _emptied
+    from hvd_compress.torch.compressors import as_compression
+    comp = as_compression("efsignsgd", min_numel, 0)
+    child = comp.child(parse("efsignsgd")) if min_numel else comp
+    child.core.encode(torch.linspace(-1, 1, 9), "w")
+    assert child.core.states["w"].residual.abs().max() > 0
+    comp.load_state_dict(_emptied(comp.state_dict()))
+    child = comp.child(parse("efsignsgd")) if min_numel else comp
+    assert child.core.states == {}
+    assert "owner" not in child.core.state_dict()

@@ -257,7 +257,6 @@ class ShellExchange:
 
     def __init__(self, opt, session, names, path, comp):
         self.opt, self.session, self.names, self.path, self.comp = opt, session, names, path, comp
-        self.fresh = comp.state_dict()  # before any exchange: no residual yet
 
     @classmethod
     def of(cls, opt, names, comp):
@@ -287,7 +286,15 @@ class ShellExchange:
             self.path.exchange_all(src)
 
     def restart_feedback(self) -> None:
-        self.comp.load_state_dict(self.fresh)
+        self.comp.load_state_dict(_emptied(self.comp.state_dict()))
+
+
+def _emptied(sd: dict) -> dict:
+    """A compressor's (or per-tensor policy's) ``state_dict()`` without any tensor's state
+    or the two-phase owner's: every residual zero again, the rest (spec, noise) kept."""
+    if "compressors" in sd:
+        return {**sd, "compressors": {k: _emptied(v) for k, v in sd["compressors"].items()}}
+    return {**{k: v for k, v in sd.items() if k != "owner"}, "tensors": {}}
 
 
 def check_rule_args(optimizer, op, gradient_predivide_factor, backward_passes_per_step,
