@@ -19,7 +19,10 @@ TINY = ["--steps", "12", "--eval-every", "4", "--batch-size", "4", "--context", 
         "--lr", "0.01", "--warmup-steps", "2", "--quiet"]
 # {key: arguments before --json}: the runs of the one launch
 RUNS = {"adamw": ["--target-loss", "5.0"],
-        "topk": ["--compression", "topk:ratio=0.01", "--min-numel", "0"]}
+        "topk": ["--compression", "topk:ratio=0.01", "--min-numel", "0"],
+        "onebit": ["--optimizer", "onebit-adam", "--compression", "efsignsgd", "--exchange",
+                   "two-phase", "--freeze-step", "6"],
+        "diloco": ["--diloco", "4"]}
 
 
 def test_the_split_is_by_file_and_the_same_every_time(tmp_path):
@@ -160,3 +163,25 @@ def test_a_tiny_run_at_np_2_learns_and_reports_what_compare_reads(runs):
     assert topk["compression"] == "topk:ratio=0.01"
     assert topk["bytes_per_step"] < doc["bytes_per_step"] / 10
     assert topk["time_to_target_s"] is None and topk["target_loss"] is None
+
+
+@pytest.mark.multiprocess
+def test_the_adam_family_and_diloco_are_wired_as_asked(runs):
+    """The example hands its flags to the optimizers (their arithmetic: tests/test_adam*.py,
+    tests/test_diloco.py): 1-bit Adam sends dense for --freeze-step steps, then 1-bit
+    momentum; DiLoCo sends every H-th step; both learn."""
+    dense = runs["adamw"]
+    for key, optimizer in (("onebit", "onebit-adam"), ("diloco", "adamw")):
+        doc = runs[key]
+        assert doc["optimizer"] == optimizer and doc["steps"] == 12
+        assert doc["curve"][-1]["val_loss"] < doc["curve"][0]["val_loss"], doc["curve"]
+    one = runs["onebit"]
+    assert (one["compression"], one["exchange"]) == ("efsignsgd", "two-phase")
+    # --freeze-step 6 of 12 steps: about half of them dense (five where Horovod's
+    # broadcast_optimizer_state, whose zero-gradient step the rule counts, took the first)
+    assert 5 / 12 * dense["bytes_per_step"] <= one["bytes_per_step"] < 7 / 12 * dense["bytes_per_step"]
+    lo = runs["diloco"]
+    assert (lo["diloco"], lo["outer_lr"], lo["outer_momentum"], lo["fragments"]) == (4, 0.7, 0.9, 1)
+    assert lo["local_sgd"] and lo["backward_passes_per_step"] == 4
+    assert lo["bytes_per_step"] <= dense["bytes_per_step"] / 3  # three syncs in 12 steps
+
