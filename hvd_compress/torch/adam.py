@@ -263,6 +263,7 @@ class ShellExchange:
         """The exchange of shell ``opt`` if it wraps a 1-bit / 0-1 Adam, else None."""
         if not getattr(opt, "hvd_compress_rule", False):
             return None
+        opt._path.own = True  # no gradient hooks; synchronize() does nothing
         return cls(opt, opt._session, names, opt._path, comp)
 
     def step(self, closure):

@@ -23,6 +23,7 @@ import horovod.torch as hvd
 from ..core.outer import OUTER_MOMENTUM
 from ..core.policy import DEFAULT_MIN_NUMEL
 from ..localsteps import check_outer_args
+from .adam import adopt_rule, check_rule_args
 from .compressors import TorchPolicy, as_compression, pair_dgc_with_momentum
 from .optimizer import _DistributedOptimizer
 from .params import check_args
@@ -76,7 +77,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     ``"auto"`` (the default): the ranks time a few collectives at the first exchange and
     each tensor takes the cheapest (:mod:`hvd_compress.core.autoexchange`; ``plan()`` says
     which and why).  ``hierarchical=True`` is ``exchange="hierarchical"``; ``False`` keeps
-    the hierarchy out of ``"auto"``.
+    the hierarchy out of ``"auto"``.  ``optimizer`` may be :class:`~.adam.OneBitAdam` or
+    :class:`~.adam.ZeroOneAdam`: their rule then decides what travels (dense gradients,
+    the compressed momentum or accumulated updates), every exchange in ``step()``.
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
@@ -87,11 +90,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     check_args(comp.specs(), op, gradient_predivide_factor, backward_passes_per_step, local_sgd,
                local_sgd_warmup_steps, delay, start_step)
     check_outer_args(local_sgd, outer_lr, outer_momentum, fragments, backward_passes_per_step)
-    if not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
+    rule = getattr(optimizer, "hvd_compress_rule", False)  # 1-bit / 0-1 Adam (.adam)
+    if rule:
+        check_rule_args(optimizer, op, gradient_predivide_factor, backward_passes_per_step,
+                        local_sgd, delay, hvd)
+    elif not local_sgd and not isinstance(comp, TorchPolicy):  # (a policy pairs once named)
         pair_dgc_with_momentum(optimizer, comp)  # local steps keep their own momentum
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, local_sgd,
-               local_sgd_warmup_steps, named_buffers, delay, hierarchical, exchange,
-               outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments)
+    wrapped = cls(optimizer.param_groups, named_parameters, comp, backward_passes_per_step, op,
+                  gradient_predivide_factor, groups, sparse_as_dense, process_set, local_sgd,
+                  local_sgd_warmup_steps, named_buffers, delay, hierarchical, exchange,
+                  outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments)
+    if rule:
+        adopt_rule(wrapped, optimizer)
+    return wrapped

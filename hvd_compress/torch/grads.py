@@ -17,16 +17,18 @@ class GradientPath:
 
     ``names``: parameter -> name; ``comp``: the optimizer's compression; ``dga``: set
     to a :class:`~.localsteps.DelayedAveraging` when gradients are averaged late (it
-    keeps a copy of what is sent and tags the steps in flight)."""
+    keeps a copy of what is sent and tags the steps in flight); ``own``: set where the
+    optimizer exchanges in its step (1-bit / 0-1 Adam, :mod:`.adam`): no hooks, and
+    :meth:`synchronize` does nothing."""
 
     def __init__(self, session, names, comp, sparse_as_dense: bool):
         self.session, self.names, self.comp = session, names, comp
-        self.sparse_as_dense, self.hooks, self.dga = sparse_as_dense, [], None
+        self.sparse_as_dense, self.hooks, self.dga, self.own = sparse_as_dense, [], None, False
 
     def register_hooks(self, params) -> None:
         """Horovod's way: a parameter's hook fires once its gradient is accumulated, and
         the group goes out when every member has had all its passes (once only)."""
-        if not self.hooks:
+        if not self.hooks and not self.own:
             self.hooks = [p.register_post_accumulate_grad_hook(self._hook(p)) for p in params]
 
     def _hook(self, p):
@@ -68,7 +70,7 @@ class GradientPath:
 
     def synchronize(self) -> None:
         """Send the groups whose hooks did not fire and finish the step's exchange."""
-        if self.session.exchanges():
+        if self.session.exchanges() and not self.own:
             self.session.synchronize(self.launch, self.collect)
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..pertensor import format_plan
 from ..session import Session, fuse_uncompressed
+from .adam import ShellExchange
 from .agreement import entries, optimizer_plan
 from .checkpoint import load_ours, ours
 from .collectives import HorovodTorch
@@ -56,10 +57,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         named_parameters = checked_names(self.param_groups, named_parameters)
         names = self._parameter_names = {v: k for k, v in sorted(named_parameters,
                                                                  key=lambda kv: kv[0])}
-        self.backward_passes_per_step, self.op, self.process_set = backward_passes_per_step, \
-            op, process_set
-        self.gradient_predivide_factor, self.sparse_as_dense = gradient_predivide_factor, \
-            sparse_as_dense
+        self.backward_passes_per_step, self.op, self.process_set = backward_passes_per_step, op, process_set
+        self.gradient_predivide_factor, self.sparse_as_dense = gradient_predivide_factor, sparse_as_dense
         self._synchronized, self._should_synchronize = False, True
         # Empty parameters carry nothing to exchange.
         self._requires_update = [p for g in self.param_groups for p in g["params"]
@@ -80,6 +79,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                self._base_step, self._path.exchange_all, **outer) \
             if local_sgd else None  # (outer: DiLoCo's outer_lr, outer_momentum, fragments)
         self._dga = DelayedAveraging(s, delay, self._path, self._base_step) if delay else None
+        self._rule = ShellExchange.of(self, names, compression)  # 1-bit / 0-1 Adam: no hooks
         if s.follow_world(compression) and elastic_launch():
             self._path.register_hooks(self._requires_update)  # (as Horovod's: it may grow)
         s.attach(compression, self._plan, wrap=lambda e: SparseAware(e, process_set, op),
@@ -142,8 +142,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s = self._session
         if called_by_broadcast_optimizer_state():  # state init: no exchange, as Horovod's
             return state_init_step(self.param_groups, self._base_step, closure)
-        if s.local_phase():
-            return self._local.step(closure)
+        if self._rule is not None or s.local_phase():  # 1-bit / 0-1 Adam, local SGD
+            return (self._rule or self._local).step(closure)
         if self._dga is not None and s.communicates():
             return self._dga.step(closure)
         if self._should_synchronize:
