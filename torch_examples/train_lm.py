@@ -211,8 +211,9 @@ def train(args, model, opt, train_stream, val_stream, val_starts):
         progress.update(steps, f"loss {losses[-1]:.3f}")
         if steps % args.eval_every and steps != args.steps:
             continue
-        if steps == args.steps and runtools.needs_final_average(args, steps):
-            opt.average_parameters()  # evaluate the mean model, not this worker's
+        if steps == args.steps and (runtools.needs_final_average(args, steps) or args.fragments > 1):
+            opt.average_parameters()  # evaluate the mean model, not this worker's (Streaming
+            # DiLoCo's fragments sync at different steps: at a multiple of H too)
         synchronize(device)
         train_s += time.perf_counter() - t0
         val = validation_loss(model, val_stream, val_starts, args.context)
