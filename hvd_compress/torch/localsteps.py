@@ -17,6 +17,7 @@ import torch
 from ..core import build
 from ..core.outer import OUTER_MOMENTUM, StreamingSchedule, nesterov_step, split_fragments
 from ..localsteps import check_outer_args
+from .adam import _emptied as emptied
 from .backend import TorchBackend
 
 
@@ -40,7 +41,9 @@ class LocalSGD:
     parameters in exchange order cut into F runs of about equal size
     (:func:`~hvd_compress.core.outer.split_fragments`), one run synced every
     ``period / F`` steps in turn (:class:`~hvd_compress.core.outer.StreamingSchedule`),
-    the float buffers with the last run (a period changed by
+    the float buffers with the last run.  After ``warmup`` compressed synchronous
+    steps the compressor's residuals (of gradients) are emptied before the first local
+    step: error feedback on parameter changes starts from zero (a period changed by
     ``set_backward_passes_per_step`` must stay a multiple of F: the next step raises
     ValueError otherwise).  One worker alone takes the outer step on its own
     pseudo-gradient, uncompressed."""
@@ -82,8 +85,11 @@ class LocalSGD:
 
     def step(self, closure):
         s = self.session
-        if self.anchored:
-            self._ensure_anchors()  # before the first local step: where every rank stands
+        if self.anchored and self.anchors is None:  # the first local step
+            if s.steps and not self.comp.passthrough:  # after a compressed warm-up:
+                # its gradients' residuals must not enter the parameters' exchange
+                self.comp.load_state_dict(emptied(self.comp.state_dict()))
+            self._ensure_anchors()  # where every rank stands
         loss = self._base_step(closure)
         step = s.steps
         s.steps += 1
