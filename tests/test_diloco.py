@@ -19,7 +19,7 @@ from hvd_compress.core.outer import (
     split_fragments,
 )
 from hvd_compress.localsteps import check_outer_args
-from tests.harness import run_horovod, run_many
+from tests.launches import TORCH_GLOO3
 from tests.workers.diloco_hand import HandDiLoCo
 
 
@@ -262,11 +262,14 @@ FRAGMENTS = {1: [["0.bias", "0.weight", "2.bias", "2.weight"]],
              4: [["0.bias"], ["0.weight"], ["2.bias"], ["2.weight"]]}
 
 
+for _key, _kw in CASES.items():  # in the np 3 launch other modules share (tests.launches)
+    TORCH_GLOO3.add(__name__, _key, "tests.workers.diloco:outer_run", _kw)
+TORCH_GLOO3.add(__name__, "resume", "tests.workers.diloco:resume", {})
+
+
 @pytest.fixture(scope="module")
-def launched():
-    calls = [(key, "tests.workers.diloco:outer_run", kw) for key, kw in CASES.items()]
-    calls.append(("resume", "tests.workers.diloco:resume", {}))
-    return run_many(run_horovod, calls, np=3, timeout=900)
+def launched(request):
+    return {key: TORCH_GLOO3.results(request, key) for key in [*CASES, "resume"]}
 
 
 def _expected_syncs(case):

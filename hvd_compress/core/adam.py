@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["AdamHyper", "OneBitSchedule", "ZeroOneSchedule", "moment", "variance",
-           "denominator", "direction", "reference"]
+           "denominator", "direction", "fuse", "unfuse", "FUSED", "reference"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,31 @@ class ZeroOneSchedule:
             setattr(self, k, int(sd[k]))
 
 
+#: the name the fused buffer travels by (its compressor state, its collectives)
+FUSED = "hvd_compress.adam.fused"
+
+
+def fuse(B, xs):
+    """The tensors ``xs`` as one float32 vector, in order: what travels.  As DeepSpeed's
+    compressed allreduce, the whole model goes as one buffer -- one encode, one alltoall
+    and one allgather a step, not a pair of collectives per tensor."""
+    return B.concat([B.reshape(B.cast(x, "float32"), (-1,)) for x in xs])
+
+
+def unfuse(B, flat, like) -> list:
+    """:func:`fuse`'s vector cut back into tensors shaped (and typed) as ``like``."""
+    out, at = [], 0
+    for x in like:
+        shape = tuple(B.shape(x))
+        n = 1
+        for d in shape:
+            n *= int(d)
+        piece = B.reshape(flat[at:at + n], shape)
+        out.append(piece if B.dtype_name(x) == "float32" else B.cast(piece, B.dtype_name(x)))
+        at += n
+    return out
+
+
 def _mean(B, xs):
     """The ranks' average as the dense engine computes it: the sum in rank order, times
     ``1 / p`` (exact whatever the order for the tests' dyadic gradients)."""
@@ -198,20 +223,18 @@ def _mean(B, xs):
     return total * (1.0 / len(xs))
 
 
-def reference(B, algorithm: str, schedule, hyper: AdamHyper, params, grads, workers=None,
-              names=None):
+def reference(B, algorithm: str, schedule, hyper: AdamHyper, params, grads, workers):
     """Train every rank at once by the paper's update: the numpy reference of the torch
     optimizers.  ``algorithm``: ``"onebit"`` or ``"zeroone"``; ``schedule``: its
     schedule (advanced here); ``params``: the starting tensors (the same on every rank);
     ``grads(t, r, params_r)``: rank r's gradients at step t (1, 2, ...) given its
     parameters, as a list, for as many steps as it returns lists (None: stop);
     ``workers``: one compressor per rank (their state advances; the compressed average is
-    :func:`.twophase.reference`); ``names``: the tensors' names.  Returns the ranks'
-    parameters after every step: ``[step][rank][tensor]``."""
+    :func:`.twophase.reference` of the tensors made one by :func:`fuse`).  Returns the
+    ranks' parameters after every step: ``[step][rank][tensor]``."""
     from .twophase import reference as two_phase
 
     p = len(workers)
-    names = names or [f"t{i}" for i in range(len(params))]
     ps = [[B.copy(x) for x in params] for _ in range(p)]
     ms = [[B.zeros(B.shape(x)) for x in params] for _ in range(p)]
     vs = [B.zeros(B.shape(x)) for x in params]  # the same on every rank
@@ -219,8 +242,9 @@ def reference(B, algorithm: str, schedule, hyper: AdamHyper, params, grads, work
     lrs, out, t = 0.0, [], 0
     zeroone = algorithm == "zeroone"
 
-    def compressed(xs):  # xs[r][i] -> the average every rank receives
-        return two_phase(workers, xs, names)
+    def compressed(xs):  # xs[r][i] -> the average every rank receives, fused
+        (avg,) = two_phase(workers, [[fuse(B, x)] for x in xs], [FUSED])
+        return unfuse(B, avg, xs[0])
 
     while True:
         t += 1

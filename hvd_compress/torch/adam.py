@@ -22,6 +22,7 @@ import torch
 
 from ..core import adam as rule
 from .backend import TorchBackend
+from .compressors import emptied_state
 
 __all__ = ["OneBitAdam", "ZeroOneAdam"]
 
@@ -250,21 +251,21 @@ class ZeroOneAdam(_CompressedAdam):
 
 class ShellExchange:
     """The exchanges of a wrapped :class:`OneBitAdam` / :class:`ZeroOneAdam`, through
-    the optimizer's session: ``dense`` by a plain average, ``compressed`` by the
-    optimizer's compression and exchange (``path``: its
-    :class:`~.grads.GradientPath`); ``restart_feedback`` empties the compressor's
-    state (every residual, the owners' too).  A single worker exchanges nothing."""
+    the optimizer's session, the tensors fused into one buffer: ``dense`` by a plain
+    average, ``compressed`` by the optimizer's compression and exchange;
+    ``restart_feedback`` empties the compressor's state (every residual, the owners'
+    too).  A single worker exchanges nothing."""
 
-    def __init__(self, opt, session, names, path, comp):
-        self.opt, self.session, self.names, self.path, self.comp = opt, session, names, path, comp
+    def __init__(self, opt, session, comp):
+        self.opt, self.session, self.comp = opt, session, comp
 
     @classmethod
-    def of(cls, opt, names, comp):
+    def of(cls, opt, comp):
         """The exchange of shell ``opt`` if it wraps a 1-bit / 0-1 Adam, else None."""
         if not getattr(opt, "hvd_compress_rule", False):
             return None
         opt._path.own = True  # no gradient hooks; synchronize() does nothing
-        return cls(opt, opt._session, names, opt._path, comp)
+        return cls(opt, opt._session, comp)
 
     def step(self, closure):
         """The shell's ``step()``: the rule's step with these exchanges, then the account."""
@@ -278,24 +279,31 @@ class ShellExchange:
     def dense(self, src: dict) -> None:
         if self.session.communicates():
             from ..core import build
-            self.session.average_dense(list(src.values()),
-                                       [f"adam.{self.names[p]}" for p in src],
+            flat = rule.fuse(_B, list(src.values()))
+            self.session.average_dense([flat], ["hvd_compress.adam.dense"],
                                        lambda: build("none", backend=_B))
+            self._back(flat, src)
 
     def compressed(self, src: dict) -> None:
-        if self.session.communicates():
-            self.path.exchange_all(src)
+        """``src``'s average through the compression, as one fused buffer
+        (:func:`~hvd_compress.core.adam.fuse`; a per-tensor policy sees one tensor,
+        named :data:`~hvd_compress.core.adam.FUSED`)."""
+        s = self.session
+        if s.communicates():
+            s.follow_world(self.comp)
+            s.ready_engine()
+            flat = rule.fuse(_B, list(src.values()))
+            (avg,) = s.exchange([flat], [rule.FUSED], lambda x: (tuple(x.shape), "float32"))
+            self._back(avg, src)
+
+    @staticmethod
+    def _back(flat, src: dict) -> None:
+        for t, piece in zip(src.values(), rule.unfuse(_B, flat, list(src.values()))):
+            t.copy_(piece)
 
     def restart_feedback(self) -> None:
-        self.comp.load_state_dict(_emptied(self.comp.state_dict()))
+        self.comp.load_state_dict(emptied_state(self.comp.state_dict()))
 
-
-def _emptied(sd: dict) -> dict:
-    """A compressor's (or per-tensor policy's) ``state_dict()`` without any tensor's state
-    or the two-phase owner's: every residual zero again, the rest (spec, noise) kept."""
-    if "compressors" in sd:
-        return {**sd, "compressors": {k: _emptied(v) for k, v in sd["compressors"].items()}}
-    return {**{k: v for k, v in sd.items() if k != "owner"}, "tensors": {}}
 
 
 def check_rule_args(optimizer, op, gradient_predivide_factor, backward_passes_per_step,

@@ -133,6 +133,14 @@ class TorchPolicy(PolicyFrontend):
         self.load_policy_state(_plain(state, to_torch=False))
 
 
+def emptied_state(sd: dict) -> dict:
+    """A compressor's (or per-tensor policy's) ``state_dict()`` without any tensor's state
+    or the two-phase owner's: every residual zero again, the rest (spec, noise) kept."""
+    if "compressors" in sd:
+        return {**sd, "compressors": {k: emptied_state(v) for k, v in sd["compressors"].items()}}
+    return {**{k: v for k, v in sd.items() if k != "owner"}, "tensors": {}}
+
+
 def as_compression(compression, min_numel: int, start_step: int):
     """What a torch wrapper's ``compression=`` becomes: the compressor itself where one spec
     goes to every tensor from the first step (``min_numel=0``, ``start_step=0``), else a

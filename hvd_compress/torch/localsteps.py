@@ -17,8 +17,8 @@ import torch
 from ..core import build
 from ..core.outer import OUTER_MOMENTUM, StreamingSchedule, nesterov_step, split_fragments
 from ..localsteps import check_outer_args
-from .adam import _emptied as emptied
 from .backend import TorchBackend
+from .compressors import emptied_state as emptied
 
 
 class LocalSGD:

@@ -79,7 +79,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                self._base_step, self._path.exchange_all, **outer) \
             if local_sgd else None  # (outer: DiLoCo's outer_lr, outer_momentum, fragments)
         self._dga = DelayedAveraging(s, delay, self._path, self._base_step) if delay else None
-        self._rule = ShellExchange.of(self, names, compression)  # 1-bit / 0-1 Adam: no hooks
+        self._rule = ShellExchange.of(self, compression)  # 1-bit / 0-1 Adam: no hooks
         if s.follow_world(compression) and elastic_launch():
             self._path.register_hooks(self._requires_update)  # (as Horovod's: it may grow)
         s.attach(compression, self._plan, wrap=lambda e: SparseAware(e, process_set, op),

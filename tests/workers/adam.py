@@ -87,10 +87,9 @@ def matches_reference(algorithm, spec, sched, steps, bias_correction=True, resum
     model, opt, got, wire = _run(hc, hvd, algorithm, spec, sched, bias_correction, steps)
     h = rule.AdamHyper(bias_correction=bias_correction, **HYPER)
     workers = [build(spec, rank=r, world_size=size) for r in range(size)]
-    names = [f"ws.{i}" for i in range(len(SHAPES))]
     ref = rule.reference(NumpyBackend(), algorithm, _schedule(algorithm, sched), h, _start(),
                          lambda t, r, ps: _grads(t, r, ps) if t <= steps else None,
-                         workers=workers, names=names)
+                         workers=workers)
     report = {"got": [[x.tolist() for x in step] for step in got],
               "same": [all(np.array_equal(a, b) for a, b in zip(mine, ref[i][rank]))
                        for i, mine in enumerate(got)],
