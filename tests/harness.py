@@ -183,14 +183,53 @@ def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",
         return _run(cmd, outdir, np, timeout, env)
 
 
-def digests_by_threads(code: str, threads=(1, 2)) -> list[str]:
-    """What ``code`` prints (a digest of its results; ``sys.argv[1]`` is the intra-op
-    thread count it sets) in a fresh process per thread count, the fused ops on: the
-    thread-count independence checks of the compiled TensorFlow ops."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
-    return [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True,
-                           cwd=REPO, env=env, timeout=DEFAULT_TIMEOUT, check=True).stdout.strip()
-            for t in threads]
+#: one fresh process per thread count runs every registered program (below)
+_DIGEST_RUNNER = """
+import contextlib, io, json, sys
+out = {}
+for key, code in json.loads(sys.stdin.read()).items():
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, key, "exec"), {"__name__": "__main__"})
+    out[key] = printed.getvalue().strip()
+print(json.dumps(out))
+"""
+
+
+class DigestsByThreads:
+    """The thread-count independence checks of the compiled TensorFlow ops: what each
+    program prints (a digest of its results; ``sys.argv[1]`` is the intra-op thread count it
+    sets) per thread count, the fused ops on.  Tests of several modules register their
+    programs at import (:meth:`add`); the first :meth:`digests` runs all of them, one after
+    another, in one fresh process per thread count (each program sets the same count, which
+    TensorFlow lets a process set again once it has run), not a process per program and
+    count (importing TensorFlow costs 6.5 s a process)."""
+
+    def __init__(self, threads=(1, 2)):
+        self.threads, self.codes, self.made = threads, {}, {}
+
+    def add(self, key: str, code: str) -> None:
+        self.codes[key] = code
+
+    def digests(self, key: str) -> list[str]:
+        """What program ``key`` printed, per thread count."""
+        if key not in self.made:
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
+            pending = json.dumps({k: c for k, c in self.codes.items() if k not in self.made})
+            per = []
+            for t in self.threads:
+                proc = subprocess.run([sys.executable, "-c", _DIGEST_RUNNER, str(t)], input=pending,
+                                      capture_output=True, text=True, cwd=REPO, env=env,
+                                      timeout=DEFAULT_TIMEOUT)
+                assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+                per.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            self.made.update({k: [got[k] for got in per] for k in per[0]})
+        return self.made[key]
+
+
+#: the thread-count checks of the compiled TensorFlow ops (test_tensorflow_fused.py,
+#: test_tensorflow_lowrank.py)
+THREAD_DIGESTS = DigestsByThreads()
 
 
 def run_many(launch, calls, **launch_kwargs) -> dict:

@@ -21,7 +21,7 @@ from hvd_compress.core import NUMPY, NumpyBackend, build  # noqa: E402
 from hvd_compress.core.dgc import DGC  # noqa: E402
 from hvd_compress.core.quantizers import make_codec  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
-from tests.harness import digests_by_threads  # noqa: E402
+from tests.harness import THREAD_DIGESTS  # noqa: E402
 from tests.test_torch_same_bits import _bytes  # noqa: E402
 
 TFB = TensorFlowBackend()
@@ -212,21 +212,26 @@ def test_hashed_noise_keeps_quantizers_unbiased(spec):
     assert np.abs(err).max() < 0.5 * np.abs(x).max()
 
 
+CODECS_BY_THREADS = """
+import os, sys, numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from hvd_compress.core import build
+from hvd_compress.tensorflow import TensorFlowBackend
+x = tf.constant((np.random.default_rng(0).standard_normal(300_001) * 1e-2).astype(np.float32))
+out = []
+for spec in ['onebit', 'terngrad', 'qsgd']:
+    c = build(spec, TensorFlowBackend())
+    out.append(c.encode(x, 'w').payload.numpy().tobytes())
+m = tf.reshape(x[:300_000], [300, 1000])  # 1-bit SGD by columns
+out.append(build('onebit', TensorFlowBackend()).encode(m, 'm').payload.numpy().tobytes())
+import hashlib; print(hashlib.sha256(b''.join(out)).hexdigest())
+"""
+THREAD_DIGESTS.add("fused-codecs", CODECS_BY_THREADS)
+
+
 def test_results_do_not_depend_on_the_number_of_threads():
     """The same payload with one intra-op thread (a fresh process) as with the default."""
-    code = ("import os, sys, numpy as np, tensorflow as tf\n"
-            "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n"
-            "from hvd_compress.core import build\n"
-            "from hvd_compress.tensorflow import TensorFlowBackend\n"
-            "x = tf.constant((np.random.default_rng(0).standard_normal(300_001) * 1e-2).astype(np.float32))\n"
-            "out = []\n"
-            "for spec in ['onebit', 'terngrad', 'qsgd']:\n"
-            "    c = build(spec, TensorFlowBackend())\n"
-            "    out.append(c.encode(x, 'w').payload.numpy().tobytes())\n"
-            "m = tf.reshape(x[:300_000], [300, 1000])  # 1-bit SGD by columns\n"
-            "out.append(build('onebit', TensorFlowBackend()).encode(m, 'm').payload.numpy().tobytes())\n"
-            "import hashlib; print(hashlib.sha256(b''.join(out)).hexdigest())\n")
-    digests = digests_by_threads(code)
+    digests = THREAD_DIGESTS.digests("fused-codecs")
     assert len(digests[0]) == 64 and digests[0] == digests[1]
 
 
@@ -496,25 +501,29 @@ def test_scatter_add_op_adds_in_slot_order(itype):
         TFB.scatter_add(n, tf.constant(np.array([n], itype)), tf.constant([1.0], tf.float32)).numpy()
 
 
+SPARSIFIERS_BY_THREADS = """
+import sys, hashlib, numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from hvd_compress.core import build
+from hvd_compress.tensorflow import TensorFlowBackend
+rng = np.random.default_rng(0)
+x = (rng.standard_normal((1001, 1201)) * 1e-2).astype(np.float32)
+x.flat[rng.choice(x.size, 3000, replace=False)] = 0.25
+out = []
+for spec in ['topk:ratio=0.001', 'topk:ratio=0.3', 'randomk:ratio=0.01', 'dgc:ratio=0.01,warmup_epochs=0']:
+    c = build(spec, TensorFlowBackend())
+    for _ in range(2):
+        e = c.encode(tf.constant(x), 'w')
+        out.append(e.payload.numpy().tobytes())
+        out.append(c.aggregate(e.payload if c.summable else [e.payload], e).numpy().tobytes())
+    st = c.states['w']
+    out += [st[k].numpy().tobytes() for k in sorted(st) if hasattr(st[k], 'numpy')]
+print(hashlib.sha256(b''.join(out)).hexdigest())
+"""
+THREAD_DIGESTS.add("fused-sparsifiers", SPARSIFIERS_BY_THREADS)
+
+
 def test_sparsifiers_do_not_depend_on_the_number_of_threads():
     """The same payloads and states with one intra-op thread (a fresh process) as with two."""
-    code = ("import sys, hashlib, numpy as np, tensorflow as tf\n"
-            "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n"
-            "from hvd_compress.core import build\n"
-            "from hvd_compress.tensorflow import TensorFlowBackend\n"
-            "rng = np.random.default_rng(0)\n"
-            "x = (rng.standard_normal((1001, 1201)) * 1e-2).astype(np.float32)\n"
-            "x.flat[rng.choice(x.size, 3000, replace=False)] = 0.25\n"
-            "out = []\n"
-            "for spec in ['topk:ratio=0.001', 'topk:ratio=0.3', 'randomk:ratio=0.01', "
-            "'dgc:ratio=0.01,warmup_epochs=0']:\n"
-            "    c = build(spec, TensorFlowBackend())\n"
-            "    for _ in range(2):\n"
-            "        e = c.encode(tf.constant(x), 'w')\n"
-            "        out.append(e.payload.numpy().tobytes())\n"
-            "        out.append(c.aggregate(e.payload if c.summable else [e.payload], e).numpy().tobytes())\n"
-            "    st = c.states['w']\n"
-            "    out += [st[k].numpy().tobytes() for k in sorted(st) if hasattr(st[k], 'numpy')]\n"
-            "print(hashlib.sha256(b''.join(out)).hexdigest())\n")
-    digests = digests_by_threads(code)
+    digests = THREAD_DIGESTS.digests("fused-sparsifiers")
     assert len(digests[0]) == 64 and digests[0] == digests[1]

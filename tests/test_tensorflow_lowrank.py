@@ -18,7 +18,7 @@ tf = pytest.importorskip("tensorflow")
 from hvd_compress.core import NumpyBackend, build  # noqa: E402
 from hvd_compress.tensorflow import TensorFlowBackend, fused_ops  # noqa: E402
 from hvd_compress.tensorflow.backend import _host_only  # noqa: E402
-from tests.harness import digests_by_threads  # noqa: E402
+from tests.harness import THREAD_DIGESTS  # noqa: E402
 
 TFB = TensorFlowBackend()
 NUMPY_TF = NumpyBackend(TFB.layout)  # the numpy reference in TensorFlow's layout (core.layout)
@@ -126,17 +126,22 @@ def test_powersgd_non_finite_step_keeps_state(fused, monkeypatch):
         np.testing.assert_array_equal(comp.states["w"][key].numpy(), value)
 
 
+POWERSGD_BY_THREADS = """
+import sys, hashlib, numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from hvd_compress.core import build
+from hvd_compress.tensorflow import TensorFlowBackend
+x = tf.constant(np.random.default_rng(0).standard_normal((3000, 700)).astype(np.float32))
+c = build('powersgd:rank=3', TensorFlowBackend())
+e = c.encode(x, 'w'); out = [e.payload]
+e = c.next_round(e, e.payload); out += [e.payload, c.states['w']['residual']]
+out.append(c.aggregate(e.payload, e))
+print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in out)).hexdigest())
+"""
+THREAD_DIGESTS.add("lowrank", POWERSGD_BY_THREADS)
+
+
 def test_results_do_not_depend_on_the_number_of_threads(ops):
     """The same PowerSGD step (every product) with one intra-op thread as with two."""
-    code = ("import sys, hashlib, numpy as np, tensorflow as tf\n"
-            "tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))\n"
-            "from hvd_compress.core import build\n"
-            "from hvd_compress.tensorflow import TensorFlowBackend\n"
-            "x = tf.constant(np.random.default_rng(0).standard_normal((3000, 700)).astype(np.float32))\n"
-            "c = build('powersgd:rank=3', TensorFlowBackend())\n"
-            "e = c.encode(x, 'w'); out = [e.payload]\n"
-            "e = c.next_round(e, e.payload); out += [e.payload, c.states['w']['residual']]\n"
-            "out.append(c.aggregate(e.payload, e))\n"
-            "print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in out)).hexdigest())\n")
-    digests = digests_by_threads(code)
+    digests = THREAD_DIGESTS.digests("lowrank")
     assert len(digests[0]) == 64 and digests[0] == digests[1]
