@@ -2,9 +2,16 @@
 
 import pytest
 
-from tests.harness import LaunchError, run_horovod, run_mpi
+from tests.harness import LaunchError, run_mpi
+from tests.launches import TF_GLOO, TF_MPI, TORCH_GLOO, TORCH_MPI
 
 pytestmark = pytest.mark.multiprocess
+
+# the Horovod collectives run in the np 2 launches other modules share (tests.launches)
+SHARED = {("torch", "gloo"): TORCH_GLOO, ("torch", "mpi"): TORCH_MPI,
+          ("tensorflow", "gloo"): TF_GLOO, ("tensorflow", "mpi"): TF_MPI}
+for (_framework, _), _launch in SHARED.items():
+    _launch.add(__name__, "collectives", f"tests.workers.smoke:{_framework}_collectives")
 
 
 def _check_collectives(results, size=2):
@@ -19,15 +26,13 @@ def _check_collectives(results, size=2):
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_torch_allreduce_allgather(controller):
-    _check_collectives(run_horovod("tests.workers.smoke:torch_collectives", np=2,
-                                   controller=controller))
+def test_torch_allreduce_allgather(controller, request):
+    _check_collectives(SHARED["torch", controller].results(request, "collectives"))
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_tensorflow_allreduce_allgather(controller):
-    _check_collectives(run_horovod("tests.workers.smoke:tensorflow_collectives", np=2,
-                                   controller=controller))
+def test_tensorflow_allreduce_allgather(controller, request):
+    _check_collectives(SHARED["tensorflow", controller].results(request, "collectives"))
 
 
 def test_mpi4py_allgather_two_ranks():
@@ -44,5 +49,5 @@ def test_harness_reports_worker_failure():
 
 def test_harness_times_out():
     with pytest.raises(LaunchError) as info:
-        run_mpi("tests.workers.smoke:sleep", np=2, kwargs={"seconds": 60}, timeout=10)
+        run_mpi("tests.workers.smoke:sleep", np=2, kwargs={"seconds": 60}, timeout=5)
     assert "timed out" in str(info.value)
