@@ -183,6 +183,40 @@ def run_script(script: str, args=(), np: int = 2, controller: str = "gloo",
         return _run(cmd, outdir, np, timeout, env)
 
 
+#: runs several scripts' command lines in one process (:func:`run_scripts_in_one_process`)
+_CLI_RUNNER = """
+import contextlib, io, json, os, runpy, sys
+done = []
+for script, argv in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv, sys.path[0] = [script, *argv], os.path.dirname(script)
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:  # as the interpreter maps it to an exit status
+            code = exc.code if isinstance(exc.code, int) or exc.code is None else 1
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=sys.stderr)
+    done.append([code or 0, out.getvalue(), err.getvalue()])
+sys.stdout.write(json.dumps(done))
+"""
+
+
+def run_scripts_in_one_process(calls, timeout: float = DEFAULT_TIMEOUT) -> list:
+    """``python script argv...`` for each ``(script, argv)`` of ``calls``, one after another
+    in one process (each as ``__main__``, its folder first on ``sys.path``, an exit by
+    ``SystemExit`` mapped to the status the interpreter would give): for command lines that
+    exit early (``--help``, usage errors) of scripts whose imports cost seconds.  Returns
+    ``[(status, stdout, stderr)]`` in order."""
+    proc = subprocess.run([sys.executable, "-c", _CLI_RUNNER], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout,
+                          input=json.dumps([[str(REPO / script), list(map(str, argv))]
+                                            for script, argv in calls]))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [tuple(r) for r in json.loads(proc.stdout)]
+
+
 #: one fresh process per thread count runs every registered program (below)
 _DIGEST_RUNNER = """
 import contextlib, io, json, sys

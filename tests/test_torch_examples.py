@@ -4,15 +4,13 @@ The runs share one launch (tests/workers/examples.py runs the scripts' ``main`` 
 after another in the same workers): a launch costs seconds before a script's first step."""
 
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from hvd_compress.tools import devices
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import REPO, run_horovod
+from tests.harness import run_horovod, run_scripts_in_one_process
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = ["torch_examples/train_digits.py", "torch_examples/synthetic_benchmark.py",
@@ -128,14 +126,27 @@ def test_train_digits_with_local_sgd_and_dga(run, launched):
     assert doc["local_sgd"] == ("--local-sgd" in flags) and doc["delay"] == (2 if "--delay" in flags else 0)
 
 
-def test_bad_local_sgd_flags_are_usage_errors():
-    proc = subprocess.run([sys.executable, str(REPO / "torch_examples/train_digits.py"),
-                           "--local-sgd", "--delay", "1"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "cannot be combined" in proc.stderr
-    proc = subprocess.run([sys.executable, str(REPO / "torch_examples/train_digits.py"),
-                           "--delay", "1", "--compression", "powersgd:rank=2"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "one-round compressor" in proc.stderr
+# the command lines that exit before training, in one process (importing PyTorch and
+# Horovod costs seconds a process): (script, arguments)
+EARLY_EXITS = [("torch_examples/train_digits.py", ["--local-sgd", "--delay", "1"]),
+               ("torch_examples/train_digits.py", ["--delay", "1", "--compression", "powersgd:rank=2"]),
+               *[(script, args) for script in SCRIPTS
+                 for args in (["--help"], ["--compression", "topk:ratio=9"])]]
+
+
+@pytest.fixture(scope="module")
+def early_exits():
+    """``{(script, *arguments): (exit status, stdout, stderr)}`` of EARLY_EXITS."""
+    got = run_scripts_in_one_process(EARLY_EXITS)
+    return {(script, *args): result for (script, args), result in zip(EARLY_EXITS, got)}
+
+
+def test_bad_local_sgd_flags_are_usage_errors(early_exits):
+    code, _, err = early_exits["torch_examples/train_digits.py", "--local-sgd", "--delay", "1"]
+    assert code == 2 and "cannot be combined" in err
+    code, _, err = early_exits["torch_examples/train_digits.py", "--delay", "1", "--compression",
+                               "powersgd:rank=2"]
+    assert code == 2 and "one-round compressor" in err
 
 
 @pytest.mark.parametrize("run", range(len(SYNTHETIC_EXTRA)), ids=["ours", "horovod-optimizer"])
@@ -154,10 +165,8 @@ def test_train_cifar10_reads_python_batches(launched):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help_and_bad_spec(script):
-    ok = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True,
-                        text=True, timeout=120)
-    assert ok.returncode == 0 and "--compression" in ok.stdout and "--json" in ok.stdout
-    bad = subprocess.run([sys.executable, str(REPO / script), "--compression", "topk:ratio=9"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "topk: ratio must be in (0, 1], got 9" in bad.stderr
+def test_help_and_bad_spec(script, early_exits):
+    code, out, _ = early_exits[script, "--help"]
+    assert code == 0 and "--compression" in out and "--json" in out
+    code, _, err = early_exits[script, "--compression", "topk:ratio=9"]
+    assert code == 2 and "topk: ratio must be in (0, 1], got 9" in err
