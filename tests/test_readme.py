@@ -9,7 +9,8 @@ import pytest
 
 import hvd_compress
 from hvd_compress.tools import catalogue
-from tests.harness import REPO, run_script
+from tests.harness import REPO
+from tests.launches import TF_GLOO, TORCH_GLOO
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -130,12 +131,19 @@ def test_version_is_the_newest_in_the_changelog():
     assert key == sorted(key, reverse=True), "CHANGELOG.md: newest first"
 
 
+# the quick starts run as __main__ in the np 2 Gloo launches other modules share
+# (tests.launches: launching costs seconds)
+QUICK_STARTS = {"quickstart_torch.py": TORCH_GLOO, "quickstart_tf.py": TF_GLOO}
+for _name, _launch in QUICK_STARTS.items():
+    _code = next((b for b in _blocks(_text(README), "python") if b.startswith(f"# {_name}\n")), None)
+    if _code is not None:  # (else the test below fails)
+        _launch.add(__name__, _name, "tests.workers.examples:run_code", {"code": _code, "name": _name})
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["quickstart_torch.py", "quickstart_tf.py"])
-def test_quick_start_runs_on_two_workers(name, tmp_path):
-    code = next(b for b in _blocks(_text(README), "python") if b.startswith(f"# {name}\n"))
-    script = tmp_path / name
-    script.write_text(code, encoding="utf-8")
-    out = run_script(str(script), timeout=300)
+@pytest.mark.parametrize("name", sorted(QUICK_STARTS, reverse=True))
+def test_quick_start_runs_on_two_workers(name, request):
+    assert any(b.startswith(f"# {name}\n") for b in _blocks(_text(README), "python")), name
+    out = QUICK_STARTS[name].results(request, name)[0]  # what rank 0 printed
     if name == "quickstart_torch.py":
         assert "bytes_sent" in out

@@ -44,3 +44,16 @@ def run(folder, runs):
         doc = json.loads(Path(path).read_text()) if path and _rank() == 0 else None
         results[key] = {"out": out.getvalue(), "doc": doc}
     return results
+
+
+def run_code(code, name):
+    """Run a script's text ``code`` (README's quick starts) as ``__main__`` in this worker;
+    returns what it printed."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+    finally:
+        sys.stdout.write(f"---- {name} ----\n{out.getvalue()}")
+        sys.stdout.flush()
+    return out.getvalue()
