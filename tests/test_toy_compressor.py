@@ -15,7 +15,7 @@ from hvd_compress import spec as specmod
 from hvd_compress.core import Encoded, build
 from hvd_compress.core.base import Compressor
 from hvd_compress.core.registry import Algorithm, Param, register, unregister
-from tests.harness import run_horovod
+from tests.launches import TF_GLOO, TORCH_GLOO
 
 LR = 0.1
 
@@ -68,12 +68,25 @@ def _reference_first_step(w0, grads):
     return w0 - LR * total / len(grads)
 
 
+def _registered_while(worker):
+    """``worker`` with the toy registered while it runs (the workers run in launches that
+    other modules share: the bodies after them see the built-in catalogue only)."""
+    def run(**kwargs):
+        _register()
+        try:
+            return worker(**kwargs)
+        finally:
+            unregister("toysign")
+    run.__name__ = worker.__name__
+    return run
+
+
+@_registered_while
 def torch_worker(steps=6):
     import horovod.torch as hvd
     import torch
 
     import hvd_compress.torch as hc
-    _register()
     hvd.init()
     rank = hvd.rank()
     w = torch.nn.Parameter(torch.full((5,), 0.5))
@@ -95,12 +108,12 @@ def torch_worker(steps=6):
             "class": type(opt.compression).__name__, "bytes": opt.last_stats["bytes_sent"]}
 
 
+@_registered_while
 def tf_worker(steps=6):
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     import hvd_compress.tensorflow as hct
-    _register()
     hvd.init()
     rank = hvd.rank()
     w = tf.Variable(tf.fill([5], 0.5), name="w")
@@ -132,10 +145,16 @@ def test_the_toy_is_a_known_spec_with_named_classes(toy):
     assert "toysign:ef=true" in specmod.describe()
 
 
+# the workers run in the np 2 Gloo launches other modules share (tests.launches)
+WORKERS = {"torch_worker": TORCH_GLOO, "tf_worker": TF_GLOO}
+for _worker, _launch in WORKERS.items():
+    _launch.add(__name__, _worker, f"tests.test_toy_compressor:{_worker}")
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("worker", ["torch_worker", "tf_worker"])
-def test_a_registered_toy_trains_through_each_framework(worker, toy):
-    results = run_horovod(f"tests.test_toy_compressor:{worker}", np=2, timeout=300)
+@pytest.mark.parametrize("worker", list(WORKERS))
+def test_a_registered_toy_trains_through_each_framework(worker, toy, request):
+    results = WORKERS[worker].results(request, worker)
     for res in results:
         assert res["first_step_err"] < 1e-6
         assert res["class"] == "ToySign"
