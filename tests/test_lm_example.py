@@ -1,7 +1,7 @@
 """The language-model example (torch_examples/train_lm.py, issue 40): its data (the
 standard library's source files: a fixed split, each worker its shard of every step's
-batch), its model's causal mask, its flags, and a tiny run under horovodrun -np 2 (one
-launch for the module)."""
+batch), its model's causal mask, its flags, and tiny runs under horovodrun -np 2 (in the np 2 Gloo
+launch other modules share: tests.launches)."""
 
 import subprocess
 import sys
@@ -11,7 +11,8 @@ import pytest
 
 from hvd_compress.tools import datasets
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import REPO, run_horovod
+from tests.harness import REPO
+from tests.launches import TORCH_GLOO
 
 sys.path.insert(0, str(REPO / "torch_examples"))
 TINY = ["--steps", "12", "--eval-every", "4", "--batch-size", "4", "--context", "32",
@@ -132,13 +133,14 @@ def test_a_choice_this_version_lacks_is_refused_naming_what_is_missing(capsys):
         train_lm.check_args(ap, ap.parse_args(["--diloco", "4", "--delay", "1"]))
 
 
+TORCH_GLOO.add(__name__, "runs", "tests.workers.lm_example:run",
+               {"runs": [[key, TINY + args] for key, args in RUNS.items()]})
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every run of RUNS in one np 2 Gloo launch: {key: rank 0's summary}."""
-    tmp = tmp_path_factory.mktemp("lm")
-    calls = [[key, TINY + args + ["--json", str(tmp / f"{key}.json")]] for key, args in RUNS.items()]
-    return run_horovod("tests.workers.lm_example:run", np=2, controller="gloo", timeout=600,
-                       kwargs={"runs": calls})[0]
+def runs(request):
+    """Every run of RUNS in the shared np 2 Gloo launch: {key: rank 0's summary}."""
+    return TORCH_GLOO.results(request, "runs")[0]
 
 
 @pytest.mark.multiprocess

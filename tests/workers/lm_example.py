@@ -1,5 +1,6 @@
-"""The language-model example's runs in one launch (tests/test_lm_example.py): its
-``main(argv)`` once per run, in the same workers (it seeds every run at its start)."""
+"""The language-model example's runs (tests/test_lm_example.py), in the np 2 Gloo launch
+other modules share (tests.launches): its ``main(argv)`` once per run, in the same workers
+(it seeds every run at its start)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import io
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from .entry import _rank
@@ -15,12 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(runs):
-    """``runs``: ``[key, argv]`` pairs (each argv with ``--json PATH``); returns ``{key: its
-    summary}`` on rank 0 (None on the others)."""
+    """``runs``: ``[key, argv]`` pairs; each runs with ``--json`` into a folder of its own
+    here; returns ``{key: its summary}`` on rank 0 (None on the others)."""
     sys.path.insert(0, str(REPO / "torch_examples"))
     from train_lm import main
     docs = {}
+    folder = Path(tempfile.mkdtemp(prefix="lm-example-"))
     for key, argv in runs:
+        argv = [*argv, "--json", str(folder / f"{key}.json")]
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
