@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from tests.harness import run_mpi
+from tests.harness import run_many, run_mpi
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,13 +24,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("rank, ef, warm_start", [(1, True, True), (2, True, True),
-                                                  (1, False, True), (1, True, False),
-                                                  (2, False, False)])
-def test_powersgd_matches_pytorchs_hook(rank, ef, warm_start):
-    results = run_mpi("tests.workers.powersgd_oracle:run", np=2, timeout=300,
-                      kwargs={"port": _free_port(), "rank_": rank, "ef": ef,
-                              "warm_start": warm_start})
+CASES = [(1, True, True), (2, True, True), (1, False, True), (1, True, False), (2, False, False)]
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """Every case in one launch (one after another, each in a process group of its own)."""
+    return run_many(run_mpi, [(str(case), "tests.workers.powersgd_oracle:run",
+                               {"port": _free_port(), "rank_": case[0], "ef": case[1],
+                                "warm_start": case[2]}) for case in CASES], np=2, timeout=600)
+
+
+@pytest.mark.parametrize("rank, ef, warm_start", CASES)
+def test_powersgd_matches_pytorchs_hook(rank, ef, warm_start, launched):
+    results = launched[str((rank, ef, warm_start))]
     for res in results:
         worst, checks = res["worst"], res["checks"]
         assert any(res["compressed"]) and not all(res["compressed"])
