@@ -45,6 +45,13 @@ def test_zeroone_schedule_doubles_the_variance_interval_then_the_sync_interval()
     # sync spacing 1 for three local steps, then 2, then 4 (the clipper)
     assert syncs == [13, 14, 15, 16, 18, 20, 24, 28]
     assert s.var_updates == 6
+    # where it stands depends on the step count only: a fresh one sought there agrees
+    other = rule.ZeroOneSchedule(var_freeze_step=12, var_update_scaler=2, local_step_scaler=3,
+                                 local_step_clipper=4)
+    other.seek(29)
+    assert other.state_dict() == s.state_dict()
+    other.seek(5)
+    assert other.state_dict()["var_interval"] == 2 and other.var_updates == 3
 
 
 def test_onebit_schedule_and_bad_settings():

@@ -122,6 +122,9 @@ class OneBitSchedule:
     def advance(self, t: int) -> None:
         pass
 
+    def seek(self, t: int) -> None:
+        pass
+
     def state_dict(self) -> dict:
         return {}
 
@@ -148,8 +151,21 @@ class ZeroOneSchedule:
         self.var_freeze_step, self.var_update_scaler = int(var_freeze_step), int(var_update_scaler)
         self.local_step_scaler, self.local_step_clipper = int(local_step_scaler), \
             int(local_step_clipper)
+        self._start()
+
+    def _start(self) -> None:
         self.var_interval, self.var_counter, self.var_updates = 1, 0, 0
         self.local_interval, self.local_counter = 1, 0
+        self.position = 0  # the last step advanced past
+
+    def seek(self, t: int) -> None:
+        """The schedule after step ``t``, whatever it was at: it depends on the step count
+        only, so ranks that agree on the count agree on it (replayed from the start
+        when it is not where it should be)."""
+        if t != self.position:
+            self._start()
+            for k in range(1, int(t) + 1):
+                self.advance(k)
 
     def kind(self, t: int) -> str:
         if t > self.var_freeze_step:
@@ -166,6 +182,7 @@ class ZeroOneSchedule:
 
     def advance(self, t: int) -> None:
         """The schedule after step ``t``."""
+        self.position = t
         kind = self.kind(t)
         if kind == self.VARIANCE:
             self.var_updates += 1
@@ -179,7 +196,8 @@ class ZeroOneSchedule:
                 self.local_counter = 0
                 self.local_interval = min(self.local_step_clipper, self.local_interval * 2)
 
-    _FIELDS = ("var_interval", "var_counter", "var_updates", "local_interval", "local_counter")
+    _FIELDS = ("var_interval", "var_counter", "var_updates", "local_interval", "local_counter",
+               "position")
 
     def state_dict(self) -> dict:
         return {k: getattr(self, k) for k in self._FIELDS}
@@ -187,6 +205,7 @@ class ZeroOneSchedule:
     def load_state_dict(self, sd: dict) -> None:
         for k in self._FIELDS:
             setattr(self, k, int(sd[k]))
+        self.position = int(sd.get("position", -1))  # (unknown: replayed at the next seek)
 
 
 #: the name the fused buffer travels by (its compressor state, its collectives)

@@ -83,9 +83,21 @@ class _CompressedAdam(torch.optim.Optimizer):
     def _state(self, p) -> dict:
         st = self.state[p]
         if not st:
-            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            for key in self.STATE:  # every key from the start: ranks' states look alike
+                st[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if "u" in self.STATE:
+                st["lrs"] = 0.0
         return st
+
+    #: the per-parameter tensors (zeros at first)
+    STATE = ("exp_avg", "exp_avg_sq")
+
+    def rule_init(self, closure=None):
+        """Make every parameter's state without a step: what Horovod's
+        ``broadcast_optimizer_state`` steps a fresh optimizer for (a rule step there would
+        count, and move the freeze one step early)."""
+        for p in self._params():
+            self._state(p)
 
     @staticmethod
     def _grad(p):
@@ -105,6 +117,7 @@ class _CompressedAdam(torch.optim.Optimizer):
                 loss = closure()
         self.rule_steps += 1
         t = self.rule_steps
+        self.schedule.seek(t - 1)
         with torch.no_grad():
             self._take(t, self._kind(t), exchange)
         self.schedule.advance(t)
@@ -144,9 +157,8 @@ class _CompressedAdam(torch.optim.Optimizer):
             d = rule.direction(p, st["exp_avg"], dens[p], h, t)
             p.copy_(p - d * h.lr)
             if kind == "local":
-                u = st.setdefault("u", torch.zeros_like(p))
-                u.copy_(u - d * h.lr)
-                st["lrs"] = st.get("lrs", 0.0) + h.lr
+                st["u"].copy_(st["u"] - d * h.lr)
+                st["lrs"] = st["lrs"] + h.lr
         if kind == "local" and self.schedule.syncs(t):
             self._sync(t, params, states, dens, hy, exchange)
 
@@ -212,6 +224,7 @@ class ZeroOneAdam(_CompressedAdam):
     :mod:`hvd_compress.core.adam`).  Defaults are DeepSpeed's."""
 
     ALGORITHM = "zeroone-adam"
+    STATE = ("exp_avg", "exp_avg_sq", "u")  # u: the update accumulated since the last sync
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  var_freeze_step=100000, var_update_scaler=16, local_step_scaler=32678,
@@ -270,7 +283,9 @@ class ShellExchange:
     def step(self, closure):
         """The shell's ``step()``: the rule's step with these exchanges, then the account."""
         s = self.session
-        s.follow_world(self.comp)
+        if s.follow_world(self.comp) and s.communicates():
+            s.ready_engine()  # at the first: the ranks agree, and take the root's step count
+        self.opt.rule_steps = s.steps  # the rule counts the shell's steps, equal on every rank
         loss = self.opt.rule_step(closure, self)
         s.steps += 1
         s.close_step()

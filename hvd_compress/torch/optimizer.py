@@ -141,7 +141,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         s = self._session
         if called_by_broadcast_optimizer_state():  # state init: no exchange, as Horovod's
-            return state_init_step(self.param_groups, self._base_step, closure)
+            return state_init_step(self.param_groups, getattr(self, "rule_init", self._base_step), closure)
         if self._rule is not None or s.local_phase():  # 1-bit / 0-1 Adam, local SGD
             return (self._rule or self._local).step(closure)
         if self._dga is not None and s.communicates():

@@ -61,6 +61,10 @@ def _run(hc, hvd, algorithm, spec, sched, bias_correction, steps, model=None, op
             _optimizer(hc, algorithm, model.parameters(), sched, bias_correction),
             named_parameters=model.named_parameters(), compression=spec, min_numel=0,
             exchange="two-phase")
+        # as the examples start: Horovod steps a fresh optimizer to make its state, which
+        # must not count as a step of the rule (it moved the freeze one step early)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
     out, wire = [], []
     for t in range(first, first + steps):
         opt.zero_grad()
