@@ -68,6 +68,11 @@ def parser():
                          "(default 100)")
     ap.add_argument("--local-step-clipper", type=runtools.positive_int, default=16, metavar="N",
                     help="0/1 Adam: the longest interval of local steps (default 16)")
+    ap.add_argument("--local-step-scaler", type=runtools.positive_int, default=32678,
+                    metavar="N", help="0/1 Adam: local steps before their interval doubles "
+                    "(default 32678, DeepSpeed's, for runs of 100k+ steps)")
+    ap.add_argument("--var-update-scaler", type=runtools.positive_int, default=16, metavar="N",
+                    help="0/1 Adam: variance updates before their interval doubles (default 16)")
     ap.add_argument("--diloco", type=runtools.positive_int, default=None, metavar="H",
                     help="DiLoCo: AdamW steps locally, every H steps an outer Nesterov step on the "
                          "workers' averaged change (its --compression with error feedback)")
@@ -151,7 +156,9 @@ def make_base(args, model):
     if args.optimizer == "zeroone-adam":
         return hc.ZeroOneAdam(params, lr=args.lr, weight_decay=args.weight_decay,
                               var_freeze_step=args.freeze_step,
-                              local_step_clipper=args.local_step_clipper)
+                              local_step_clipper=args.local_step_clipper,
+                              local_step_scaler=args.local_step_scaler,
+                              var_update_scaler=args.var_update_scaler)
     return torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
 
 
