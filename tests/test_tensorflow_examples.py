@@ -21,8 +21,11 @@ from tests.launches import TF_GLOO
 pytestmark = pytest.mark.multiprocess
 
 CKPT_SPECS = ["topk:ratio=0.1", "onebit", "powersgd:rank=2", "dgc:ratio=0.1"]
+# a ResNet of one stage, 8 wide (the checks read the summary, not the model's size: tracing
+# and the eager sample of the split cost per layer)
+SMALL_RESNET = ["--width", "8", "--blocks", "1"]
 SYNTHETIC = ["--num-iters", "2", "--num-batches-per-iter", "2", "--batch-size", "8",
-             "--num-warmup-batches", "1"]
+             "--num-warmup-batches", "1", *SMALL_RESNET]
 # our tape (with backward passes per step) and Horovod's; a third run of our tape
 # without them checked nothing these two do not (the test budget)
 SYNTHETIC_EXTRA = [["--compression", "onebit", "--backward-passes-per-step", "2"],
@@ -49,7 +52,7 @@ RUNS = {
     **{f"synthetic-{i}": ("synthetic_benchmark.py", [*SYNTHETIC, *extra])
        for i, extra in enumerate(SYNTHETIC_EXTRA)},
     "cifar10": ("train_cifar10.py", ["--data-dir", "{cifar}", "--epochs", "1", "--batch-size", "8",
-                                     "--compression", "dgc:ratio=0.01", "--quiet"]),
+                                     "--compression", "dgc:ratio=0.01", *SMALL_RESNET, "--quiet"]),
 }
 
 
