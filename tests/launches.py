@@ -74,5 +74,7 @@ TF_MPI = Shared(run_horovod, np=2, controller="mpi", timeout=1800)
 TORCH_GLOO = Shared(run_horovod, np=2, controller="gloo", timeout=1800)
 #: PyTorch, ``horovodrun -np 2 --mpi``
 TORCH_MPI = Shared(run_horovod, np=2, controller="mpi", timeout=1800)
-#: PyTorch, ``horovodrun -np 3 --gloo`` (a world size that is not a power of two)
+#: PyTorch, ``horovodrun -np 3 --gloo`` (a world size that is not a power of two); its
+#: bodies start Horovod by ``tests.workers.diloco.init_with_pair`` (the process set of ranks
+#: 0 and 1 must be registered at the first ``hvd.init``)
 TORCH_GLOO3 = Shared(run_horovod, np=3, controller="gloo", timeout=1800)

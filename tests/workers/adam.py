@@ -83,10 +83,9 @@ def matches_reference(algorithm, spec, sched, steps, bias_correction=True, resum
     """This rank's parameters after every step, the reference's for every rank, the
     account per step, and (``resume_at``) the steps after a save at ``resume_at`` loaded
     into a fresh model and optimizer."""
-    import horovod.torch as hvd
-
     import hvd_compress.torch as hc
-    hvd.init()
+    from tests.workers.diloco import init_with_pair
+    hvd, _ = init_with_pair()  # (the np 3 launch is shared with DiLoCo's bodies)
     rank, size = hvd.rank(), hvd.size()
     model, opt, got, wire = _run(hc, hvd, algorithm, spec, sched, bias_correction, steps)
     h = rule.AdamHyper(bias_correction=bias_correction, **HYPER)

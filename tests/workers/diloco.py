@@ -19,11 +19,20 @@ _PAIR = []  # the process set of ranks 0 and 1, once Horovod is up
 SEEN = []   # the parameters after each inner step: {name: list}
 
 
-def _init():
+def init_with_pair():
+    """Horovod up with the process set of ranks 0 and 1 (registered at init: every body of
+    the shared np 3 launch, tests.launches.TORCH_GLOO3, starts Horovod through this); in
+    a world of two, that set is the global one (registering it again is refused)."""
+    import os
+
     import horovod.torch as hvd
     if not _PAIR:
-        _PAIR.append(hvd.ProcessSet([0, 1]))
-        hvd.init(process_sets=[_PAIR[0]])
+        if int(os.environ.get("HOROVOD_SIZE", "3")) > 2:
+            _PAIR.append(hvd.ProcessSet([0, 1]))
+            hvd.init(process_sets=[_PAIR[0]])
+        else:
+            hvd.init()
+            _PAIR.append(hvd.global_process_set)
     return hvd, _PAIR[0]
 
 
@@ -89,7 +98,7 @@ def outer_run(spec="none", size=2, period=4, fragments=1, steps=8, outer_lr=0.7,
     """DiLoCo for ``steps`` steps; per step every rank's parameters after its inner step
     and after the optimizer's step, the fragment syncs so far and the bytes sent; the
     first parameters and the fragments by name."""
-    hvd, pair = _init()
+    hvd, pair = init_with_pair()
     pset = pair if size == 2 else hvd.global_process_set
     out = None
     if hvd.rank() < size:
@@ -110,7 +119,7 @@ def resume(spec="topk:ratio=0.25", size=3, period=4, fragments=2, steps=11, cut=
     """The same DiLoCo run (AdamW inside) uninterrupted and saved after ``cut`` steps
     (between two syncs), loaded into a fresh model and optimizer, continued to ``steps``:
     both runs' parameters at the end, and what the checkpoint held."""
-    hvd, pair = _init()
+    hvd, pair = init_with_pair()
     pset = pair if size == 2 else hvd.global_process_set
     out = None
     if hvd.rank() < size:
