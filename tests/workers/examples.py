@@ -22,6 +22,19 @@ from .entry import _rank
 REPO = Path(__file__).resolve().parents[2]
 
 
+def run_main(key, main, argv) -> io.StringIO:
+    """``main(argv)`` with its output captured (returned) and then written, under ``key``,
+    into the launch's output too (shown when the launch fails)."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            main([str(a) for a in argv])
+    finally:
+        sys.stdout.write(f"---- {key} ----\n{out.getvalue()}")
+        sys.stdout.flush()
+    return out
+
+
 def run(folder, runs):
     """Run each ``[key, script, argv]`` of ``folder`` (``tf_examples`` or ``torch_examples``)
     in order; returns ``{key: {"out": what main printed (stdout and stderr), "doc": its
@@ -32,14 +45,7 @@ def run(folder, runs):
         if folder == "tf_examples":
             import keras
             keras.backend.clear_session()
-        main = importlib.import_module(Path(script).stem).main
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                main([str(a) for a in argv])
-        finally:  # into the launch's output too (shown when the launch fails)
-            sys.stdout.write(f"---- {key} ----\n{out.getvalue()}")
-            sys.stdout.flush()
+        out = run_main(key, importlib.import_module(Path(script).stem).main, argv)
         path = argv[argv.index("--json") + 1] if "--json" in argv else None
         doc = json.loads(Path(path).read_text()) if path and _rank() == 0 else None
         results[key] = {"out": out.getvalue(), "doc": doc}

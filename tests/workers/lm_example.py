@@ -4,14 +4,13 @@ other modules share (tests.launches): its ``main(argv)`` once per run, in the sa
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 from .entry import _rank
+from .examples import run_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,13 +24,7 @@ def run(runs):
     folder = Path(tempfile.mkdtemp(prefix="lm-example-"))
     for key, argv in runs:
         argv = [*argv, "--json", str(folder / f"{key}.json")]
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                main([str(a) for a in argv])
-        finally:  # into the launch's output too (shown when the launch fails)
-            sys.stdout.write(f"---- {key} ----\n{out.getvalue()}")
-            sys.stdout.flush()
+        run_main(key, main, argv)
         path = Path(argv[argv.index("--json") + 1])
         docs[key] = json.loads(path.read_text()) if _rank() == 0 else None
     return docs
