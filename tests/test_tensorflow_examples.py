@@ -6,7 +6,6 @@ checkpoint test): a launch costs about 12 s before a script's first step."""
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import pytest
 
 from hvd_compress.tools import devices
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import REPO, run_horovod, run_many
+from tests.harness import REPO, run_horovod, run_many, write_cifar_batches
 from tests.launches import TF_GLOO
 
 pytestmark = pytest.mark.multiprocess
@@ -56,16 +55,6 @@ RUNS = {
 }
 
 
-def write_cifar_batches(folder) -> None:
-    """Six python-pickle batches of 16 images (CIFAR-10's format), the pixels shifted by label."""
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        labels = rng.integers(0, 10, 16)
-        data = (rng.integers(0, 80, (16, 3072)) + labels[:, None] * 16).astype(np.uint8)
-        with open(folder / name, "wb") as f:
-            pickle.dump({b"data": data, b"labels": labels.tolist()}, f)
-
-
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """One np 2 Gloo launch: every run of RUNS (``{key: per-rank {"out", "doc"}}``, the
@@ -74,7 +63,7 @@ def launched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tf-examples")
     cifar = tmp / "cifar"
     cifar.mkdir()
-    write_cifar_batches(cifar)
+    write_cifar_batches(cifar, images=16)
     runs = [[key, script, [str(a).format(cifar=cifar) for a in args] + ["--json", str(tmp / f"{key}.json")]]
             for key, (script, args) in RUNS.items()]
     path = str(tmp / "ckpt")

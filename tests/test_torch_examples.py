@@ -3,14 +3,12 @@
 The runs share one launch (tests/workers/examples.py runs the scripts' ``main`` one
 after another in the same workers): a launch costs seconds before a script's first step."""
 
-import pickle
 
-import numpy as np
 import pytest
 
 from hvd_compress.tools import devices
 from hvd_compress.tools.runtools import SUMMARY_KEYS
-from tests.harness import run_horovod, run_scripts_in_one_process
+from tests.harness import run_horovod, run_scripts_in_one_process, write_cifar_batches
 
 pytestmark = pytest.mark.multiprocess
 SCRIPTS = ["torch_examples/train_digits.py", "torch_examples/synthetic_benchmark.py",
@@ -41,16 +39,6 @@ RUNS = {
 }
 
 
-def write_cifar_batches(folder) -> None:
-    """Six python-pickle batches of 24 images (CIFAR-10's format), the pixels shifted by label."""
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        labels = rng.integers(0, 10, 24)
-        data = (rng.integers(0, 80, (24, 3072)) + labels[:, None] * 16).astype(np.uint8)
-        with open(folder / name, "wb") as f:
-            pickle.dump({b"data": data, b"labels": labels.tolist()}, f)
-
-
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """Every run of RUNS in one np 2 Gloo launch: ``{key: per-rank {"out", "doc"}}`` (what
@@ -58,7 +46,7 @@ def launched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torch-examples")
     cifar = tmp / "cifar"
     cifar.mkdir()
-    write_cifar_batches(cifar)
+    write_cifar_batches(cifar, images=24)
     runs = [[key, script, [str(a).format(cifar=cifar) for a in args] + ["--json", str(tmp / f"{key}.json")]]
             for key, (script, args) in RUNS.items()]
     got = run_horovod("tests.workers.examples:run", np=2, controller="gloo", timeout=1800,
