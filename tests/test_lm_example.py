@@ -83,8 +83,28 @@ def test_help(capsys):
     out = capsys.readouterr().out
     assert stop.value.code == 0 and out.startswith("usage: ")
     for flag in ("--optimizer", "--compression", "--diloco", "--outer-lr", "--fragments",
-                 "--freeze-step", "--weight-decay", "--target-loss", "--steps", "--json"):
+                 "--freeze-step", "--weight-decay", "--target-loss", "--steps", "--json",
+                 "--lr-schedule"):
         assert flag in out, flag
+
+
+def test_the_learning_rate_warms_up_then_stays_or_follows_a_cosine_to_a_tenth():
+    import train_lm
+    ap = train_lm.parser()
+    const = ap.parse_args(["--lr", "0.01", "--warmup-steps", "4", "--steps", "104"])
+    cos = ap.parse_args(["--lr", "0.01", "--warmup-steps", "4", "--steps", "104",
+                         "--lr-schedule", "cosine"])
+    for args in (const, cos):
+        assert [train_lm.lr_at(args, s) for s in range(4)] == pytest.approx(
+            [0.0025, 0.005, 0.0075, 0.01])
+    assert {train_lm.lr_at(const, s) for s in range(4, 104)} == {0.01}
+    rates = [train_lm.lr_at(cos, s) for s in range(4, 104)]
+    assert rates[0] == pytest.approx(0.01) and rates[-1] == pytest.approx(0.001)
+    assert rates[49] == pytest.approx(0.0055 + 0.0045 * np.cos(np.pi * 49 / 99))
+    assert all(a > b for a, b in zip(rates, rates[1:]))  # falling at every step
+    none = ap.parse_args(["--lr", "0.01", "--warmup-steps", "0", "--lr-schedule", "cosine",
+                          "--steps", "1"])
+    assert train_lm.lr_at(none, 0) == pytest.approx(0.01)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -62,6 +62,9 @@ def parser():
                     help="decoupled weight decay (default 0.01)")
     ap.add_argument("--warmup-steps", type=runtools.nonnegative_int, default=20, metavar="N",
                     help="learning rate rising linearly over the first N steps (default 20)")
+    ap.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                    help="after the warm-up: constant (default), or cosine decay to a tenth "
+                         "of --lr at the last step (DiLoCo's inner schedule)")
     ap.add_argument("--freeze-step", type=runtools.positive_int, default=100, metavar="N",
                     help="1-bit Adam: dense Adam steps before the variance is frozen; 0/1 Adam: "
                          "its var_freeze_step, the last step that may update the variance "
@@ -188,8 +191,16 @@ def validation_loss(model, val: torch.Tensor, starts, context: int, batch: int =
 
 
 def lr_at(args, step: int) -> float:
-    """The learning rate of step ``step`` (0-based): linear warm-up, then constant."""
-    return args.lr * min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps else args.lr
+    """The learning rate of step ``step`` (0-based): linear warm-up over
+    ``--warmup-steps``, then constant or (``--lr-schedule cosine``) a half cosine from
+    ``--lr`` down to ``--lr / 10`` at the last step."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    if args.lr_schedule == "constant":
+        return args.lr
+    span = max(1, args.steps - 1 - args.warmup_steps)
+    done = min(1.0, (step - args.warmup_steps) / span)
+    return args.lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * done)))
 
 
 def train(args, model, opt, train_stream, val_stream, val_starts):
@@ -258,7 +269,8 @@ def main(argv=None):
         print(f"validation loss {curve[-1]['val_loss']:.4f} after {steps} steps, "
               f"{tokens / max(train_s, 1e-9):.0f} tokens/s", flush=True)
     finish(args, "train_lm", steps, tokens, train_s, opt, None, time.perf_counter() - t_start,
-           curve=curve, device=str(device), optimizer=args.optimizer,
+           curve=curve, device=str(device), optimizer=args.optimizer, lr=args.lr,
+           lr_schedule=args.lr_schedule,
            diloco=args.diloco, fragments=args.fragments,
            outer_lr=args.outer_lr if args.diloco else None,
            outer_momentum=args.outer_momentum if args.diloco else None,
