@@ -150,11 +150,8 @@ class LocalSGD:
 
     def _allreduce_in_place(self, named):
         """Tensors averaged in place, uncompressed, one collective each (all in flight)."""
-        s = self.session
-        s.ready_engine()  # the ranks' plans agree (checked once, before any collective)
-        engine = s.dense_engine(lambda: build("none", backend=TorchBackend()))
-        batches = [engine.send([t], [f"local.{k}"], s.stats) for k, t in named]
-        engine.receive(batches, s.stats, outs=[[t] for _, t in named])
+        self.session.average_dense([t for _, t in named], [f"local.{k}" for k, _ in named],
+                                   lambda: build("none", backend=TorchBackend()))
 
     def state_dict(self) -> dict:
         out = {}
