@@ -107,6 +107,19 @@ def sample_size(n: int, density: float, sample_ratio: float) -> int:
     return min(n, max(math.ceil(sample_ratio * n - 1e-9), least))
 
 
+class Lowering:
+    """What DGC's correction loop on a device asks the backend's fast-path hook for
+    (``B.fused_encoder(LOWERING, 1, like=mag)``): a callable ``(mag, thr, least, rounds,
+    factor)`` giving ``thr`` (0-d float32) times ``factor`` (a float32 product) while
+    fewer than ``least`` of ``mag`` are ``>= thr``, ``rounds`` times at most (0-d, on the
+    device), or None; a None hook or answer: the loop of :meth:`DGC.threshold`."""
+
+    name = "dgc_lowering"
+
+
+LOWERING = Lowering()
+
+
 @dataclass(eq=False)
 class DGCState(TensorState):
     """DGC's memory: the momentum ``u`` and the accumulation ``v`` (no residual)."""
@@ -242,6 +255,10 @@ class DGC(Sparsifier):
         thr = self.sample_threshold(lambda pos: B.gather(mag, pos), meta, step, like=mag)
         if B.is_host(mag):  # stop as soon as enough pass (the device walk then idles)
             return self.lowered(thr, k, lambda t: B.count_nonzero(mag >= t)), False
+        lower = B.fused_encoder(LOWERING, 1, like=mag)  # the rounds as the backend's passes
+        done = None if lower is None else lower(mag, thr, math.ceil(LOWER * k), ADAPT_ROUNDS, LOWER)
+        if done is not None:
+            return done, False
         for _ in range(ADAPT_ROUNDS):  # a fixed number of rounds: no host round-trip
             cnt = B.count_nonzero(mag >= thr)
             thr = B.where(B.cast(cnt, "float64") < LOWER * k, thr * LOWER, thr)

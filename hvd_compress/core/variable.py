@@ -125,6 +125,18 @@ class ThresholdV(VariableSparsifier):
         return B.index_add(total, idx, vals), poison + flag[0] * 0.0
 
 
+class SignCounts:
+    """What adaptive quantization asks a device backend's fast-path hook for
+    (``B.fused_encoder(SIGN_COUNTS, 1, like=v)``): a callable ``v -> (positives,
+    negatives)``, Python ints (one read on the host: the payload's size needs them), or
+    None; a None hook or answer: a count per sign."""
+
+    name = "adaq_sign_counts"
+
+
+SIGN_COUNTS = SignCounts()
+
+
 class AdaptiveQuantization(VariableSparsifier):
     """Adaptive quantization (Dryden, Moon, Jacobs & Van Essen, MLHPC 2016,
     "Communication Quantization for Data-parallel Training of Deep Neural Networks"):
@@ -157,9 +169,11 @@ class AdaptiveQuantization(VariableSparsifier):
     def _pick(self, v, meta):
         B = self.B
         idx, sent, means, counts = [], [], [], []
-        for sign in (1.0, -1.0):
+        both = None if B.is_host(v) else B.fused_encoder(SIGN_COUNTS, 1, like=v)
+        both = None if both is None else both(v)
+        for i, sign in enumerate((1.0, -1.0)):
             mag = B.maximum(v * sign, 0.0)  # this sign's magnitudes, 0 elsewhere
-            k = self.count(int(B.count_nonzero(mag > 0)))
+            k = self.count(int(B.count_nonzero(mag > 0)) if both is None else both[i])
             chosen = topk_indices(B, mag, k) if k else B.zeros((0,), "int64", like=v)
             mean = self.mean(v, chosen, k)
             idx.append(chosen)
