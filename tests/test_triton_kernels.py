@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,8 +35,10 @@ import torch
 from hvd_compress.accel import device
 from hvd_compress.core import NUMPY, build
 from hvd_compress.core.bitpack import unpack_values
+from hvd_compress.core.dgc import ADAPT_ROUNDS, LOWER, LOWERING
 from hvd_compress.core.qsgd import QSGDCodec
 from hvd_compress.core.sparsifiers import topk_indices
+from hvd_compress.core.variable import SIGN_COUNTS
 from hvd_compress.torch import TorchBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,14 +61,19 @@ SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3
          "signsgd", "efsignsgd", "eightbit", "eightbit:ef=true", "natural:ef=true,seed=4",
          "inceptionn", "inceptionn:bound=1e-7", "randomk:ratio=0.1",
          "inceptionn:bound=1e-5,ef=true", "topk:ratio=0.1", "topk:ratio=0.5", "dgc:ratio=0.05",
-         "adaq:ratio=0.3"]
+         "adaq:ratio=0.3", "adaq:ratio=0.01,ef=false",
+         # DGC sampled (compress_1d: the 1-d shape too) through the correction loop's kernels
+         "dgc:ratio=0.01,warmup_epochs=0,compress_1d=true,seed=2",
+         "dgc:ratio=0.02,warmup_epochs=0,nesterov=true,masking=false,sample_ratio=0.05,compress_1d=true",
+         "dgc:ratio=0.05,momentum=0.5,clip_norm=0.05,warmup_epochs=1,steps_per_epoch=2,compress_1d=true"]
 SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
 CUDA_SHAPES = [(1,), (40, 30), (3001,), (257, 1031)]
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
            "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
            "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes",
-           "threshold_codes", "eightbit_codes", "eightbit_decode", "stratified"}
+           "threshold_codes", "eightbit_codes", "eightbit_decode", "stratified",
+           "count_reaching", "pick_lowered", "count_signs"}
 
 
 class DevicePath(TorchBackend):
@@ -122,8 +130,10 @@ def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
         checks = {"payload vs chain": (e_new.payload, e_old.payload),
                   "payload vs numpy": (e_new.payload, e_ref.payload),
                   "decoded vs chain": (d_new, d_old), "decoded vs numpy": (d_new, d_ref)}
-        if ref.ef:
-            checks["residual vs numpy"] = (new.states["t"].residual, ref.states["t"].residual)
+        for state in ("residual", "u", "v"):  # error feedback's, DGC's
+            if getattr(ref.states["t"], state, None) is not None:
+                checks[f"{state} vs numpy"] = (getattr(new.states["t"], state),
+                                               getattr(ref.states["t"], state))
         for what, (a, b) in checks.items():
             if "numpy" in what and noise is None and ref.draws_noise:
                 continue  # numpy's host path hashes its noise: the chains' draws differ
@@ -138,6 +148,7 @@ def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
 def _interpreter_checks() -> dict:
     """Every spec and shape through the kernels in the interpreter (this process has
     ``TRITON_INTERPRET=1``); which kernels ran, and the differences found."""
+    from hvd_compress.accel import triton_dgc as td
     from hvd_compress.accel import triton_inceptionn as ti
     from hvd_compress.accel import triton_quantizers as tq
     from hvd_compress.accel import triton_select as ts
@@ -149,7 +160,8 @@ def _interpreter_checks() -> dict:
             return launch(kernel, *args, **meta)
         return counted
 
-    tq._launch, ti._launch, ts.launch = (counting(f) for f in (tq._launch, ti._launch, ts.launch))
+    tq._launch, ti._launch, ts.launch, td.launch = (
+        counting(f) for f in (tq._launch, ti._launch, ts.launch, td.launch))
     bad, cases = [], 0
     for spec in SPECS:
         for shape in SHAPES:
@@ -189,9 +201,51 @@ def _interpreter_checks() -> dict:
                 cases += 1
                 if got is None or not _same(got.numpy(), want):
                     bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
+    bad_dgc, dgc_cases = _dgc_and_adaq_checks(B)
+    bad, cases = bad + bad_dgc, cases + dgc_cases
     if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
         bad.append(f"the selection fell back: {ts._BROKEN[0]!r}")
     return {"cases": cases, "bad": bad, "ran": ran}
+
+
+#: the correction loop's and the sign counts' own checks: 3 lengths x 3 k x 6 thresholds,
+#: and 3 lengths of sign counts
+DGC_CASES = 3 * 3 * 6 + 3
+
+
+def _dgc_and_adaq_checks(B) -> tuple[list[str], int]:
+    """DGC's correction loop through its hook (thresholds on magnitudes, so that values tie
+    with them; NaN and Inf among the magnitudes and as the threshold; lengths over a
+    program's stretch) against the chain's fixed rounds and numpy's loop, and adaq's sign
+    counts (zeros of both signs, NaN, Inf) against numpy's; the differences and the cases."""
+    from hvd_compress.core.dgc import DGC
+    rng, bad, cases = np.random.default_rng(3), [], 0
+    lower, signs = B.fused_encoder(LOWERING, 1, like=torch.zeros(1)), \
+        B.fused_encoder(SIGN_COUNTS, 1, like=torch.zeros(1))
+    for n in (5, 3001, 8200):  # 8200: two programs
+        mag = np.abs(np.round(rng.standard_normal(n) * 4) / np.float32(4)).astype(np.float32)
+        mag[n // 2] = np.inf
+        mag[n // 3] = np.nan
+        fin = np.sort(mag[np.isfinite(mag)])
+        for k in (1, max(1, n // 20), n):  # thresholds: a tie with the k-th largest finite, ...
+            for t0 in (float(fin[-min(k, fin.size)]), float(mag[0]), 0.0, 1e3, np.inf, np.nan):
+                thr = torch.tensor(t0, dtype=torch.float32)
+                got = lower(torch.from_numpy(mag), thr, math.ceil(LOWER * k), ADAPT_ROUNDS, LOWER)
+                chain = thr
+                for _ in range(ADAPT_ROUNDS):  # DGC.threshold's device rounds
+                    cnt = torch.count_nonzero(torch.from_numpy(mag) >= chain)
+                    chain = torch.where(cnt.to(torch.float64) < LOWER * k, chain * LOWER, chain)
+                ref = DGC.lowered(np.float32(t0), k, lambda t: np.count_nonzero(mag >= t))
+                cases += 1
+                if got is None or not (_same(got.numpy(), chain.numpy())
+                                       and _same(got.numpy(), np.asarray(ref, np.float32))):
+                    bad.append(f"dgc lowering n={n} k={k} t={t0}: {got} {chain} {ref}")
+        v = np.where(rng.random(n) < 0.2, np.float32(0.0), rng.standard_normal(n)).astype(np.float32)
+        v[:4] = [-0.0, np.nan, np.inf, -np.inf]
+        cases += 1
+        if signs(torch.from_numpy(v)) != (int((v > 0).sum()), int((v < 0).sum())):
+            bad.append(f"adaq sign counts n={n}")
+    return bad, cases
 
 
 def _in_subprocess(what: str, **env) -> dict:
@@ -214,7 +268,7 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     doc = _in_subprocess("interpret", TRITON_INTERPRET="1", HVD_COMPRESS_TRITON="1")
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
-    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24
+    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -255,6 +309,10 @@ COMPILED = [
     ("count_chosen", {"state_ptr": "*i64", "counts_ptr": "*i64"}, dict(BLOCK=1024)),
     ("write_chosen", {"state_ptr": "*i64", "before_ptr": "*i64", "out_ptr": "*i64"},
      dict(BLOCK=1024)),
+    ("count_reaching", {"factor": "fp32", "counts_ptr": "*i32"},
+     dict(ROUNDS=10, ROWS=16, CHUNK=8192, BLOCK=256)),
+    ("pick_lowered", {"counts_ptr": "*i32", "factor": "fp32"}, dict(ROUNDS=10, ROWS=16, BLOCK=256)),
+    ("count_signs", {"counts_ptr": "*i64"}, dict(CHUNK=8192, BLOCK=256)),
 ]
 
 
@@ -275,11 +333,11 @@ def _compile_checks() -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from hvd_compress.accel import triton_inceptionn, triton_kernels, triton_select
+    from hvd_compress.accel import triton_dgc, triton_inceptionn, triton_kernels, triton_select
     compiled, bad = 0, []
     for name, given, consts in COMPILED:
-        fn = next(getattr(m, name) for m in (triton_kernels, triton_inceptionn, triton_select)
-                  if hasattr(m, name))
+        fn = next(getattr(m, name) for m in (triton_kernels, triton_inceptionn, triton_select,
+                                             triton_dgc) if hasattr(m, name))
         signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
                                                                   else "i32")
                      for a in fn.arg_names}
@@ -327,6 +385,8 @@ def test_without_triton_todays_path_runs_quietly(monkeypatch):
         assert B.fused_encoder(codec, 1, like=_cuda_like()) is None
         assert B.fused_decoder(codec, 1, like=_cuda_like()) is None
         assert device.device_unpack(B, _cuda_like(), 2, 10, [0.0] * 4) is None
+        for marker in (LOWERING, SIGN_COUNTS):  # DGC's correction loop, adaq's counts: the chain
+            assert B.fused_encoder(marker, 1, like=_cuda_like()) is None
 
 
 def test_switches_turn_the_kernels_off(monkeypatch):
@@ -411,6 +471,28 @@ def test_cuda_kernels_do_not_synchronise():
             comp.aggregate([enc.payload], enc)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+@CUDA
+def test_cuda_dgc_lowering_waits_for_nothing():
+    """DGC's correction loop through its kernels (a threshold far above the 0.8 k-th
+    magnitude: lowered several times) waits for the GPU nowhere and gives the chain's
+    threshold."""
+    mag = torch.randn(1_000_003, device="cuda").abs()
+    thr, k = mag.max() * 0.5, 10_000
+    lower = TorchBackend().fused_encoder(LOWERING, 1, like=mag)
+    lower(mag, thr, math.ceil(LOWER * k), ADAPT_ROUNDS, LOWER)  # compiled
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = lower(mag, thr, math.ceil(LOWER * k), ADAPT_ROUNDS, LOWER)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    chain = thr
+    for _ in range(ADAPT_ROUNDS):
+        cnt = torch.count_nonzero(mag >= chain)
+        chain = torch.where(cnt.to(torch.float64) < LOWER * k, chain * LOWER, chain)
+    assert got.item() == chain.item() < thr.item()
 
 
 def _bench():

@@ -3,8 +3,8 @@ tensors in Triton.
 
 DGC (Lin et al., ICLR 2018) lowers its sampled threshold ``t`` by a factor 0.8 while
 fewer than 0.8 k magnitudes reach it, ten rounds at most; on a device the chain runs
-all ten rounds (a comparison, a count and a choice each: about thirty passes, no host
-read).  Here one pass counts, in each program's stretch of magnitudes, those at or
+all ten rounds (a comparison and a count each: twenty passes over the magnitudes, no
+host read).  Here one pass counts, in each program's stretch of magnitudes, those at or
 above every candidate ``t_j`` (``t_0 = t``, ``t_j = t_(j-1) * 0.8`` in float32: the
 chain's products), and one program adds the stretches' counts and takes the first
 candidate that enough reach, else the last lowering: the chain's threshold, left on

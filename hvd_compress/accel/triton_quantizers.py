@@ -21,14 +21,15 @@ import torch
 import triton
 
 from ..core.bitpack import packed_nbytes
+from ..core.dgc import Lowering
 from ..core.levels import EightBitCodec, NaturalCodec, UniformCodec
 from ..core.qsgd import QSGDCodec
 from ..core.sampling import Stratified
 from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
 from ..core.threshold import ThresholdCodec
-from ..core.variable import Inceptionn
-from . import triton_inceptionn
+from ..core.variable import Inceptionn, SignCounts
+from . import triton_dgc, triton_inceptionn
 from . import triton_kernels as K
 from .registry import ByClass
 from .triton_select import top_indices
@@ -322,12 +323,14 @@ def _uniform_decoder(B, codec, cols):
 
 
 #: the fused encoders' makers ``(B, obj, cols) -> encoder or None``, by codec or compressor
-#: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`)
+#: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`; DGC's correction loop and
+#: adaq's sign counts: :mod:`.triton_dgc`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
                     SignCodec: _sign_encoder, SignumCodec: None,  # (Signum: the momentum's)
                     ThresholdCodec: _threshold_encoder, EightBitCodec: _eightbit_encoder,
-                    Inceptionn: triton_inceptionn.encoder, Stratified: _stratified})
+                    Inceptionn: triton_inceptionn.encoder, Stratified: _stratified,
+                    Lowering: triton_dgc.lowering, SignCounts: triton_dgc.signs})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
                     EightBitCodec: _eightbit_decoder,
