@@ -22,7 +22,7 @@ import warnings
 from .registry import requested
 
 __all__ = ["enabled", "interpreting", "available", "device_encoder", "device_decoder",
-           "device_unpack", "device_top_indices"]
+           "device_unpack", "device_top_indices", "device_powersgd"]
 
 _KERNELS = None  # .triton_quantizers once imported, False where triton is missing
 
@@ -117,3 +117,12 @@ def device_top_indices(B, mag, k: int):
     compaction (the same indices), or None."""
     kern = _kernels(mag)
     return None if kern is None else kern.top_indices(B, mag, k)
+
+
+def device_powersgd(like):
+    """PowerSGD's element-wise passes as Triton kernels for ``like``'s device
+    (:mod:`.triton_powersgd`: ``finite_matrix``, ``keep_finite``), or None."""
+    if _kernels(like) is None:
+        return None
+    from . import triton_powersgd
+    return triton_powersgd

@@ -85,6 +85,15 @@ class PowerSGD(Compressor):
         rows, cols = self.matrix_shape(meta)
         return 4 * ((rows + cols) * self.r if self.compressed(meta) else meta.numel)
 
+    def fused(self, like):
+        """The backend's kernels for the element-wise passes on ``like``'s device, or None
+        (the chain of array operations): ``finite_matrix(v, residual) -> (m, finite)`` (the
+        sum, its finiteness, ``zero_nonfinite``) and ``keep_finite(new, old, finite) ->
+        residual``, each of which may answer None (the chain) -- asked of backends that
+        have the hook (torch: Triton on CUDA tensors, :mod:`hvd_compress.accel`)."""
+        hook = getattr(self.B, "fused_powersgd", None)
+        return None if hook is None else hook(like)
+
     def _gaussian(self, meta, step, like):
         """cols x r standard normals from the shared hash stream (Box-Muller)."""
         B = self.B
@@ -111,12 +120,17 @@ class PowerSGD(Compressor):
         if not self.compressed(meta):
             return Encoded(v, meta, self.payload_nbytes(meta), ctx=Rounds(dense=True))
         st = self.state(meta, like=v)
-        if self.ef:
-            v = v + st.residual
-        finite = B.all_finite(v)
+        residual = st.residual if self.ef else None
+        fused = self.fused(v)
+        done = None if fused is None else fused.finite_matrix(v, residual)
+        if done is None:
+            v = v if residual is None else v + residual
+            finite = B.all_finite(v)
+            done = zero_nonfinite(B, v, finite), finite
+        m, finite = done
         flag = nan_flag(B, finite, v)
         rows, cols = self.matrix_shape(meta)
-        m = B.reshape(zero_nonfinite(B, v, finite), (rows, cols))
+        m = B.reshape(m, (rows, cols))
         q = st.q
         if not self.params["warm_start"]:
             q = self._gaussian(meta, st.step, v)
@@ -132,8 +146,10 @@ class PowerSGD(Compressor):
         q_w = B.matmul(enc.ctx.m, p_hat, transpose_a=True) * enc.ctx.flag
         if self.ef:  # what this rank's contribution lost; kept unless M or the factors were not finite
             new = B.reshape(B.subtract_product(enc.ctx.m, p_hat, q_w), (-1,))
-            old = st.residual
-            st.residual = B.cond(B.all_finite(new) & enc.ctx.finite, lambda: new, lambda: old)
+            old, fused = st.residual, self.fused(new)
+            kept = None if fused is None else fused.keep_finite(new, old, enc.ctx.finite)
+            st.residual = kept if kept is not None else B.cond(
+                B.all_finite(new) & enc.ctx.finite, lambda: new, lambda: old)
         _, cols = self.matrix_shape(meta)
         return Encoded(q_w, meta, 4 * cols * self.r, round=1, ctx=Rounds(p_hat=p_hat))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..accel.device import device_decoder, device_encoder, device_top_indices, device_unpack
+from ..accel.device import device_decoder, device_encoder, device_powersgd, device_top_indices, device_unpack
 from ..core.backend import fill_uniform, host_fast_decoders, host_fast_paths, selection_sample
 from ..core.layout import OUT_FIRST
 
@@ -223,6 +223,12 @@ class TorchBackend:
             return device_decoder(self, codec, cols, like)
         provider = host_fast_decoders()
         return None if provider is None else provider(self, codec, cols)
+
+    def fused_powersgd(self, like):
+        """PowerSGD's element-wise passes as one-pass kernels for ``like``'s device (the
+        Triton ones, :mod:`hvd_compress.accel.triton_powersgd`), or None: the core's chain
+        (host memory, no triton; :meth:`~hvd_compress.core.powersgd.PowerSGD.fused`)."""
+        return None if self.is_host(like) else device_powersgd(like)
 
     def fused_unpack(self, data, bits, n, values, factors=None, d=None, cols=1):
         """On devices, codes of 1, 2 or 4 bits: shifted out of each byte, then one 1-d
