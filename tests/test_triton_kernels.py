@@ -36,11 +36,11 @@ from hvd_compress.accel import device
 from hvd_compress.core import NUMPY, build
 from hvd_compress.core.bitpack import unpack_values
 from hvd_compress.core.dgc import ADAPT_ROUNDS, LOWER, LOWERING
+from hvd_compress.core.levels import SketchMLCodec
 from hvd_compress.core.qsgd import QSGDCodec
 from hvd_compress.core.sparsifiers import topk_indices
 from hvd_compress.core.variable import SIGN_COUNTS
 from hvd_compress.torch import TorchBackend
-from tests import test_triton_powersgd as psgd
 
 ROOT = Path(__file__).resolve().parent.parent
 #: triton importable in this process (a GPU machine's torch brings it)
@@ -67,6 +67,10 @@ SPECS = ["qsgd", "qsgd:levels=1,bucket=100", "qsgd:levels=127,bucket=1000,seed=3
          "dgc:ratio=0.01,warmup_epochs=0,compress_1d=true,seed=2",
          "dgc:ratio=0.02,warmup_epochs=0,nesterov=true,masking=false,sample_ratio=0.05,compress_1d=true",
          "dgc:ratio=0.05,momentum=0.5,clip_norm=0.05,warmup_epochs=1,steps_per_epoch=2,compress_1d=true"]
+#: SketchML: 256 buckets (every value sampled), 16 of a strided sample with error feedback,
+#: 100 (not a power of 2), and 300 (16-bit codes, which the kernels decline: the chain)
+SPECS += ["sketchml", "sketchml:buckets=16,sample=500,ef=true", "sketchml:buckets=100,ef=true",
+          "sketchml:buckets=300,sample=700"]
 SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
 CUDA_SHAPES = [(1,), (40, 30), (3001,), (257, 1031)]
 WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
@@ -75,6 +79,7 @@ KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unp
            "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes",
            "threshold_codes", "eightbit_codes", "eightbit_decode", "stratified",
            "count_reaching", "pick_lowered", "count_signs"}
+KERNELS |= {"sketch_sample", "sketch_codes", "sketch_reduce", "sketch_residual", "sketch_decode"}
 
 
 class DevicePath(TorchBackend):
@@ -153,6 +158,7 @@ def _interpreter_checks() -> dict:
     from hvd_compress.accel import triton_inceptionn as ti
     from hvd_compress.accel import triton_quantizers as tq
     from hvd_compress.accel import triton_select as ts
+    from hvd_compress.accel import triton_sketchml as tk
     ran: dict = {}
 
     def counting(launch):
@@ -163,6 +169,7 @@ def _interpreter_checks() -> dict:
 
     tq._launch, ti._launch, ts.launch, td.launch = (
         counting(f) for f in (tq._launch, ti._launch, ts.launch, td.launch))
+    tk._launch = counting(tk._launch)
     bad, cases = [], 0
     for spec in SPECS:
         for shape in SHAPES:
@@ -204,7 +211,8 @@ def _interpreter_checks() -> dict:
                     bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
     bad_dgc, dgc_cases = _dgc_and_adaq_checks(B)
     bad, cases = bad + bad_dgc, cases + dgc_cases
-    bad += psgd.interpreter_checks(DevicePath())  # PowerSGD: its own steps and launches
+    bad_sketch, sketch_cases = _sketchml_sums_checks()
+    bad, cases = bad + bad_sketch, cases + sketch_cases
     if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
         bad.append(f"the selection fell back: {ts._BROKEN[0]!r}")
     return {"cases": cases, "bad": bad, "ran": ran}
@@ -250,6 +258,38 @@ def _dgc_and_adaq_checks(B) -> tuple[list[str], int]:
     return bad, cases
 
 
+#: SketchML's bucket sums alone: 2 lengths x 2 tile sizes
+SKETCH_CASES = 2 * 2
+
+
+def _sketchml_sums_checks() -> tuple[list[str], int]:
+    """SketchML's codes pass and fixed-order reduction alone, with the GPU's one-hot tiles
+    of 32 values (47 programs, their partial rows reduced 8 at a time) and the
+    interpreter's: values of magnitudes 1e-4 to 1e4, about 94 a bucket, so that float64 sums
+    in another order than the chain's could round otherwise; the float32 sums, the counts,
+    the codes and the means equal the chain's (``index_add_`` of float64 values); the
+    differences and the cases."""
+    from hvd_compress.accel import triton_sketchml as tk
+    from hvd_compress.core.levels import SketchMLCodec
+    B, rng, bad, cases = DevicePath(), np.random.default_rng(4), [], 0
+    for q, n in ((256, 1), (16, 1500)):
+        codec = SketchMLCodec({"buckets": q, "sample": 400})
+        x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 4, n)).astype(np.float32)
+        v = torch.from_numpy(x)
+        edges = codec.edges(B, v)
+        code = B.bucketize(v, edges)
+        sums = B.scatter_add(q, code, B.cast(v, "float64"), "float64")
+        counts = B.scatter_add(q, code, torch.ones(n, dtype=torch.float64), "float64")
+        for sub in (32, 1024):
+            got = tk.bucket_sums(v, None, edges, q, sub=sub, rows_at_once=8)
+            cases += 1
+            if not (torch.equal(got[0], code.to(torch.uint8)) and torch.equal(got[2], counts)
+                    and torch.equal(got[1].float(), sums.float())
+                    and torch.equal(codec.means(B, got[1], got[2]), codec.means(B, sums, counts))):
+                bad.append(f"sketchml bucket sums n={n} sub={sub}")
+    return bad, cases
+
+
 def _in_subprocess(what: str, **env) -> dict:
     """This module run as a script (``what``: the checks to run) with triton importable
     and ``env``; the JSON document it prints last."""
@@ -270,7 +310,8 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     doc = _in_subprocess("interpret", TRITON_INTERPRET="1", HVD_COMPRESS_TRITON="1")
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
-    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES
+    assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES \
+        + SKETCH_CASES
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -316,7 +357,18 @@ COMPILED = [
     ("pick_lowered", {"counts_ptr": "*i32", "factor": "fp32"}, dict(ROUNDS=10, ROWS=16, BLOCK=256)),
     ("count_signs", {"counts_ptr": "*i64"}, dict(CHUNK=8192, BLOCK=256)),
 ]
-COMPILED += psgd.COMPILED
+
+
+COMPILED += [  # SketchML's (triton_sketchml)
+    ("sketch_sample", {"m": "i32"}, dict(HAS_R=True, BLOCK=1024)),
+    ("sketch_codes", {"codes_ptr": "*u8", "sums_ptr": "*fp64", "counts_ptr": "*i32",
+                      "bad_ptr": "*i32"},
+     dict(HAS_R=True, Q=256, STEPS=8, CHUNK=16384, SUB=32, WIDE=False)),
+    ("sketch_reduce", {"sums_ptr": "*fp64", "counts_ptr": "*i32", "out_sums_ptr": "*fp64",
+                       "out_counts_ptr": "*fp64"}, dict(Q=256, COLS=32, ROWS=64)),
+    ("sketch_residual", {"codes_ptr": "*u8"}, dict(HAS_R=True, BLOCK=1024, WIDE=False)),
+    ("sketch_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
+]
 
 
 def test_kernels_compile_for_a_gpu_without_one_and_a_failing_selection_falls_back():
@@ -337,10 +389,11 @@ def _compile_checks() -> dict:
     from triton.compiler import ASTSource, compile
 
     from hvd_compress.accel import triton_dgc, triton_inceptionn, triton_kernels, triton_select
+    from hvd_compress.accel import triton_sketchml as tk
     compiled, bad = 0, []
     for name, given, consts in COMPILED:
-        fn = next(getattr(m, name) for m in (psgd.kernels(), triton_kernels, triton_inceptionn, triton_select,
-                                             triton_dgc) if hasattr(m, name))
+        fn = next(getattr(m, name) for m in (triton_kernels, triton_inceptionn, triton_select,
+                                             triton_dgc, tk) if hasattr(m, name))
         signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
                                                                   else "i32")
                      for a in fn.arg_names}
@@ -387,6 +440,9 @@ def test_without_triton_todays_path_runs_quietly(monkeypatch):
         assert device.available() is False
         assert B.fused_encoder(codec, 1, like=_cuda_like()) is None
         assert B.fused_decoder(codec, 1, like=_cuda_like()) is None
+        sketch = SketchMLCodec({"buckets": 256, "sample": 100})
+        assert B.fused_encoder(sketch, 1, like=_cuda_like()) is None
+        assert B.fused_decoder(sketch, 1, like=_cuda_like()) is None
         assert device.device_unpack(B, _cuda_like(), 2, 10, [0.0] * 4) is None
         for marker in (LOWERING, SIGN_COUNTS):  # DGC's correction loop, adaq's counts: the chain
             assert B.fused_encoder(marker, 1, like=_cuda_like()) is None
@@ -464,7 +520,7 @@ def test_cuda_kernels_do_not_synchronise():
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
     for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd", "threshold",
-                 "eightbit:ef=true", "randomk"):
+                 "eightbit:ef=true", "randomk", "sketchml:ef=true"):
         comp = build(spec, B)
         comp.encode(x, "t")  # first call: kernels compiled, state made
         torch.cuda.synchronize()

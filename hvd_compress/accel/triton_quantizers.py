@@ -22,14 +22,14 @@ import triton
 
 from ..core.bitpack import packed_nbytes
 from ..core.dgc import Lowering
-from ..core.levels import EightBitCodec, NaturalCodec, UniformCodec
+from ..core.levels import EightBitCodec, NaturalCodec, SketchMLCodec, UniformCodec
 from ..core.qsgd import QSGDCodec
 from ..core.sampling import Stratified
 from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
 from ..core.threshold import ThresholdCodec
 from ..core.variable import Inceptionn, SignCounts
-from . import triton_dgc, triton_inceptionn
+from . import triton_dgc, triton_inceptionn, triton_sketchml
 from . import triton_kernels as K
 from .registry import ByClass
 from .triton_select import top_indices
@@ -330,8 +330,9 @@ ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     SignCodec: _sign_encoder, SignumCodec: None,  # (Signum: the momentum's)
                     ThresholdCodec: _threshold_encoder, EightBitCodec: _eightbit_encoder,
                     Inceptionn: triton_inceptionn.encoder, Stratified: _stratified,
-                    Lowering: triton_dgc.lowering, SignCounts: triton_dgc.signs})
+                    Lowering: triton_dgc.lowering, SignCounts: triton_dgc.signs,
+                    SketchMLCodec: triton_sketchml.encoder})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
                     EightBitCodec: _eightbit_decoder,
-                    Inceptionn: triton_inceptionn.decoder})
+                    Inceptionn: triton_inceptionn.decoder, SketchMLCodec: triton_sketchml.decoder})
