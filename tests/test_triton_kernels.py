@@ -41,6 +41,7 @@ from hvd_compress.core.qsgd import QSGDCodec
 from hvd_compress.core.sparsifiers import topk_indices
 from hvd_compress.core.variable import SIGN_COUNTS
 from hvd_compress.torch import TorchBackend
+from tests import test_triton_powersgd as psgd
 
 ROOT = Path(__file__).resolve().parent.parent
 #: triton importable in this process (a GPU machine's torch brings it)
@@ -211,6 +212,7 @@ def _interpreter_checks() -> dict:
                     bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
     bad_dgc, dgc_cases = _dgc_and_adaq_checks(B)
     bad, cases = bad + bad_dgc, cases + dgc_cases
+    bad += psgd.interpreter_checks(DevicePath())  # PowerSGD: its own steps and launches
     bad_sketch, sketch_cases = _sketchml_sums_checks()
     bad, cases = bad + bad_sketch, cases + sketch_cases
     if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
@@ -357,6 +359,7 @@ COMPILED = [
     ("pick_lowered", {"counts_ptr": "*i32", "factor": "fp32"}, dict(ROUNDS=10, ROWS=16, BLOCK=256)),
     ("count_signs", {"counts_ptr": "*i64"}, dict(CHUNK=8192, BLOCK=256)),
 ]
+COMPILED += psgd.COMPILED
 
 
 COMPILED += [  # SketchML's (triton_sketchml)
@@ -392,7 +395,7 @@ def _compile_checks() -> dict:
     from hvd_compress.accel import triton_sketchml as tk
     compiled, bad = 0, []
     for name, given, consts in COMPILED:
-        fn = next(getattr(m, name) for m in (triton_kernels, triton_inceptionn, triton_select,
+        fn = next(getattr(m, name) for m in (psgd.kernels(), triton_kernels, triton_inceptionn, triton_select,
                                              triton_dgc, tk) if hasattr(m, name))
         signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
                                                                   else "i32")
