@@ -74,7 +74,8 @@ SPECS += ["sketchml", "sketchml:buckets=16,sample=500,ef=true", "sketchml:bucket
           "sketchml:buckets=300,sample=700"]
 SHAPES = [(40, 30), (3001,)]  # 1200 and 3001: not a multiple of a block or bucket
 CUDA_SHAPES = [(1,), (40, 30), (3001,), (257, 1031)]
-WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2"]  # also with int64 indices
+WIDE_SPECS = ["qsgd:ef=true", "terngrad:ef=true", "uniform:bits=2",  # also with int64 indices
+              "sketchml:ef=true"]
 KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unpack_values",
            "count_widths", "pack", "count_codes", "unpack", "radix_count", "radix_step",
            "count_chosen", "write_chosen", "natural_codes", "natural_decode", "sign_codes",
@@ -181,12 +182,13 @@ def _interpreter_checks() -> dict:
             cases += 1
     B, rng_sel = DevicePath(), np.random.default_rng(2)
     wide, tq._wide = tq._wide, (lambda n, d=1: True)  # int64 indices (tensors past 2**31)
+    wide_sketch, tk._wide = tk._wide, (lambda n: True)
     try:
         for spec in WIDE_SPECS:
             bad += _compare(spec, SHAPES[-1], DevicePath(), torch.from_numpy, True)
             cases += 1
     finally:
-        tq._wide = wide
+        tq._wide, tk._wide = wide, wide_sketch
     # the selection alone, with ties and zeros of both signs: the core's canonical choice
     for n in (1, 1000, 3001):
         x = np.round(rng_sel.standard_normal(n) * 3).astype(np.float32) / np.float32(3)
