@@ -41,6 +41,7 @@ from hvd_compress.core.qsgd import QSGDCodec
 from hvd_compress.core.sparsifiers import topk_indices
 from hvd_compress.core.variable import SIGN_COUNTS
 from hvd_compress.torch import TorchBackend
+from tests import triton_signs_cases as SIGNS
 from tests import test_triton_powersgd as psgd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +83,7 @@ KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unp
            "threshold_codes", "eightbit_codes", "eightbit_decode", "stratified",
            "count_reaching", "pick_lowered", "count_signs"}
 KERNELS |= {"sketch_sample", "sketch_codes", "sketch_reduce", "sketch_residual", "sketch_decode"}
+SPECS, KERNELS = SPECS + SIGNS.SPECS, KERNELS | SIGNS.KERNELS  # Signum, 1-bit SGD, threshold-v
 
 
 class DevicePath(TorchBackend):
@@ -138,7 +140,7 @@ def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
         checks = {"payload vs chain": (e_new.payload, e_old.payload),
                   "payload vs numpy": (e_new.payload, e_ref.payload),
                   "decoded vs chain": (d_new, d_old), "decoded vs numpy": (d_new, d_ref)}
-        for state in ("residual", "u", "v"):  # error feedback's, DGC's
+        for state in ("residual", "momentum", "u", "v"):  # error feedback's, Signum's, DGC's
             if getattr(ref.states["t"], state, None) is not None:
                 checks[f"{state} vs numpy"] = (getattr(new.states["t"], state),
                                                getattr(ref.states["t"], state))
@@ -172,7 +174,7 @@ def _interpreter_checks() -> dict:
     tq._launch, ti._launch, ts.launch, td.launch = (
         counting(f) for f in (tq._launch, ti._launch, ts.launch, td.launch))
     tk._launch = counting(tk._launch)
-    bad, cases = [], 0
+    bad, cases = SIGNS.checks(counting, _compare, DevicePath)  # 1-bit SGD by columns
     for spec in SPECS:
         for shape in SHAPES:
             bad += _compare(spec, shape, DevicePath(), torch.from_numpy, True)
@@ -315,7 +317,7 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
     assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES \
-        + SKETCH_CASES
+        + SKETCH_CASES + len(SIGNS.COLUMN_CASES)
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -374,6 +376,7 @@ COMPILED += [  # SketchML's (triton_sketchml)
     ("sketch_residual", {"codes_ptr": "*u8"}, dict(HAS_R=True, BLOCK=1024, WIDE=False)),
     ("sketch_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
 ]
+COMPILED += SIGNS.COMPILED  # the sign family's (triton_signs)
 
 
 def test_kernels_compile_for_a_gpu_without_one_and_a_failing_selection_falls_back():
@@ -393,12 +396,12 @@ def _compile_checks() -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile
 
-    from hvd_compress.accel import triton_dgc, triton_inceptionn, triton_kernels, triton_select
+    from hvd_compress.accel import triton_dgc, triton_inceptionn, triton_kernels, triton_select, triton_signs
     from hvd_compress.accel import triton_sketchml as tk
     compiled, bad = 0, []
     for name, given, consts in COMPILED:
         fn = next(getattr(m, name) for m in (psgd.kernels(), triton_kernels, triton_inceptionn, triton_select,
-                                             triton_dgc, tk) if hasattr(m, name))
+                                             triton_dgc, tk, triton_signs) if hasattr(m, name))
         signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
                                                                   else "i32")
                      for a in fn.arg_names}
@@ -443,7 +446,7 @@ def test_without_triton_todays_path_runs_quietly(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert device.available() is False
-        assert B.fused_encoder(codec, 1, like=_cuda_like()) is None
+        assert all(B.fused_encoder(o, 1, like=_cuda_like()) is None for o in (codec, *SIGNS.objects()))
         assert B.fused_decoder(codec, 1, like=_cuda_like()) is None
         sketch = SketchMLCodec({"buckets": 256, "sample": 100})
         assert B.fused_encoder(sketch, 1, like=_cuda_like()) is None
@@ -525,7 +528,7 @@ def test_cuda_kernels_do_not_synchronise():
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
     for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd", "threshold",
-                 "eightbit:ef=true", "randomk", "sketchml:ef=true"):
+                 "eightbit:ef=true", "randomk", "sketchml:ef=true") + SIGNS.SYNC_FREE:
         comp = build(spec, B)
         comp.encode(x, "t")  # first call: kernels compiled, state made
         torch.cuda.synchronize()

@@ -23,13 +23,14 @@ import triton
 from ..core.bitpack import packed_nbytes
 from ..core.dgc import Lowering
 from ..core.levels import EightBitCodec, NaturalCodec, SketchMLCodec, UniformCodec
+from ..core.onebit import OneBitCodec
 from ..core.qsgd import QSGDCodec
 from ..core.sampling import Stratified
 from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
 from ..core.threshold import ThresholdCodec
-from ..core.variable import Inceptionn, SignCounts
-from . import triton_dgc, triton_inceptionn, triton_sketchml
+from ..core.variable import Inceptionn, SignCounts, ThresholdV
+from . import triton_dgc, triton_inceptionn, triton_signs, triton_sketchml
 from . import triton_kernels as K
 from .registry import ByClass
 from .triton_select import top_indices
@@ -327,12 +328,14 @@ def _uniform_decoder(B, codec, cols):
 #: adaq's sign counts: :mod:`.triton_dgc`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
-                    SignCodec: _sign_encoder, SignumCodec: None,  # (Signum: the momentum's)
+                    SignCodec: _sign_encoder, SignumCodec: triton_signs.signum_encoder,
+                    OneBitCodec: triton_signs.onebit_encoder,
+                    ThresholdV: triton_signs.threshold_v_encoder,
                     ThresholdCodec: _threshold_encoder, EightBitCodec: _eightbit_encoder,
                     Inceptionn: triton_inceptionn.encoder, Stratified: _stratified,
                     Lowering: triton_dgc.lowering, SignCounts: triton_dgc.signs,
                     SketchMLCodec: triton_sketchml.encoder})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
-                    EightBitCodec: _eightbit_decoder,
+                    EightBitCodec: _eightbit_decoder, OneBitCodec: triton_signs.onebit_decoder,
                     Inceptionn: triton_inceptionn.decoder, SketchMLCodec: triton_sketchml.decoder})

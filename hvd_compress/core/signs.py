@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Encoded, nan_flag, zero_nonfinite
+from .base import Encoded, host_nonfinite, kept_state, nan_flag, zero_nonfinite
 from .bitpack import Segment, join_segments, pack_codes, unpack_values
 from .quantizers import Codec, QuantizerCompressor, _flagged
 from .state import TensorState, per_rank
@@ -135,16 +135,19 @@ class SignCompressor(QuantizerCompressor):
     def _encode_fused(self, g, meta, st, noise):
         if not self.beta:
             return super()._encode_fused(g, meta, st, noise)
-        # Signum's codec: the fused encoder takes and returns the momentum (in host
-        # memory: the new momentum in a fresh buffer, finite a Python bool)
-        fused = self.B.fused_encoder(self.codec, 1, like=g)
+        # Signum's codec: the fused encoder takes and returns the momentum (the new one in
+        # a fresh buffer; finite a Python bool in host memory, a 0-d tensor on a device)
+        B = self.B
+        fused = B.fused_encoder(self.codec, 1, like=g)
         if fused is None:
             return None
         fields, momentum, finite = fused(g, st.momentum, None, None)
-        if finite is not True:  # NaN/Inf: the reference step (the momentum stays)
+        if host_nonfinite(finite):  # NaN/Inf: the reference step (the momentum stays)
             return self._encode_momentum(g, meta, st, noise)
-        st.momentum = momentum
-        payload = join_segments(self.B, self.codec.layout(meta.numel), fields)
+        if finite is not True:  # a device's: the scale flagged, no branch on its value
+            fields = dict(fields, scale=_flagged(fields["scale"], nan_flag(B, finite, g)))
+        st.momentum = kept_state(B, finite, momentum, st.momentum)
+        payload = join_segments(B, self.codec.layout(meta.numel), fields)
         return Encoded(payload, meta, self.payload_nbytes(meta))
 
     def _encode_host(self, g, meta, st, noise) -> Encoded:
