@@ -41,8 +41,8 @@ from hvd_compress.core.qsgd import QSGDCodec
 from hvd_compress.core.sparsifiers import topk_indices
 from hvd_compress.core.variable import SIGN_COUNTS
 from hvd_compress.torch import TorchBackend
-from tests import triton_signs_cases as SIGNS
 from tests import test_triton_powersgd as psgd
+from tests import triton_signs_cases as SIGNS
 
 ROOT = Path(__file__).resolve().parent.parent
 #: triton importable in this process (a GPU machine's torch brings it)
@@ -216,9 +216,9 @@ def _interpreter_checks() -> dict:
                     bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
     bad_dgc, dgc_cases = _dgc_and_adaq_checks(B)
     bad, cases = bad + bad_dgc, cases + dgc_cases
-    bad += psgd.interpreter_checks(DevicePath())  # PowerSGD: its own steps and launches
     bad_sketch, sketch_cases = _sketchml_sums_checks()
     bad, cases = bad + bad_sketch, cases + sketch_cases
+    bad += psgd.interpreter_checks(DevicePath())  # PowerSGD: its own steps and launches
     if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
         bad.append(f"the selection fell back: {ts._BROKEN[0]!r}")
     return {"cases": cases, "bad": bad, "ran": ran}
@@ -363,7 +363,6 @@ COMPILED = [
     ("pick_lowered", {"counts_ptr": "*i32", "factor": "fp32"}, dict(ROUNDS=10, ROWS=16, BLOCK=256)),
     ("count_signs", {"counts_ptr": "*i64"}, dict(CHUNK=8192, BLOCK=256)),
 ]
-COMPILED += psgd.COMPILED
 
 
 COMPILED += [  # SketchML's (triton_sketchml)
@@ -377,6 +376,7 @@ COMPILED += [  # SketchML's (triton_sketchml)
     ("sketch_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
 ]
 COMPILED += SIGNS.COMPILED  # the sign family's (triton_signs)
+COMPILED += psgd.COMPILED
 
 
 def test_kernels_compile_for_a_gpu_without_one_and_a_failing_selection_falls_back():
