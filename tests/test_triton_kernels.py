@@ -1,17 +1,16 @@
-"""The Triton kernels of the device path (hvd_compress/accel/triton_*.py): the same bits as
-the torch chain on the device and as the numpy reference.
+"""The Triton kernels of the device path (hvd_compress/accel/triton_*.py): the same bits as the torch chain
+on the device and as the numpy reference.
 
-Without a GPU they run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``
-must be set before triton is imported, so those checks run in one subprocess: this
-module run as a script), through the torch backend's hooks on a backend that treats CPU
-tensors as device memory; the CUDA variants run where a GPU is.  Where triton is missing
-or turned off, the hooks answer None and today's chain runs.
+Without a GPU they run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1`` must be set before
+triton is imported, so those checks run in one subprocess: this module run as a script), through the
+torch backend's hooks on a backend that treats CPU tensors as device memory; the CUDA variants run where
+a GPU is. Where triton is missing or turned off, the hooks answer None and today's chain runs.
 
 triton is not importable in the test process here: scripts/setup.sh installs it in
-``.venv/triton-site``, off the venv's path, because ``import tensorflow`` then ``import
-triton`` in one process aborts (both bundle LLVM) and torch imports triton wherever it can.
-Every check that imports triton runs in a subprocess with that folder on its path (and no
-TensorFlow); on a GPU machine whose torch brought triton, the CUDA variants run in process.
+``.venv/triton-site``, off the venv's path, because ``import tensorflow`` then ``import triton`` in one
+process aborts (both bundle LLVM) and torch imports triton wherever it can. Every check that imports
+triton runs in a subprocess with that folder on its path (and no TensorFlow); on a GPU machine whose
+torch brought triton, the CUDA variants run in process.
 """
 
 from __future__ import annotations
@@ -375,8 +374,7 @@ COMPILED += [  # SketchML's (triton_sketchml)
     ("sketch_residual", {"codes_ptr": "*u8"}, dict(HAS_R=True, BLOCK=1024, WIDE=False)),
     ("sketch_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
 ]
-COMPILED += SIGNS.COMPILED  # the sign family's (triton_signs)
-COMPILED += psgd.COMPILED
+COMPILED += SIGNS.COMPILED + psgd.COMPILED  # the sign family's (triton_signs), PowerSGD's
 
 
 def test_kernels_compile_for_a_gpu_without_one_and_a_failing_selection_falls_back():

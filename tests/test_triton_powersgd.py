@@ -40,12 +40,12 @@ CASES = [("powersgd:rank=1", (40, 30)), ("powersgd:rank=2,seed=3", (97, 101)),
          ("powersgd:rank=2,ef=false", (7, 5, 3)), ("powersgd:rank=1,warm_start=false", (97, 101)),
          ("powersgd:rank=2,ef=false,warm_start=false,seed=7", (40, 30)),
          ("powersgd:rank=2", (3001,)), ("powersgd:rank=2", (3, 2)), ("powersgd:rank=1", (3, 2))]
-KERNELS = {"finite_sum", "count_nonfinite", "keep_old"}
+KERNELS = {"finite_sum", "count_nonfinite", "keep_residual"}
 #: the kernels for the sm_90 compile check: (name, argument types, constants)
 COMPILED = [("finite_sum", {"bad_ptr": "*i32"}, dict(HAS_R=True, CHUNK=8192, BLOCK=1024)),
             ("finite_sum", {"bad_ptr": "*i32"}, dict(HAS_R=False, CHUNK=8192, BLOCK=1024)),
             ("count_nonfinite", {"bad_ptr": "*i32"}, dict(CHUNK=8192, BLOCK=1024)),
-            ("keep_old", {"bad_ptr": "*i32"}, dict(CHUNK=8192, BLOCK=1024))]
+            ("keep_residual", {"bad_ptr": "*i32"}, dict(CHUNK=8192, BLOCK=1024))]
 
 
 class TorchProducts(NumpyBackend):
@@ -153,7 +153,7 @@ def launches() -> dict:
     packed = [c for c, shape in ((build(spec, NUMPY), shape) for spec, shape in CASES)
               if c.compressed(c.meta_for(np.zeros(shape, np.float32), "t"))]
     ef = 4 * sum(bool(c.ef) for c in packed)
-    return {"finite_sum": 4 * len(packed), "count_nonfinite": ef, "keep_old": ef}
+    return {"finite_sum": 4 * len(packed), "count_nonfinite": ef, "keep_residual": ef}
 
 
 def kernels():

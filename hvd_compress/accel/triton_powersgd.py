@@ -63,7 +63,7 @@ def count_nonfinite(v_ptr, n, bad_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def keep_old(new_ptr, old_ptr, n, bad_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def keep_residual(new_ptr, old_ptr, n, bad_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """``new = old`` where ``bad`` is not 0; else nothing (every access masked off)."""
     keep = (tl.zeros([BLOCK], tl.int32) + tl.load(bad_ptr)) != 0
     for off in range(0, CHUNK, BLOCK):
@@ -110,5 +110,5 @@ def keep_finite(new, old, finite):
         bad = torch.full((1,), 0 if finite else 1, dtype=torch.int32, device=new.device)
     programs = triton.cdiv(n, _CHUNK)
     launch(count_nonfinite, programs, new, n, bad, CHUNK=_CHUNK, BLOCK=_BLOCK)
-    launch(keep_old, programs, new, old.contiguous(), n, bad, CHUNK=_CHUNK, BLOCK=_BLOCK)
+    launch(keep_residual, programs, new, old.contiguous(), n, bad, CHUNK=_CHUNK, BLOCK=_BLOCK)
     return new
