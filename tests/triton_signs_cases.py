@@ -15,12 +15,13 @@ SPECS = ["signum", "signum:momentum=0.5,vote=false", "onebit", "onebit:ef=false"
 #: rows a column block), 257 columns (three blocks of 128), a 3 x 5 x 7 kernel (35 columns)
 COLUMN_CASES = [("onebit", (37, 13)), ("onebit", (1100, 13)), ("onebit:ef=false", (7, 257)),
                 ("onebit", (3, 5, 7))]
-KERNELS = {"signum_step", "column_sums", "onebit_codes", "onebit_decode", "threshold_count",
+KERNELS = {"signum_step", "keep_old", "column_sums", "onebit_codes", "onebit_decode", "threshold_count",
            "threshold_pick"}
 #: each kernel with the argument types and constants its wrapper gives it (see COMPILED there)
 COMPILED = [
     ("signum_step", {"beta": "fp32", "gamma": "fp32", "signs_ptr": "*u8", "bad_ptr": "*i32"},
      dict(BYTES=128, WIDE=False)),
+    ("keep_old", {"bad_ptr": "*i32"}, dict(BLOCK=1024, WIDE=True)),
     ("column_sums", {"npos_ptr": "*i32", "total_ptr": "*fp64", "spos_ptr": "*fp64",
                      "bad_ptr": "*i32"}, dict(HAS_R=True, BLOCK_R=32, BLOCK_C=32, WIDE=False)),
     ("column_sums", {"npos_ptr": "*i32", "total_ptr": "*fp64", "spos_ptr": "*fp64",

@@ -6,7 +6,8 @@ imports triton).
   and writes the new momentum ``beta * m + (1 - beta) * g`` into a fresh buffer (the old
   one stays after a non-finite step), its sign bits, and per program max |m| and the
   count of NaN/Inf entries; the scale (1, or 0 for an all-zero momentum) and finiteness
-  are those few values' reductions, on the device.
+  are those few values' reductions, on the device, and a pass that reads only the count
+  after a finite step copies the old momentum back after a non-finite one.
 - **1-bit SGD** (Seide et al., Interspeech 2014): a statistics pass over tiles of the
   ``rows x cols`` matrix -- per column and chunk of rows the count of values >= 0, the
   float64 sums of the values and of the non-negative ones, the NaN/Inf count -- whose
@@ -69,6 +70,15 @@ def signum_step(g_ptr, m_ptr, beta, gamma, n, nbytes, fresh_ptr, signs_ptr, top_
     pid = K._pid(WIDE)
     tl.store(top_ptr + pid, tl.max(tl.max(tl.abs(x), 1), 0))
     tl.store(bad_ptr + pid, tl.sum(tl.sum((m & (fin == 0)).to(tl.int32), 1), 0))
+
+
+@triton.jit
+def keep_old(old_ptr, fresh_ptr, bad_ptr, n, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """``fresh = old`` where ``bad`` (the step's NaN/Inf count) is not 0; after a finite
+    step the loads and stores are masked off: each program reads the count alone."""
+    idx = K._pid(WIDE) * BLOCK + tl.arange(0, BLOCK)
+    m = (idx < n) & (tl.load(bad_ptr) + tl.zeros([BLOCK], tl.int32) > 0)
+    tl.store(fresh_ptr + idx, tl.load(old_ptr + idx, mask=m, other=0.0), mask=m)
 
 
 @triton.jit
@@ -179,8 +189,9 @@ def threshold_pick(x_ptr, r_ptr, n, tau, starts_ptr, vals_ptr, idx_ptr, res_ptr,
 
 def signum_encoder(B, codec, cols):
     """Signum's fused step (``SignumCodec``): ``(g, momentum, noise, source) -> (fields,
-    new momentum, finite)``, finite a 0-d tensor (the core flags the scale and keeps the
-    old momentum on it)."""
+    momentum to keep, finite)``: the new momentum, or after a non-finite step the old one
+    (copied back by a pass that reads only the count after a finite step, where a select
+    would read both); finite a 0-d tensor (the core flags the scale with it)."""
     beta, gamma = codec.beta, 1.0 - codec.beta  # float32 in the kernel, as in the chain
 
     def encode(g, momentum, noise, noise_source):
@@ -190,10 +201,13 @@ def signum_encoder(B, codec, cols):
         programs = max(1, -(-signs.shape[0] // _BYTES))
         top = torch.empty(programs, dtype=torch.float32, device=g.device)
         bad = torch.empty(programs, dtype=torch.int32, device=g.device)
-        _launch(signum_step, programs, g, momentum.contiguous(), beta, gamma, n, signs.shape[0],
-                fresh, signs, top, bad, BYTES=_BYTES, WIDE=_wide(n))
+        old = momentum.contiguous()
+        _launch(signum_step, programs, g, old, beta, gamma, n, signs.shape[0], fresh, signs, top,
+                bad, BYTES=_BYTES, WIDE=_wide(n))
+        bad = bad.amax()
+        _launch(keep_old, -(-n // _VALUES), old, fresh, bad, n, BLOCK=_VALUES, WIDE=_wide(n))
         scale = B.cast(top.amax() > 0, "float32").reshape(1)  # 0 for an all-zero momentum
-        return {"scale": scale, "signs": signs}, fresh, bad.amax() == 0
+        return {"scale": scale, "signs": signs}, fresh, bad == 0
     return encode
 
 

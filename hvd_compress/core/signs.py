@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Encoded, host_nonfinite, kept_state, nan_flag, zero_nonfinite
+from .base import Encoded, host_nonfinite, nan_flag, zero_nonfinite
 from .bitpack import Segment, join_segments, pack_codes, unpack_values
 from .quantizers import Codec, QuantizerCompressor, _flagged
 from .state import TensorState, per_rank
@@ -84,7 +84,9 @@ class EFSignCodec(SignCodec):
 
 class SignumCodec(SignCodec):
     """Signum's codec: signSGD's payload; ``beta``, the momentum, is there for a fused
-    encoder, which takes the momentum where other codecs take the residual."""
+    encoder, which takes the momentum where other codecs take the residual and returns
+    the momentum to keep: the new one (in host memory after a finite step alone; a
+    device's encoder, which cannot branch on finiteness, returns the old one after NaN/Inf)."""
 
     name = "signum"
     int_summable = False  # its compressor keeps a momentum: no sum=int form
@@ -135,8 +137,8 @@ class SignCompressor(QuantizerCompressor):
     def _encode_fused(self, g, meta, st, noise):
         if not self.beta:
             return super()._encode_fused(g, meta, st, noise)
-        # Signum's codec: the fused encoder takes and returns the momentum (the new one in
-        # a fresh buffer; finite a Python bool in host memory, a 0-d tensor on a device)
+        # Signum's codec: the fused encoder takes the momentum and returns the one to keep
+        # (SignumCodec); finite a Python bool in host memory, a 0-d tensor on a device
         B = self.B
         fused = B.fused_encoder(self.codec, 1, like=g)
         if fused is None:
@@ -146,7 +148,7 @@ class SignCompressor(QuantizerCompressor):
             return self._encode_momentum(g, meta, st, noise)
         if finite is not True:  # a device's: the scale flagged, no branch on its value
             fields = dict(fields, scale=_flagged(fields["scale"], nan_flag(B, finite, g)))
-        st.momentum = kept_state(B, finite, momentum, st.momentum)
+        st.momentum = momentum  # the new one, or (a device's) the old after NaN/Inf
         payload = join_segments(B, self.codec.layout(meta.numel), fields)
         return Encoded(payload, meta, self.payload_nbytes(meta))
 
