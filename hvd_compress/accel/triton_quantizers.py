@@ -325,7 +325,8 @@ def _uniform_decoder(B, codec, cols):
 
 #: the fused encoders' makers ``(B, obj, cols) -> encoder or None``, by codec or compressor
 #: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`; DGC's correction loop and
-#: adaq's sign counts: :mod:`.triton_dgc`)
+#: adaq's sign counts: :mod:`.triton_dgc`; Signum's, 1-bit SGD's and threshold-v's:
+#: :mod:`.triton_signs`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
                     SignCodec: _sign_encoder, SignumCodec: triton_signs.signum_encoder,
