@@ -41,6 +41,7 @@ from hvd_compress.core.sparsifiers import topk_indices
 from hvd_compress.core.variable import SIGN_COUNTS
 from hvd_compress.torch import TorchBackend
 from tests import test_triton_powersgd as psgd
+from tests import triton_dgc_cases as DGCM
 from tests import triton_signs_cases as SIGNS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +83,7 @@ KERNELS = {"bucket_stats", "qsgd_codes", "terngrad_codes", "uniform_codes", "unp
            "threshold_codes", "eightbit_codes", "eightbit_decode", "stratified",
            "count_reaching", "pick_lowered", "count_signs"}
 KERNELS |= {"sketch_sample", "sketch_codes", "sketch_reduce", "sketch_residual", "sketch_decode"}
-SPECS, KERNELS = SPECS + SIGNS.SPECS, KERNELS | SIGNS.KERNELS  # Signum, 1-bit SGD, threshold-v
+SPECS, KERNELS = SPECS + SIGNS.SPECS + DGCM.SPECS, KERNELS | SIGNS.KERNELS | DGCM.KERNELS  # signs, DGC
 
 
 class DevicePath(TorchBackend):
@@ -173,7 +174,7 @@ def _interpreter_checks() -> dict:
     tq._launch, ti._launch, ts.launch, td.launch = (
         counting(f) for f in (tq._launch, ti._launch, ts.launch, td.launch))
     tk._launch = counting(tk._launch)
-    bad, cases = SIGNS.checks(counting, _compare, DevicePath)  # 1-bit SGD by columns
+    bad, cases = DGCM.checks(counting, DevicePath, *SIGNS.checks(counting, _compare, DevicePath))
     for spec in SPECS:
         for shape in SHAPES:
             bad += _compare(spec, shape, DevicePath(), torch.from_numpy, True)
@@ -223,9 +224,7 @@ def _interpreter_checks() -> dict:
     return {"cases": cases, "bad": bad, "ran": ran}
 
 
-#: the correction loop's and the sign counts' own checks: 3 lengths x 3 k x 6 thresholds,
-#: and 3 lengths of sign counts
-DGC_CASES = 3 * 3 * 6 + 3
+DGC_CASES = 3 * 3 * 6 + 3  #: the correction loop's own checks (lengths x k x thresholds), sign counts
 
 
 def _dgc_and_adaq_checks(B) -> tuple[list[str], int]:
@@ -316,7 +315,7 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
     assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES \
-        + SKETCH_CASES + len(SIGNS.COLUMN_CASES)
+        + SKETCH_CASES + len(SIGNS.COLUMN_CASES) + DGCM.CASES
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -374,7 +373,7 @@ COMPILED += [  # SketchML's (triton_sketchml)
     ("sketch_residual", {"codes_ptr": "*u8"}, dict(HAS_R=True, BLOCK=1024, WIDE=False)),
     ("sketch_decode", {"codes_ptr": "*u8"}, dict(BLOCK=1024, WIDE=True)),
 ]
-COMPILED += SIGNS.COMPILED + psgd.COMPILED  # the sign family's (triton_signs), PowerSGD's
+COMPILED += SIGNS.COMPILED + psgd.COMPILED + DGCM.COMPILED  # triton_signs', PowerSGD's, DGC's
 
 
 def test_kernels_compile_for_a_gpu_without_one_and_a_failing_selection_falls_back():
@@ -398,8 +397,9 @@ def _compile_checks() -> dict:
     from hvd_compress.accel import triton_sketchml as tk
     compiled, bad = 0, []
     for name, given, consts in COMPILED:
-        fn = next(getattr(m, name) for m in (psgd.kernels(), triton_kernels, triton_inceptionn, triton_select,
-                                             triton_dgc, tk, triton_signs) if hasattr(m, name))
+        fn = next(getattr(m, name) for m in (
+            psgd.kernels(), DGCM.kernels(), triton_kernels, triton_inceptionn, triton_select, triton_dgc, tk,
+            triton_signs) if hasattr(m, name))
         signature = {a: "constexpr" if a in consts else given.get(a, "*fp32" if a.endswith("_ptr")
                                                                   else "i32")
                      for a in fn.arg_names}
@@ -450,7 +450,7 @@ def test_without_triton_todays_path_runs_quietly(monkeypatch):
         assert B.fused_encoder(sketch, 1, like=_cuda_like()) is None
         assert B.fused_decoder(sketch, 1, like=_cuda_like()) is None
         assert device.device_unpack(B, _cuda_like(), 2, 10, [0.0] * 4) is None
-        for marker in (LOWERING, SIGN_COUNTS):  # DGC's correction loop, adaq's counts: the chain
+        for marker in (LOWERING, SIGN_COUNTS, *DGCM.objects()):  # DGC's loop and passes, adaq's: the chain
             assert B.fused_encoder(marker, 1, like=_cuda_like()) is None
 
 
@@ -526,7 +526,7 @@ def test_cuda_kernels_do_not_synchronise():
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
     for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd", "threshold",
-                 "eightbit:ef=true", "randomk", "sketchml:ef=true") + SIGNS.SYNC_FREE:
+                 "eightbit:ef=true", "randomk", "sketchml:ef=true") + SIGNS.SYNC_FREE + DGCM.SYNC_FREE:
         comp = build(spec, B)
         comp.encode(x, "t")  # first call: kernels compiled, state made
         torch.cuda.synchronize()

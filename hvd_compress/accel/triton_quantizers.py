@@ -21,7 +21,7 @@ import torch
 import triton
 
 from ..core.bitpack import packed_nbytes
-from ..core.dgc import Lowering
+from ..core.dgc import Lowering, MomentumPasses
 from ..core.levels import EightBitCodec, NaturalCodec, SketchMLCodec, UniformCodec
 from ..core.onebit import OneBitCodec
 from ..core.qsgd import QSGDCodec
@@ -30,7 +30,7 @@ from ..core.signs import SignCodec, SignumCodec
 from ..core.terngrad import TernGradCodec
 from ..core.threshold import ThresholdCodec
 from ..core.variable import Inceptionn, SignCounts, ThresholdV
-from . import triton_dgc, triton_inceptionn, triton_signs, triton_sketchml
+from . import triton_dgc, triton_dgc_momentum, triton_inceptionn, triton_signs, triton_sketchml
 from . import triton_kernels as K
 from .registry import ByClass
 from .triton_select import top_indices
@@ -325,7 +325,8 @@ def _uniform_decoder(B, codec, cols):
 
 #: the fused encoders' makers ``(B, obj, cols) -> encoder or None``, by codec or compressor
 #: class (INCEPTIONN's whole payload: :mod:`.triton_inceptionn`; DGC's correction loop and
-#: adaq's sign counts: :mod:`.triton_dgc`; Signum's, 1-bit SGD's and threshold-v's:
+#: adaq's sign counts: :mod:`.triton_dgc`; DGC's momentum and masking:
+#: :mod:`.triton_dgc_momentum`; Signum's, 1-bit SGD's and threshold-v's:
 #: :mod:`.triton_signs`)
 ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     UniformCodec: _uniform_encoder, NaturalCodec: _natural_encoder,
@@ -335,6 +336,7 @@ ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     ThresholdCodec: _threshold_encoder, EightBitCodec: _eightbit_encoder,
                     Inceptionn: triton_inceptionn.encoder, Stratified: _stratified,
                     Lowering: triton_dgc.lowering, SignCounts: triton_dgc.signs,
+                    MomentumPasses: triton_dgc_momentum.passes,
                     SketchMLCodec: triton_sketchml.encoder})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Encoded, TensorMeta, kept_state
+from .base import Encoded, TensorMeta, kept_state, nan_flag
 from .codec import _norm64
 from .sampling import stratified_indices, stream_keys
 from .sparsifiers import PURPOSE_DGC_SAMPLE, Selection, Sparsifier, count_for, topk_indices
@@ -118,6 +118,19 @@ class Lowering:
 
 
 LOWERING = Lowering()
+
+
+class MomentumPasses:
+    """What DGC's step on a device asks the backend's fast-path hook for
+    (``B.fused_encoder(MOMENTUM_PASSES, 1, like=g)``): an object with ``momentum(g, u, v,
+    m, nesterov, factor_of)`` -- the new ``(u, v, |v| or None, bad)`` as
+    :meth:`DGC._device_step` uses them, or None -- and ``settle(u, v, old_u, old_v, bad,
+    sent, masking)``; None: the chain of :meth:`DGC._encode`."""
+
+    name = "dgc_momentum"
+
+
+MOMENTUM_PASSES = MomentumPasses()
 
 
 @dataclass(eq=False)
@@ -297,7 +310,8 @@ class DGC(Sparsifier):
         n, k = meta.numel, self.k_for(meta)
         if self.momentum_only(meta, st.step):
             return B.arange(n, like=vacc), None
-        mag = B.abs(vacc)
+        known = self.__dict__.pop("_known_mag", None)  # (v, |v|) from the momentum pass
+        mag = known[1] if known is not None and known[0] is vacc else B.abs(vacc)
         thr, exact = self.threshold(mag, meta, st.step)
         if exact:
             return topk_indices(B, mag, k), None
@@ -347,11 +361,8 @@ class DGC(Sparsifier):
     def _encode(self, g, meta, st, noise, flag) -> Encoded:
         B = self.B
         m = float(self.params["momentum"])
-        clip = float(self.params["clip_norm"])
-        if clip > 0:
-            norm = _norm64(B, g)
-            limit = clip / math.sqrt(self.world_size)
-            g = g * B.minimum(B.scalar(1.0, like=g), B.div(limit, B.maximum(norm, 1e-30)))
+        if float(self.params["clip_norm"]) > 0:
+            g = g * self.clip_factor(_norm64(B, g))
         nesterov = bool(self.params["nesterov"])
         plain = self.momentum_only(meta, st.step)
         if flag is None and B.is_host(g):
@@ -371,9 +382,58 @@ class DGC(Sparsifier):
         sent = self._decode_own(enc)
         st.v = B.cond(finite, lambda: vacc - sent, lambda: old_v)
         if self.params["masking"]:
-            hit = B.scatter_add(meta.numel, enc.ctx.indices, B.cast(enc.ctx.valid, "float32")) > 0
-            u = B.where(hit, 0.0, u)
+            u = B.where(self._hit(enc), 0.0, u)
         st.u = B.cond(finite, lambda: u, lambda: old_u)
+        return enc
+
+    def clip_factor(self, norm):
+        """What local gradient clipping multiplies ``g`` by: ``min(1, clip_norm / (sqrt(N)
+        * max(norm, 1e-30)))`` (float32, 0-d) for its float32 norm."""
+        B = self.B
+        limit = float(self.params["clip_norm"]) / math.sqrt(self.world_size)
+        return B.minimum(B.scalar(1.0, like=norm), B.div(limit, B.maximum(norm, 1e-30)))
+
+    def _hit(self, enc):
+        """Where ``enc`` sent a value (bool, dense): momentum factor masking's mask."""
+        B = self.B
+        return B.scatter_add(enc.meta.numel, enc.ctx.indices, B.cast(enc.ctx.valid, "float32")) > 0
+
+    def _encode_device(self, g, meta, st, noise) -> Encoded:
+        """Device memory: the momentum, ``|v|`` and the kept state as the backend's passes
+        (:class:`MomentumPasses`) where it has them -- one pass for the momentum (two with
+        clipping), the sent values subtracted and ``u`` masked at the ``k`` sent indices
+        only, the old state copied back after a non-finite step -- the chain's bits, no host
+        read; else the chain (:meth:`_encode`)."""
+        passes = self.B.fused_encoder(MOMENTUM_PASSES, 1, like=g)
+        done = None if passes is None else self._device_step(passes, g, meta, st, noise)
+        return super()._encode_device(g, meta, st, noise) if done is None else done
+
+    def _device_step(self, passes, g, meta, st, noise):
+        B = self.B
+        plain = self.momentum_only(meta, st.step)
+        factor_of = (lambda ss: self.clip_factor(B.cast(B.sqrt(ss), "float32"))) \
+            if float(self.params["clip_norm"]) > 0 else None
+        new = passes.momentum(g, st.u, None if plain else st.v, float(self.params["momentum"]),
+                              bool(self.params["nesterov"]), factor_of)
+        if new is None:
+            return None
+        u, vacc, mag, bad = new  # g's NaN/Inf read as 0 (zero_nonfinite), counted in bad
+        flag = nan_flag(B, B.reshape(bad, ()) == 0, g)
+        self._known_mag = (vacc, mag)
+        try:
+            enc = super()._encode(vacc, meta, st, noise, flag)
+        finally:
+            self.__dict__.pop("_known_mag", None)
+        if plain:  # momentum only: nothing is kept back
+            st.u, _ = passes.settle(u, None, st.u, None, bad)
+            return enc
+        masking, sent = bool(self.params["masking"]), None
+        if self._codec is None:  # a value sent at each valid slot: v -= it there alone
+            sent = (enc.ctx.indices, enc.ctx.valid, enc.ctx.sent)
+        else:  # the quantizer's values, with its zeros' decodes in unused slots: the chain's
+            vacc = vacc - self._decode_own(enc)
+            u = B.where(self._hit(enc), 0.0, u) if masking else u
+        st.u, st.v = passes.settle(u, vacc, st.u, st.v, bad, sent, masking)
         return enc
 
     def _encode_in_place(self, g, meta, st, noise, m, nesterov, plain) -> Encoded:
