@@ -16,7 +16,8 @@ SPECS = ["dgc:ratio=0.001,nesterov=true,clip_norm=0.02,warmup_epochs=0",
          "dgc:ratio=0.05,warmup_coeff=1,warmup_epochs=1,steps_per_epoch=2,nesterov=true",
          "dgc:ratio=0.05,warmup_epochs=0,compress_1d=true+eightbit",
          "dgc:dense=true,nesterov=true,clip_norm=0.1"]
-KERNELS = {"dgc_clip_sums", "dgc_momentum_step", "dgc_mask_sent", "dgc_keep_old"}
+KERNELS = {"dgc_clip_sums", "dgc_momentum_step", "dgc_mask_sent", "dgc_keep_old", "dgc_count_passing",
+           "dgc_candidate_keys"}
 #: each kernel with the argument types and constants its wrapper gives it
 COMPILED = [
     ("dgc_clip_sums", {"sums_ptr": "*fp64"}, dict(CHUNK=8192, BLOCK=1024)),
@@ -28,12 +29,15 @@ COMPILED = [
      dict(CLIP=False, NESTEROV=True, ACCUMULATE=False, CHUNK=8192, BLOCK=1024)),
     ("dgc_mask_sent", {"idx_ptr": "*i64", "valid_ptr": "*u8"}, dict(MASK=True, BLOCK=1024)),
     ("dgc_keep_old", {"bad_ptr": "*i32"}, dict(HAS_V=True, BLOCK=1024)),
+    ("dgc_count_passing", {"cnt_ptr": "*i32"}, dict(CHUNK=8192, BLOCK=1024)),
+    ("dgc_candidate_keys", {"cnt_ptr": "*i32"}, dict(BLOCK=1024)),
 ]
 #: encoded and decoded with nothing read on the host (sampled, exact, whole)
 SYNC_FREE = ("dgc:ratio=0.01,warmup_epochs=0", "dgc:ratio=0.01,nesterov=true,clip_norm=0.1",
              "dgc:dense=true")
-#: the longer runs (2 shapes) and the masking pass alone (3 lengths)
-CASES = 2 + 3
+#: the longer runs (2 shapes), the masking pass alone (3 lengths), the choice among the
+#: passing magnitudes alone (2 lengths x 5 thresholds)
+CASES = 2 + 3 + 2 * 5
 LONG = "dgc:ratio=0.01,warmup_epochs=2,steps_per_epoch=2,compress_1d=true,nesterov=true"
 
 
@@ -50,8 +54,16 @@ def objects() -> list:
 
 
 def _same(a, b) -> bool:
+    """The same bits (-0.0 is not +0.0), NaN equal to NaN."""
     a, b = (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (a, b))
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind != "f":
+        return np.array_equal(a, b)
+    bits = f"u{a.dtype.itemsize}"
+    na, nb = np.isnan(a), np.isnan(b)
+    return np.array_equal(na, nb) and np.array_equal(np.where(na, 0, a).view(bits),
+                                                     np.where(nb, 0, b).view(bits))
 
 
 def _long_run(shape, backend) -> list[str]:
@@ -116,11 +128,48 @@ def _masking_alone(tm) -> list[str]:
     return bad
 
 
+def _choice_alone(tm, backend) -> list[str]:
+    """The selection among the magnitudes that pass, one top-k over :func:`candidate_keys`,
+    against the chain's ``cond`` of both branches and numpy's, with more than 1.3 k passing,
+    between k and 1.3 k, fewer than k, none (a NaN threshold); magnitudes with ties, zeros
+    and NaN (ranked first by the full top-k, never candidates)."""
+    from hvd_compress.core import build
+    from hvd_compress.core.sparsifiers import topk_indices
+    B, bad = backend(), []
+    dgc = build("dgc", B)
+    rng = np.random.default_rng(9)
+    for n, k in ((40, 10), (3001, 100)):
+        mag = (np.round(rng.random(n) * n / 4) / 4).astype(np.float32)  # about 4 of each
+        mag[[1, n // 2]] = np.nan
+        cap = int(1.3 * k)
+        order = np.sort(mag[np.isfinite(mag)])[::-1]
+        for thr in (0.0, float(order[k - 1]), float(order[(k + cap) // 2]), float(order[k // 2]), np.nan):
+            t, m = torch.tensor(thr, dtype=torch.float32), torch.from_numpy(mag)
+            passed = m >= t
+            cnt = torch.count_nonzero(passed)
+            cand = B.compact(passed, cap)  # the chain's among_candidates and cond
+            ok = cand < n
+            cmag = torch.where(ok, m[torch.where(ok, cand, 0)], -1.0)
+            chain = torch.where(cnt > cap, topk_indices(B, m, k), cand[topk_indices(B, cmag, k)])
+            if int(cnt) > cap:  # the device's top-k ranks NaN first (numpy's core does not)
+                first = np.where(np.isnan(mag), np.float32(np.inf), mag)
+                want = np.sort(np.argsort(-first, kind="stable")[:k]).astype(np.int64)
+            else:
+                good = np.flatnonzero(mag >= np.float32(thr))
+                best = np.sort(good[np.argsort(-mag[good], kind="stable")[:k]])
+                want = np.concatenate([best, np.full(k - best.size, n)]).astype(np.int64)
+            got = dgc._among_keyed(*tm.candidate_keys(m, t, cap), k, n)
+            if not (_same(got, chain) and _same(got, want)):
+                bad.append(f"dgc choice alone n={n} k={k} thr={thr} passing={int(cnt)}")
+    return bad
+
+
 def checks(counting, backend, bad=(), cases=0) -> tuple[list[str], int]:
     """In the interpreter: the kernels' launches counted (``counting`` wraps a launch), the
     longer runs on ``backend()`` and the masking pass alone; ``bad`` and ``cases`` (found
     before) with the differences and the cases added."""
     tm = kernels()
     tm.launch = counting(tm.launch)
-    found = _long_run((40, 30), backend()) + _long_run((3001,), backend()) + _masking_alone(tm)
+    found = _long_run((40, 30), backend()) + _long_run((3001,), backend()) + _masking_alone(tm) \
+        + _choice_alone(tm, backend)
     return list(bad) + found, cases + CASES

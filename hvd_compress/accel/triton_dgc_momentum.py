@@ -117,6 +117,28 @@ def dgc_keep_old(old_u_ptr, old_v_ptr, u_ptr, v_ptr, bad_ptr, n, HAS_V: tl.const
         tl.store(v_ptr + idx, tl.load(old_v_ptr + idx, mask=m, other=0.0), mask=m)
 
 
+@triton.jit
+def dgc_count_passing(mag_ptr, thr_ptr, n, cnt_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """``cnt`` += how many of the program's magnitudes are ``>= thr``."""
+    t = tl.load(thr_ptr)
+    cnt = tl.zeros([BLOCK], tl.int32)
+    for off in range(0, CHUNK, BLOCK):
+        idx = tl.program_id(0) * CHUNK + off + tl.arange(0, BLOCK)
+        ok = idx < n
+        cnt += ((tl.load(mag_ptr + idx, mask=ok, other=0.0) >= t) & ok).to(tl.int32)
+    tl.atomic_add(cnt_ptr, tl.sum(cnt, 0))
+
+
+@triton.jit
+def dgc_candidate_keys(mag_ptr, thr_ptr, cnt_ptr, cap, n, key_ptr, BLOCK: tl.constexpr):
+    """``key = mag`` where ``mag >= thr`` or more than ``cap`` pass (``cnt``), else -1."""
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < n
+    x = tl.load(mag_ptr + idx, mask=ok, other=0.0)
+    keep = (x >= tl.load(thr_ptr)) | (tl.load(cnt_ptr) + tl.zeros([BLOCK], tl.int32) > cap)
+    tl.store(key_ptr + idx, tl.where(keep, x, -1.0), mask=ok)
+
+
 def _fits(*tensors) -> bool:
     return all(t.dtype == torch.float32 for t in tensors) and \
         0 < tensors[0].shape[0] < _INT32 - _CHUNK
@@ -169,7 +191,23 @@ def settle(u, v, old_u, old_v, bad, sent=None, masking=False):
     return u, v
 
 
-_PASSES = SimpleNamespace(momentum=momentum, settle=settle)
+def candidate_keys(mag, thr, cap: int):
+    """DGC's choice among the magnitudes that pass (:meth:`~hvd_compress.core.dgc.DGC._select`)
+    as one key for one top-k: ``(key, over)`` -- ``key`` is ``mag`` where more than ``cap``
+    pass ``thr`` (0-d ``over``), else ``mag`` where it passes and -1 elsewhere -- or None
+    (the chain) for other dtypes or lengths.  One pass counts, one writes the keys."""
+    n = mag.shape[0]
+    if not _fits(mag) or thr.dtype != torch.float32 or cap >= _INT32:
+        return None
+    thr, mag = thr.reshape(1), mag.contiguous()
+    cnt = torch.zeros(1, dtype=torch.int32, device=mag.device)
+    launch(dgc_count_passing, triton.cdiv(n, _CHUNK), mag, thr, n, cnt, CHUNK=_CHUNK, BLOCK=_BLOCK)
+    key = torch.empty_like(mag)
+    launch(dgc_candidate_keys, triton.cdiv(n, _BLOCK), mag, thr, cnt, cap, n, key, BLOCK=_BLOCK)
+    return key, (cnt > cap).reshape(())
+
+
+_PASSES = SimpleNamespace(momentum=momentum, settle=settle, candidate_keys=candidate_keys)
 
 
 def passes(B, marker, cols):

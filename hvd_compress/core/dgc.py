@@ -310,12 +310,16 @@ class DGC(Sparsifier):
         n, k = meta.numel, self.k_for(meta)
         if self.momentum_only(meta, st.step):
             return B.arange(n, like=vacc), None
-        known = self.__dict__.pop("_known_mag", None)  # (v, |v|) from the momentum pass
-        mag = known[1] if known is not None and known[0] is vacc else B.abs(vacc)
+        known = self.__dict__.pop("_known_mag", None)  # (v, |v|, passes): _device_step's
+        known = known if known is not None and known[0] is vacc else None
+        mag = B.abs(vacc) if known is None else known[1]
         thr, exact = self.threshold(mag, meta, st.step)
         if exact:
             return topk_indices(B, mag, k), None
         cap = max(k, math.floor(UPPER * k))
+        keyed = None if known is None else known[2].candidate_keys(mag, thr, cap)
+        if keyed is not None:
+            return self._among_keyed(*keyed, k, n), None
         passed = mag >= thr
         cnt = B.count_nonzero(passed)
 
@@ -330,6 +334,18 @@ class DGC(Sparsifier):
         # more than 1.3k candidates: the k largest of all of them is the top-k
         return B.cond(cnt > cap, lambda: topk_indices(B, mag, k),
                       among_candidates), None
+
+    def _among_keyed(self, key, over, k: int, n: int):
+        """The branch :meth:`_select`'s ``cond`` takes, computed alone: the top-k of ``key``
+        (``mag`` where ``over``, more than ``cap`` passing; else ``mag`` where it passes, -1
+        elsewhere), and unless ``over`` only the passing ones, in index order, padded with
+        ``n`` -- the k largest of the candidates, or all of them, as ``among_candidates``
+        gives them; NaN magnitudes (never candidates) as the full top-k ranks them."""
+        B = self.B
+        sel = topk_indices(B, key, k)
+        pos = B.compact((B.gather(key, sel) >= 0.0) | over, k)  # kept slots, padded with k
+        inside = pos < k
+        return B.where(inside, B.gather(sel, B.where(inside, pos, 0)), n)
 
     def _encode_fused(self, g, meta, st, noise):
         """A sampled tensor (not sent whole, no clipping or quantizer): the step as the
@@ -419,7 +435,7 @@ class DGC(Sparsifier):
             return None
         u, vacc, mag, bad = new  # g's NaN/Inf read as 0 (zero_nonfinite), counted in bad
         flag = nan_flag(B, B.reshape(bad, ()) == 0, g)
-        self._known_mag = (vacc, mag)
+        self._known_mag = (vacc, mag, passes)
         try:
             enc = super()._encode(vacc, meta, st, noise, flag)
         finally:
