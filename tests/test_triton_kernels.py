@@ -43,6 +43,7 @@ from hvd_compress.torch import TorchBackend
 from tests import test_triton_powersgd as psgd
 from tests import triton_dgc_cases as DGCM
 from tests import triton_signs_cases as SIGNS
+from tests import triton_sketchml_cases as SKETCH
 
 ROOT = Path(__file__).resolve().parent.parent
 #: triton importable in this process (a GPU machine's torch brings it)
@@ -155,9 +156,9 @@ def _compare(spec, shape, B, to_tensor, explicit_noise: bool) -> list[str]:
     return bad
 
 
-def _interpreter_checks() -> dict:
-    """Every spec and shape through the kernels in the interpreter (this process has
-    ``TRITON_INTERPRET=1``); which kernels ran, and the differences found."""
+def _interpreter_checks(half: int) -> dict:
+    """Half ``half`` (0 or 1: the test runs both at once) of the specs and shapes through
+    the kernels in the interpreter (``TRITON_INTERPRET=1`` here); which ran, what differed."""
     from hvd_compress.accel import triton_dgc as td
     from hvd_compress.accel import triton_inceptionn as ti
     from hvd_compress.accel import triton_quantizers as tq
@@ -174,8 +175,9 @@ def _interpreter_checks() -> dict:
     tq._launch, ti._launch, ts.launch, td.launch = (
         counting(f) for f in (tq._launch, ti._launch, ts.launch, td.launch))
     tk._launch = counting(tk._launch)
-    bad, cases = DGCM.checks(counting, DevicePath, *SIGNS.checks(counting, _compare, DevicePath))
-    for spec in SPECS:
+    bad, cases = DGCM.checks(counting, DevicePath, *SIGNS.checks(counting, _compare, DevicePath)) \
+        if half else ([], 0)
+    for spec in SPECS[half::2]:
         for shape in SHAPES:
             bad += _compare(spec, shape, DevicePath(), torch.from_numpy, True)
             cases += 1
@@ -186,11 +188,14 @@ def _interpreter_checks() -> dict:
     wide, tq._wide = tq._wide, (lambda n, d=1: True)  # int64 indices (tensors past 2**31)
     wide_sketch, tk._wide = tk._wide, (lambda n: True)
     try:
-        for spec in WIDE_SPECS:
+        for spec in WIDE_SPECS if half else ():
             bad += _compare(spec, SHAPES[-1], DevicePath(), torch.from_numpy, True)
             cases += 1
     finally:
         tq._wide, tk._wide = wide, wide_sketch
+    if half:
+        bad += psgd.interpreter_checks(DevicePath())  # PowerSGD: its own steps and launches
+        return {"cases": cases, "bad": bad + [f"fell back: {e!r}" for e in ts._BROKEN], "ran": ran}
     # the selection alone, with ties and zeros of both signs: the core's canonical choice
     for n in (1, 1000, 3001):
         x = np.round(rng_sel.standard_normal(n) * 3).astype(np.float32) / np.float32(3)
@@ -216,9 +221,8 @@ def _interpreter_checks() -> dict:
                     bad.append(f"unpack bits={bits} n={n} d={d} factors={factors is not None}")
     bad_dgc, dgc_cases = _dgc_and_adaq_checks(B)
     bad, cases = bad + bad_dgc, cases + dgc_cases
-    bad_sketch, sketch_cases = _sketchml_sums_checks()
+    bad_sketch, sketch_cases = SKETCH.sums_checks(DevicePath())
     bad, cases = bad + bad_sketch, cases + sketch_cases
-    bad += psgd.interpreter_checks(DevicePath())  # PowerSGD: its own steps and launches
     if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
         bad.append(f"the selection fell back: {ts._BROKEN[0]!r}")
     return {"cases": cases, "bad": bad, "ran": ran}
@@ -262,60 +266,38 @@ def _dgc_and_adaq_checks(B) -> tuple[list[str], int]:
     return bad, cases
 
 
-#: SketchML's bucket sums alone: 2 lengths x 2 tile sizes
-SKETCH_CASES = 2 * 2
-
-
-def _sketchml_sums_checks() -> tuple[list[str], int]:
-    """SketchML's codes pass and fixed-order reduction alone, with the GPU's one-hot tiles
-    of 32 values (47 programs, their partial rows reduced 8 at a time) and the
-    interpreter's: values of magnitudes 1e-4 to 1e4, about 94 a bucket, so that float64 sums
-    in another order than the chain's could round otherwise; the float32 sums, the counts,
-    the codes and the means equal the chain's (``index_add_`` of float64 values); the
-    differences and the cases."""
-    from hvd_compress.accel import triton_sketchml as tk
-    from hvd_compress.core.levels import SketchMLCodec
-    B, rng, bad, cases = DevicePath(), np.random.default_rng(4), [], 0
-    for q, n in ((256, 1), (16, 1500)):
-        codec = SketchMLCodec({"buckets": q, "sample": 400})
-        x = (rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 4, n)).astype(np.float32)
-        v = torch.from_numpy(x)
-        edges = codec.edges(B, v)
-        code = B.bucketize(v, edges)
-        sums = B.scatter_add(q, code, B.cast(v, "float64"), "float64")
-        counts = B.scatter_add(q, code, torch.ones(n, dtype=torch.float64), "float64")
-        for sub in (32, 1024):
-            got = tk.bucket_sums(v, None, edges, q, sub=sub, rows_at_once=8)
-            cases += 1
-            if not (torch.equal(got[0], code.to(torch.uint8)) and torch.equal(got[2], counts)
-                    and torch.equal(got[1].float(), sums.float())
-                    and torch.equal(codec.means(B, got[1], got[2]), codec.means(B, sums, counts))):
-                bad.append(f"sketchml bucket sums n={n} sub={sub}")
-    return bad, cases
-
-
-def _in_subprocess(what: str, **env) -> dict:
+def _in_subprocess(*whats: str, **env):
     """This module run as a script (``what``: the checks to run) with triton importable
-    and ``env``; the JSON document it prints last."""
+    and ``env``, one process each, all at once; the JSON document each prints last."""
     if not HAVE_TRITON:
         pytest.fail(f"triton is not installed (scripts/setup.sh puts it in {TRITON_SITE})")
     path = [str(ROOT)] + ([] if TRITON_HERE else [str(TRITON_SITE)])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [os.environ.get("PYTHONPATH", "")]),
            **env}
-    proc = subprocess.run([sys.executable, "-m", "tests.test_triton_kernels", what], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    procs, docs = [subprocess.Popen([sys.executable, "-m", "tests.test_triton_kernels", what],
+                                    cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for what in whats], []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, out[-3000:] + err[-3000:]
+            docs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+    return docs[0] if len(docs) == 1 else docs
 
 
 def test_interpreter_same_bits_as_the_chain_and_numpy():
     """In Triton's interpreter (one subprocess): every kernel ran, and every payload,
     decode and residual equals today's device chain's and the numpy reference's."""
-    doc = _in_subprocess("interpret", TRITON_INTERPRET="1", HVD_COMPRESS_TRITON="1")
+    halves = _in_subprocess("interpret0", "interpret1", TRITON_INTERPRET="1", HVD_COMPRESS_TRITON="1")
+    doc = {"bad": halves[0]["bad"] + halves[1]["bad"], "ran": {**halves[0]["ran"], **halves[1]["ran"]},
+           "cases": halves[0]["cases"] + halves[1]["cases"]}
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
     assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES \
-        + SKETCH_CASES + len(SIGNS.COLUMN_CASES) + DGCM.CASES
+        + SKETCH.CASES + len(SIGNS.COLUMN_CASES) + DGCM.CASES
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -596,5 +578,5 @@ def test_cuda_bench_reports_both_paths():
 
 
 if __name__ == "__main__":  # the checks that import triton (_in_subprocess)
-    checks = {"interpret": _interpreter_checks, "compile": _compile_checks}[sys.argv[1]]
-    print(json.dumps(checks()))
+    what = sys.argv[1]
+    print(json.dumps(_compile_checks() if what == "compile" else _interpreter_checks(int(what[-1]))))
