@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 
-from .workers import run_workers
+from .workers import run_workers, usable_cores
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -51,7 +50,7 @@ def run(command: list[str], np_: int, host: str = "127.0.0.1", timeout: float | 
     what worker ``i``'s command line starts with (the capped links' namespaces); ``out``:
     where their output goes (stdout)."""
     workers = workers or [f"{host}:{port}" for port in free_ports(np_, host)]
-    threads = max(1, (os.cpu_count() or 1) // np_)
+    threads = max(1, usable_cores() // np_)
     envs = [{**(env or {}), "TF_CONFIG": tf_config(workers, i), "PYTHONUNBUFFERED": "1",
              "HVD_COMPRESS_THREADS": str(threads)} for i in range(np_)]
     return run_workers(command, envs, "mwms", timeout, prefix, out)

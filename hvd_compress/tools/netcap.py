@@ -36,7 +36,7 @@ import subprocess
 
 from . import mwms
 from .stopping import stop_signals
-from .workers import stop, wait_all
+from .workers import stop, usable_cores, wait_all
 
 PREFIX = "hvdc"
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -287,7 +287,7 @@ def launch_horovod(net: CappedNetwork, command: list[str], env: dict | None = No
     server = RendezvousServer(verbose=0)
     port = server.start()
     server.init(plan)
-    threads = max(1, (os.cpu_count() or 1) // n)
+    threads = max(1, usable_cores() // n)
     log = open(log_path, "a") if log_path else subprocess.DEVNULL
     procs = []
     try:

@@ -15,12 +15,11 @@ stops the others; ``--timeout`` stops them all (status 124), and so do Ctrl-C an
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .netcap import gloo_env
 from .stopping import Stopped, stop_signals
-from .workers import run_workers
+from .workers import run_workers, usable_cores
 
 __all__ = ["run", "main"]
 
@@ -39,7 +38,7 @@ def run(command: list[str], nodes: int, np_: int, timeout: float | None = None,
     port = server.start()
     try:
         server.init(plan)
-        threads = max(1, (os.cpu_count() or 1) // np_)
+        threads = max(1, usable_cores() // np_)
         envs = [{**(env or {}), **gloo_env(slot, "127.0.0.1", port, "lo", threads)} for slot in plan]
         return run_workers(command, envs, "nodesrun", timeout, out=out)
     finally:

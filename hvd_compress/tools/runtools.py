@@ -20,6 +20,7 @@ import time
 from ..core.registry import core_of
 from ..localsteps import LocalSGDSchedule, check_local_args
 from .devices import add_device_arg
+from .workers import usable_cores
 
 SUMMARY_KEYS = ("framework", "example", "compression", "np", "steps", "images_per_sec",
                 "images_per_sec_per_worker", "bytes_per_step", "compute_ms", "encode_ms",
@@ -35,11 +36,11 @@ CURVE_KEYS = ("epoch", "seconds", "test_accuracy")
 def worker_threads(local_size: int) -> int:
     """Compute threads for one worker: ``HVD_COMPRESS_THREADS`` when set (the capped-link
     launcher sets it: its workers share one machine but each is alone on its "host"),
-    else this machine's cores shared among the workers on it."""
+    else the cores this process may use (:func:`usable_cores`) shared among the workers on it."""
     env = os.environ.get("HVD_COMPRESS_THREADS")
     if env:
         return max(1, int(env))
-    return max(1, (os.cpu_count() or 1) // max(1, local_size))
+    return max(1, usable_cores() // max(1, local_size))
 
 
 def limit_kernel_threads(n: int) -> None:

@@ -18,7 +18,17 @@ import time
 
 from .stopping import kill_tree
 
-__all__ = ["run_workers", "wait_all", "stop"]
+__all__ = ["run_workers", "wait_all", "stop", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a container's
+    cpuset), not ``os.cpu_count()``, which counts the whole machine -- workers sharing
+    the cores they are given must not each start a thread per core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def _relay(stream, index: int, out) -> None:
