@@ -44,3 +44,16 @@ def test_help():
     out = subprocess.run([sys.executable, "-m", "hvd_compress.tools.mwms", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "TF_CONFIG" in out.stdout and "-np" in out.stdout
+
+
+def test_workers_share_the_cores_this_process_may_use_not_the_machines(monkeypatch):
+    """Under taskset or a cpuset the launchers divide the cores given, not os.cpu_count():
+    4 workers on 12 of 16 cores take 3 threads each (with cpu_count, 4: 16 on 12 cores)."""
+    import os
+
+    from hvd_compress.tools import runtools, workers
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4, 16)))
+    monkeypatch.delenv("HVD_COMPRESS_THREADS", raising=False)
+    assert workers.usable_cores() == 12
+    assert runtools.worker_threads(4) == 3 and runtools.worker_threads(24) == 1
