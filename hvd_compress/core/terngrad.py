@@ -52,8 +52,11 @@ class TernGradCodec(Codec):
         return B.cast(B.sqrt(var), "float32")
 
     def decode_values(self, B, fields, n, cols=1):
-        # the four code values times the scale, then one look-up per byte
-        table = B.asarray([0.0, 1.0, -1.0, 0.0], "float32", like=fields["scale"]) * fields["scale"]
+        # the four code values (0, +1, -1, 0) times the scale, then one look-up per byte; made
+        # from the scale itself (the same float32 products), so nothing is copied to a device
+        s = fields["scale"]
+        zero = s * 0.0
+        table = B.concat([zero, s * 1.0, s * -1.0, zero])
         return unpack_values(B, fields["codes"], 2, n, table)
 
     # -- integer sums: codes against the max over ranks of max|clip(v)| (scaler sharing) --------
