@@ -57,8 +57,11 @@ class TorchProducts(NumpyBackend):
         self.T, self.device = TorchBackend(), torch.device(device)
 
     def _run(self, op, *arrays):
-        out = op(*(torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in arrays))
-        return out.cpu().numpy()
+        """``op`` on the arrays as tensors of the same strides: torch's QR gives Q column-major
+        and BLAS picks its kernel (and its sums' order) by the operands' layout, so a
+        row-major copy of ``P_hat`` rounds ``M^T P_hat`` otherwise than the chain does."""
+        out = op(*(torch.from_numpy(_positive(a)).to(self.device) for a in arrays))
+        return out.cpu().numpy()  # the strides kept: a column-major Q stays column-major
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return self._run(lambda x, y: self.T.matmul(x, y, transpose_a, transpose_b), a, b)
@@ -77,6 +80,12 @@ class TorchProducts(NumpyBackend):
 
     def sqrt(self, x):
         return self._run(torch.sqrt, x)
+
+
+def _positive(a):
+    """``a`` with its strides where torch can take them (none negative), else a copy."""
+    a = np.asarray(a)
+    return a if all(st >= 0 for st in a.strides) else np.ascontiguousarray(a)
 
 
 @contextmanager
