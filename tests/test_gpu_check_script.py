@@ -2,8 +2,10 @@
 (its CUDA steps run on a lent GPU machine: docs/gpus.md)."""
 
 import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,3 +55,34 @@ def test_nccl_is_staged_from_the_wheel_cuda_torch_brings(tmp_path):
     assert stage(tmp_path / "site", home="/opt/nccl").stdout.strip() == "/opt/nccl"
     none = stage(tmp_path / "empty")
     assert none.returncode == 1 and none.stdout == ""
+
+
+def test_device_session_plans_both_lanes_within_its_deadline(tmp_path):
+    """scripts/device_session.sh (one device call, two lanes): its help; a dry run prints
+    every step's command, each with a time-out inside LIMIT, and at most 8 files under
+    OUT (what a device call brings back); a stray argument is refused."""
+    script = REPO / "scripts" / "device_session.sh"
+    helped = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
+                            timeout=30)
+    assert helped.returncode == 0 and "LIMIT" in helped.stdout and "NODES_BANDWIDTHS" in helped.stdout
+    bad = subprocess.run(["bash", str(script), "now"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--help" in bad.stderr
+    out = tmp_path / "out"
+    env = {**os.environ, "DRY_RUN": "1", "LIMIT": "300", "OUT": str(out),
+           "NODES_BANDWIDTHS": "200mbit uncapped"}
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert res.returncode == 0, res.stderr
+    logged = "".join(p.read_text() for p in out.iterdir() if p.suffix in (".log", ".txt"))
+    for step in ("tests/test_triton_kernels.py", "scripts/bench_kernels.py --framework torch "
+                 "--device cuda", "tests/test_torch_multiprocess.py"):
+        assert step in logged, step
+    assert "lane" not in res.stderr and "done" in res.stdout
+    files = [p.name for p in out.iterdir()]
+    assert len(files) <= 8 and "results.tgz" in files, files
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("compare-nodes.log") for n in names), names
+    assert any(n.endswith("build.log") for n in names), names
+    timeouts = [int(t) for t in re.findall(r"timeout (?:-s INT )?(\d+)", logged)]
+    assert len(timeouts) >= 2 and all(0 < t <= 300 for t in timeouts), timeouts
