@@ -23,6 +23,14 @@ def _flagged(x, flag):
     return x if flag is None else x * flag
 
 
+def _ternary_table(B, scale):
+    """``[0, +1, -1, 0] * scale`` (float32[4]) for 2-bit codes, from ``scale`` (float32[1])
+    itself: the same float32 products as a table of constants times it (NaN and Inf
+    included), with no host data copied to the scale's device (a synchronous copy)."""
+    zero = scale * 0.0
+    return B.concat([zero, scale * 1.0, scale * -1.0, zero])
+
+
 def _norm64(B, x, axis=None):
     """Euclidean norm with float64 accumulation (no overflow for huge float32 values), float32."""
     return B.cast(B.sqrt(B.sumsq64(x, axis=axis)), "float32")

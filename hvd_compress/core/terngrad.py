@@ -8,7 +8,7 @@ fast path derives the clipping bound exactly as the chain does.
 from __future__ import annotations
 
 from .bitpack import Segment, pack_codes, unpack_values
-from .codec import Codec, _flagged
+from .codec import Codec, _flagged, _ternary_table
 
 
 class TernGradCodec(Codec):
@@ -52,12 +52,8 @@ class TernGradCodec(Codec):
         return B.cast(B.sqrt(var), "float32")
 
     def decode_values(self, B, fields, n, cols=1):
-        # the four code values (0, +1, -1, 0) times the scale, then one look-up per byte; made
-        # from the scale itself (the same float32 products), so nothing is copied to a device
-        s = fields["scale"]
-        zero = s * 0.0
-        table = B.concat([zero, s * 1.0, s * -1.0, zero])
-        return unpack_values(B, fields["codes"], 2, n, table)
+        # the four code values times the scale, then one look-up per byte
+        return unpack_values(B, fields["codes"], 2, n, _ternary_table(B, fields["scale"]))
 
     # -- integer sums: codes against the max over ranks of max|clip(v)| (scaler sharing) --------
     def int_magnitudes(self, B, v):

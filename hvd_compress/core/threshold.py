@@ -7,7 +7,7 @@ value (0 -> 0, 1 -> +tau, 2 -> -tau).
 from __future__ import annotations
 
 from .bitpack import Segment, pack_codes, unpack_values
-from .codec import Codec, _flagged
+from .codec import Codec, _flagged, _ternary_table
 
 
 class ThresholdCodec(Codec):
@@ -34,5 +34,4 @@ class ThresholdCodec(Codec):
 
     def decode_values(self, B, fields, n, cols=1):
         # the four code values times the scale, then one look-up per byte
-        table = B.asarray([0.0, 1.0, -1.0, 0.0], "float32", like=fields["scale"]) * fields["scale"]
-        return unpack_values(B, fields["codes"], 2, n, table)
+        return unpack_values(B, fields["codes"], 2, n, _ternary_table(B, fields["scale"]))

@@ -335,7 +335,8 @@ class TorchBackend:
             yn = y.detach().numpy() if isinstance(y, torch.Tensor) else y
             np.true_divide(x.detach().numpy(), yn, out=x.detach().numpy())
             return x
-        y = torch.as_tensor(y, dtype=x.dtype, device=x.device)
+        y = (_filled(y, x.dtype, x.device) if isinstance(y, (int, float, np.generic))  # no H2D wait
+             else torch.as_tensor(y, dtype=x.dtype, device=x.device))
         return x.div_(y.expand(x.shape).contiguous())
 
     def ifloor(self, x):
