@@ -44,6 +44,7 @@ from tests import test_triton_powersgd as psgd
 from tests import triton_dgc_cases as DGCM
 from tests import triton_signs_cases as SIGNS
 from tests import triton_sketchml_cases as SKETCH
+from tests import triton_sync_cases as SYNC
 
 ROOT = Path(__file__).resolve().parent.parent
 #: triton importable in this process (a GPU machine's torch brings it)
@@ -222,7 +223,8 @@ def _interpreter_checks(half: int) -> dict:
     bad_dgc, dgc_cases = _dgc_and_adaq_checks(B)
     bad, cases = bad + bad_dgc, cases + dgc_cases
     bad_sketch, sketch_cases = SKETCH.sums_checks(DevicePath())
-    bad, cases = bad + bad_sketch, cases + sketch_cases
+    bad_sync, sync_cases = SYNC.checks(DevicePath())  # nothing copied or read in a step
+    bad, cases = bad + bad_sketch + bad_sync, cases + sketch_cases + sync_cases
     if ts._BROKEN:  # the selection declines on an error (the chain): none may have happened
         bad.append(f"the selection fell back: {ts._BROKEN[0]!r}")
     return {"cases": cases, "bad": bad, "ran": ran}
@@ -298,7 +300,7 @@ def test_interpreter_same_bits_as_the_chain_and_numpy():
     assert doc["bad"] == []
     noisy = sum(build(spec, NUMPY).draws_noise for spec in SPECS)
     assert doc["cases"] == len(SPECS) * len(SHAPES) + noisy + len(WIDE_SPECS) + 7 + 24 + DGC_CASES \
-        + SKETCH.CASES + len(SIGNS.COLUMN_CASES) + DGCM.CASES
+        + SKETCH.CASES + len(SIGNS.COLUMN_CASES) + DGCM.CASES + len(SYNC.SPECS)
     assert set(doc["ran"]) == KERNELS, doc["ran"]
 
 
@@ -505,18 +507,17 @@ def test_cuda_same_bits(spec):
 
 @CUDA
 def test_cuda_kernels_do_not_synchronise():
-    """An encode and decode through the kernels waits for the GPU nowhere."""
+    """An encode and aggregate through the kernels waits for the GPU nowhere (a first step
+    compiles the kernels and caches the decode tables; tests/triton_sync_cases.py)."""
     B = TorchBackend()
     x = torch.randn(100_003, device="cuda")
-    for spec in ("qsgd", "terngrad", "uniform", "qsgd:ef=true", "natural", "efsignsgd", "threshold",
-                 "eightbit:ef=true", "randomk", "sketchml:ef=true") + SIGNS.SYNC_FREE + DGCM.SYNC_FREE:
+    for spec in SYNC.SPECS:
         comp = build(spec, B)
-        comp.encode(x, "t")  # first call: kernels compiled, state made
+        SYNC.step(comp, x)  # first step: kernels compiled, state made, tables cached
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            enc = comp.encode(x, "t")
-            comp.aggregate([enc.payload], enc)
+            SYNC.step(comp, x)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
