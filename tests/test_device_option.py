@@ -7,6 +7,7 @@ starts or data loads.  The examples' summaries carry ``device`` in their own tes
 (test_torch_examples.py, test_tensorflow_examples.py: the default device)."""
 
 import csv
+import importlib.util
 import json
 import math
 import subprocess
@@ -56,6 +57,8 @@ def test_the_torch_examples_and_compare_refuse_cuda_without_a_gpu(tmp_path):
     assert not out.exists()  # compare refused before making its folder
 
 
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="no TensorFlow here (the refusal without it: the test below)")
 def test_a_tensorflow_example_refuses_cuda_without_a_gpu(tmp_path):
     argv = [REPO / "tf_examples" / "train_cifar10.py", "--device", "cuda", "--data-dir",
             tmp_path / "no-data"]
@@ -64,6 +67,21 @@ def test_a_tensorflow_example_refuses_cuda_without_a_gpu(tmp_path):
     if proc.returncode == 1 and "data_batch_1 not found" in proc.stderr:
         pytest.skip("TensorFlow sees a GPU: nothing to refuse (the example went on to the data)")
     _check_refusal(proc, TF_NO_GPU)
+
+
+def test_a_framework_that_does_not_import_is_one_line_not_a_traceback(monkeypatch):
+    """``--device cuda`` (or the default) for a framework missing here: a ValueError that
+    :func:`devices.choose` turns into the example's one-line exit, not ModuleNotFoundError."""
+    def missing(framework):
+        raise ModuleNotFoundError(f"No module named {framework!r}")
+
+    monkeypatch.setattr(devices, "gpu_count", missing)
+    with pytest.raises(ValueError, match=r"^--device cuda: TensorFlow does not import here "
+                                         r"\(No module named 'tensorflow'\); install it"):
+        devices.resolve("cuda", "tensorflow")
+    with pytest.raises(ValueError, match="^TensorFlow does not import here"):
+        devices.resolve(None, "tensorflow")
+    assert devices.resolve("cpu", "tensorflow") == "cpu"
 
 
 def test_the_default_device_follows_what_the_framework_sees(monkeypatch):

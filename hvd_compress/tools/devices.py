@@ -48,12 +48,24 @@ def resolve(choice: str | None, frameworks) -> str:
         raise ValueError(f"--device is one of {', '.join(DEVICES)}, got {choice!r}")
     if choice == "cpu":
         return "cpu"
-    blind = next((f for f in frameworks if gpu_count(f) == 0), None)
+    blind = next((f for f in frameworks if _count(f, choice) == 0), None)
     if blind is None:
         return "cuda"
     if choice == "cuda":
         raise ValueError(no_gpu(blind))
     return "cpu"
+
+
+def _count(framework: str, choice: str | None) -> int:
+    """:func:`gpu_count`, or ValueError in one line where ``framework`` does not import
+    (an example asked for on a machine without it: not a traceback)."""
+    try:
+        return gpu_count(framework)
+    except ImportError as exc:
+        name = {"torch": "PyTorch", "tensorflow": "TensorFlow"}.get(framework, framework)
+        head = "--device cuda: " if choice == "cuda" else ""
+        raise ValueError(f"{head}{name} does not import here ({exc}); install it to run "
+                         f"this") from exc
 
 
 def choose(ap, args, framework: str) -> str:
