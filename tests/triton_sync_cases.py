@@ -31,8 +31,11 @@ _PKG = Path(__file__).resolve().parent.parent / "hvd_compress"
 #: numpy arithmetic runs only on CPU tensors: left out)
 WATCHED = (str(_PKG / "core") + "/", str(_PKG / "accel") + "/")
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy",
-         "__array__", "nonzero", "masked_select", "unique")
-MAKERS = ("tensor", "as_tensor", "from_numpy", "nonzero", "masked_select", "unique")
+         "__array__")
+MAKERS = ("tensor", "as_tensor", "from_numpy")
+#: a size that depends on the data (the host waits to learn it): from anywhere in the package
+#: (the backend's own use is behind ``is_host``, which the device path answers False)
+SIZED = ("nonzero", "masked_select", "unique")
 
 
 def step(comp, x):
@@ -42,8 +45,8 @@ def step(comp, x):
     comp.aggregate(enc.payload if comp.summable else [enc.payload], enc)
 
 
-def _watched(frame) -> bool:
-    return frame.f_code.co_filename.startswith(WATCHED)
+def _watched(frame, within=WATCHED) -> bool:
+    return frame.f_code.co_filename.startswith(within)
 
 
 def _where(frame) -> str:
@@ -67,17 +70,17 @@ def recording(found: list):
             found.append(f"B.asarray of host {type(x).__name__} at {_where(sys._getframe(1))}")
         return _orig(self, x, dtype, like)
 
-    def read(name, orig):
+    def read(name, orig, within=WATCHED):
         def wrapper(*args, **kwargs):
-            if _watched(sys._getframe(1)):
+            if _watched(sys._getframe(1), within):
                 found.append(f"Tensor.{name} at {_where(sys._getframe(1))}")
             return orig(*args, **kwargs)
         return wrapper
 
-    def make(name, orig):
+    def make(name, orig, within=WATCHED):
         def wrapper(*args, **kwargs):
             host = not (name == "as_tensor" and args and isinstance(args[0], torch.Tensor))
-            if host and _watched(sys._getframe(1)):
+            if host and _watched(sys._getframe(1), within):
                 found.append(f"torch.{name} at {_where(sys._getframe(1))}")
             return orig(*args, **kwargs)
         return wrapper
@@ -88,6 +91,9 @@ def recording(found: list):
             patch(torch.Tensor, name, read(name, getattr(torch.Tensor, name)))
         for name in MAKERS:
             patch(torch, name, make(name, getattr(torch, name)))
+        for name in SIZED:
+            patch(torch.Tensor, name, read(name, getattr(torch.Tensor, name), str(_PKG) + "/"))
+            patch(torch, name, make(name, getattr(torch, name), str(_PKG) + "/"))
         yield found
     finally:
         for owner, name, old in reversed(saved):
