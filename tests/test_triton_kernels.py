@@ -494,9 +494,11 @@ def test_importing_the_package_imports_no_triton():
 
 @CUDA
 @pytest.mark.parametrize("spec", SPECS)
-def test_cuda_same_bits(spec):
+def test_cuda_same_bits(spec, monkeypatch):
     """On a GPU: the kernels' payloads, decodes and residuals equal the chain's on the
-    device (the same torch.rand draws when no noise is given) and numpy's (noise given)."""
+    device (the same torch.rand draws when no noise is given) and numpy's (noise given);
+    every kernel, also those off by default there (``HVD_COMPRESS_TRITON=all``)."""
+    monkeypatch.setenv("HVD_COMPRESS_TRITON", "all")
     to_cuda = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
     bad = []
     for shape in CUDA_SHAPES:
