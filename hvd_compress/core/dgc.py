@@ -305,19 +305,19 @@ class DGC(Sparsifier):
             thr = thr * LOWER
         return thr
 
-    def _select(self, vacc, meta, st):
+    def _select(self, vacc, meta, st, known=None):
+        """``known``: ``(|vacc|, passes)`` from :meth:`_device_step` (the magnitudes its
+        momentum pass wrote, and its object's candidate keys), or None."""
         B = self.B
         n, k = meta.numel, self.k_for(meta)
         if self.momentum_only(meta, st.step):
             return B.arange(n, like=vacc), None
-        known = self.__dict__.pop("_known_mag", None)  # (v, |v|, passes): _device_step's
-        known = known if known is not None and known[0] is vacc else None
-        mag = B.abs(vacc) if known is None else known[1]
+        mag = B.abs(vacc) if known is None else known[0]
         thr, exact = self.threshold(mag, meta, st.step)
         if exact:
             return topk_indices(B, mag, k), None
         cap = max(k, math.floor(UPPER * k))
-        keyed = None if known is None else known[2].candidate_keys(mag, thr, cap)
+        keyed = None if known is None else known[1].candidate_keys(mag, thr, cap)
         if keyed is not None:
             return self._among_keyed(*keyed, k, n), None
         passed = mag >= thr
@@ -435,11 +435,7 @@ class DGC(Sparsifier):
             return None
         u, vacc, mag, bad = new  # g's NaN/Inf read as 0 (zero_nonfinite), counted in bad
         flag = nan_flag(B, B.reshape(bad, ()) == 0, g)
-        self._known_mag = (vacc, mag, passes)
-        try:
-            enc = super()._encode(vacc, meta, st, noise, flag)
-        finally:
-            self.__dict__.pop("_known_mag", None)
+        enc = super()._encode(vacc, meta, st, noise, flag, known=(mag, passes))
         if plain:  # momentum only: nothing is kept back
             st.u, _ = passes.settle(u, None, st.u, None, bad)
             return enc

@@ -112,14 +112,16 @@ class Sparsifier(Compressor):
         return sum(s.nbytes for s in self.layout(meta, ctx))
 
     # -- encode/decode --------------------------------------------------------------------
-    def _select(self, v, meta, st):
-        """(indices int64[k] in increasing order, with n marking empty slots, scale or None)."""
+    def _select(self, v, meta, st, known=None):
+        """(indices int64[k] in increasing order, with n marking empty slots, scale or None).
+        ``known``: what the caller already computed of ``v`` (DGC's device passes: ``|v|``
+        and the passes' object), or None."""
         raise NotImplementedError
 
-    def _encode(self, v, meta, st, noise, flag) -> Encoded:
+    def _encode(self, v, meta, st, noise, flag, known=None) -> Encoded:
         B = self.B
         n, k = meta.numel, self.k_for(meta)
-        idx, scale = self._select(v, meta, st)
+        idx, scale = self._select(v, meta, st, known)
         valid = idx < n
         safe = B.where(valid, idx, 0)
         ctx = Selection(k, safe, valid)
@@ -213,7 +215,7 @@ class TopK(PayloadFastPath, Sparsifier):
 
     name = "topk"
 
-    def _select(self, v, meta, st):
+    def _select(self, v, meta, st, known=None):
         return topk_indices(self.B, self.B.abs(v), self.k_for(meta)), None
 
 
@@ -252,7 +254,7 @@ class RandomK(Sparsifier):
         ctx = Selection(self.k_for(meta), idx, idx < meta.numel, sent=values)
         return Encoded(values, meta, self.payload_nbytes(meta, ctx), ctx=ctx)
 
-    def _select(self, v, meta, st):
+    def _select(self, v, meta, st, known=None):
         B = self.B
         k = self.k_for(meta)
         key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, st.step,
