@@ -153,16 +153,24 @@ def onebit_decode(signs_ptr, neg_ptr, pos_ptr, n, cols, out_ptr, BYTES: tl.const
 
 
 @triton.jit
-def threshold_count(x_ptr, r_ptr, n, tau, counts_ptr, HAS_R: tl.constexpr,
-                    VALUES: tl.constexpr):
-    """``counts[program] = (values with |v| > tau, NaN/Inf entries)`` of ``v = x (+ r)``."""
-    pid = tl.program_id(0)
-    idx = pid * VALUES + tl.arange(0, VALUES)
+def _with_residual(x_ptr, r_ptr, n, HAS_R: tl.constexpr, VALUES: tl.constexpr):
+    """This program's indices, their mask, ``v = x (+ r)`` with NaN/Inf read as 0 and where
+    it was finite: what threshold-v's count and pick passes both start from."""
+    idx = tl.program_id(0) * VALUES + tl.arange(0, VALUES)
     m = idx < n
     x = tl.load(x_ptr + idx, mask=m, other=0.0)
     if HAS_R:
         x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
     x, fin = K._clean(x)
+    return idx, m, x, fin
+
+
+@triton.jit
+def threshold_count(x_ptr, r_ptr, n, tau, counts_ptr, HAS_R: tl.constexpr,
+                    VALUES: tl.constexpr):
+    """``counts[program] = (values with |v| > tau, NaN/Inf entries)`` of ``v = x (+ r)``."""
+    pid = tl.program_id(0)
+    idx, m, x, fin = _with_residual(x_ptr, r_ptr, n, HAS_R, VALUES)
     tl.store(counts_ptr + pid * 2, tl.sum((m & (tl.abs(x) > tau)).to(tl.int32), 0))
     tl.store(counts_ptr + pid * 2 + 1, tl.sum((m & (fin == 0)).to(tl.int32), 0))
 
@@ -173,12 +181,7 @@ def threshold_pick(x_ptr, r_ptr, n, tau, starts_ptr, vals_ptr, idx_ptr, res_ptr,
     """Every value with ``|v| > tau`` and its index (int32) at the program's start plus its
     rank among the program's; with ``HAS_R`` the residual, 0 where sent."""
     pid = tl.program_id(0)
-    idx = pid * VALUES + tl.arange(0, VALUES)
-    m = idx < n
-    x = tl.load(x_ptr + idx, mask=m, other=0.0)
-    if HAS_R:
-        x = x + tl.load(r_ptr + idx, mask=m, other=0.0)
-    x, fin = K._clean(x)
+    idx, m, x, fin = _with_residual(x_ptr, r_ptr, n, HAS_R, VALUES)
     sel = (m & (tl.abs(x) > tau)).to(tl.int32)
     at = tl.load(starts_ptr + pid) + tl.cumsum(sel, 0) - sel
     tl.store(vals_ptr + at, x, mask=sel == 1)
