@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -237,7 +238,9 @@ class DigestsByThreads:
     programs at import (:meth:`add`); the first :meth:`digests` runs all of them, one after
     another, in one fresh process per thread count (each program sets the same count, which
     TensorFlow lets a process set again once it has run), not a process per program and
-    count (importing TensorFlow costs 6.5 s a process)."""
+    count (importing TensorFlow costs 6.5 s a process).  The processes run at once: the
+    1-thread one would leave a core idle (a count is the threads a process uses, whatever
+    else runs beside it)."""
 
     def __init__(self, threads=(1, 2)):
         self.threads, self.codes, self.made = threads, {}, {}
@@ -250,11 +253,14 @@ class DigestsByThreads:
         if key not in self.made:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HVD_COMPRESS_FUSED="1")
             pending = json.dumps({k: c for k, c in self.codes.items() if k not in self.made})
-            per = []
-            for t in self.threads:
-                proc = subprocess.run([sys.executable, "-c", _DIGEST_RUNNER, str(t)], input=pending,
+            def run(t):
+                return subprocess.run([sys.executable, "-c", _DIGEST_RUNNER, str(t)], input=pending,
                                       capture_output=True, text=True, cwd=REPO, env=env,
                                       timeout=DEFAULT_TIMEOUT)
+            with ThreadPoolExecutor(len(self.threads)) as pool:
+                procs = list(pool.map(run, self.threads))
+            per = []
+            for proc in procs:
                 assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
                 per.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             self.made.update({k: [got[k] for got in per] for k in per[0]})

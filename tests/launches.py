@@ -78,3 +78,6 @@ TORCH_MPI = Shared(run_horovod, np=2, controller="mpi", timeout=1800)
 #: bodies start Horovod by ``tests.workers.diloco.init_with_pair`` (the process set of ranks
 #: 0 and 1 must be registered at the first ``hvd.init``)
 TORCH_GLOO3 = Shared(run_horovod, np=3, controller="gloo", timeout=1800)
+#: TensorFlow, ``horovodrun -np 3 --gloo``; its bodies start Horovod by
+#: ``tests.workers.tf_patterns.init_with_pair`` (as TORCH_GLOO3's)
+TF_GLOO3 = Shared(run_horovod, np=3, controller="gloo", timeout=1800)

@@ -8,6 +8,7 @@ running ``python -c`` directly: the import order is the point, so no harness imp
 import functools
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -112,17 +113,35 @@ kopt = hck.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="none")""
 FRAMEWORK = {"torch": "torch", "tape": "tensorflow", "keras": "tensorflow"}
 
 
-@functools.lru_cache(maxsize=None)
-def _grown(framework, first, second):
+def _grown_code(framework, first, second):
     """One plain process (one worker) with every wrapper of ``framework``, horovod.``first``
-    imported before horovod.``second``: ``{wrapper: its marker lines, unprefixed}``."""
+    imported before horovod.``second``."""
     wrappers = sorted(w for w in GROWN_PARTS if FRAMEWORK[w] == framework)
     builds = "\n".join(f'{GROWN_PARTS[w][0]}\nprint("{w} BUILT")' for w in wrappers)
     steps = "".join(STEP.format(step=GROWN_PARTS[w][1], wrapper=w) for w in wrappers)
-    lines = _launch(GROWN.format(first=first, second=second, framework=framework,
-                                 builds=builds, steps=steps), workers=None)
-    return {w: [line.split(" ", 1)[1] for line in lines if line.startswith(w + " ")]
-            for w in wrappers}
+    return GROWN.format(first=first, second=second, framework=framework, builds=builds,
+                        steps=steps)
+
+
+@functools.lru_cache(maxsize=None)
+def _all_grown():
+    """The four plain processes (each framework, each import order), two at a time: each
+    is one process importing both frameworks (8 s of one core), so run one after another
+    they would leave the other core idle.  ``{(framework, first): {wrapper: its marker
+    lines, unprefixed}}``."""
+    runs = [(f, first, second) for f, other in (("torch", "tensorflow"), ("tensorflow", "torch"))
+            for first, second in ((f, other), (other, f))]
+    with ThreadPoolExecutor(2) as pool:
+        lines = pool.map(lambda run: _launch(_grown_code(*run), workers=None), runs)
+    return {(f, first): {w: [line.split(" ", 1)[1] for line in got if line.startswith(w + " ")]
+                         for w in GROWN_PARTS if FRAMEWORK[w] == f}
+            for (f, first, _), got in zip(runs, lines)}
+
+
+def _grown(framework, first, second):
+    """``{wrapper: marker lines}`` of the plain process of ``framework`` with horovod.``first``
+    imported before horovod.``second`` (:func:`_all_grown`)."""
+    return _all_grown()[(framework, first)]
 
 
 @pytest.mark.parametrize("wrapper", sorted(GROWN_PARTS))

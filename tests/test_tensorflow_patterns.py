@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.harness import run_horovod
-from tests.launches import TF_GLOO, TF_MPI
+from tests.launches import TF_GLOO, TF_GLOO3, TF_MPI
 from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
@@ -80,8 +80,14 @@ def test_learning_rate_schedule_staircase(runs):
 
 
 # -- process sets (np 3, ranks 0 and 1 in the set) ---------------------------------------------
+# under Gloo in the np 3 launch other modules share (tests.launches), under MPI alone
+TF_GLOO3.add(__name__, "process_set", "tests.workers.tf_patterns:process_set")
+
+
 @pytest.fixture(scope="module", params=["gloo", "mpi"])
 def process_set_runs(request):
+    if request.param == "gloo":
+        return TF_GLOO3.results(request, "process_set")
     return run_horovod("tests.workers.tf_patterns:process_set", np=3, timeout=600,
                        controller=request.param)
 

@@ -23,15 +23,18 @@ CUDA = pytest.param("cuda", marks=pytest.mark.skipif(
 DEVICES = ["cpu", CUDA]
 BPPS_SPECS = ["none", "topk:ratio=0.1", "onebit", "randomk:ratio=0.1", "qsgd:levels=7"]
 MISSING_SPECS = ["topk:ratio=0.1", "onebit", "dgc:ratio=0.1,momentum=0"]
+CKPT_SPECS = ["topk:ratio=0.1", "dgc:ratio=0.05", "qsgd:levels=7", "powersgd:rank=2",
+              "randomk:ratio=0.1+fp16"]
 
 
 # The CPU cases: one launch per controller, shared with other modules' np 2 bodies
 # (tests.launches; the cases run one after another, each with its own model and optimizer).
-# The CUDA cases and the checkpoint's two phases (a fresh launch is the point) launch on
-# their own.
+# The checkpoint's first halves on the CPU run there too; its resumes (a fresh launch is
+# the point) and the CUDA cases launch on their own.
 _W = "tests.workers.torch_opt:"
-_RESUME = os.path.join(tempfile.mkdtemp(prefix="hvd-test-resume-"), "ckpt.pt")
-atexit.register(shutil.rmtree, os.path.dirname(_RESUME), True)
+_TMP = tempfile.mkdtemp(prefix="hvd-test-resume-")
+atexit.register(shutil.rmtree, _TMP, True)
+_RESUME, _CKPT = os.path.join(_TMP, "ckpt.pt"), os.path.join(_TMP, "phases")
 
 
 def _register(w=_W):
@@ -39,6 +42,8 @@ def _register(w=_W):
             ("bpps", w + "aggregate_matches_reference",
              {"specs": BPPS_SPECS, "bpps": 2, "steps": 2, "device": "cpu"}),
             ("horovod_own", w + "horovod_own_optimizer", {"device": "cpu"}),
+            ("ckpt_run", w + "checkpoint_phases",
+             {"specs": CKPT_SPECS, "path": _CKPT, "phase": "run", "device": "cpu"}),
             *[(f"missing:{s}", w + "state_survives_missing_grads", {"spec": s}) for s in MISSING_SPECS],
             ("broadcast_every", w + "broadcast_every_optimizer", {})]
     mpi = [("reference", w + "aggregate_matches_reference", {"device": "cpu"}),
@@ -101,15 +106,16 @@ def test_backward_passes_per_step_matches_accumulating_by_hand(device, launched)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path, device):
+def test_checkpoint_resumes_bit_identically_in_a_fresh_launch(tmp_path, device, launched):
     """Every kind of compressor state (residual, DGC's u and v, the noise generator,
-    PowerSGD's Q, shared random-k indices) through torch.save and a fresh launch; one
-    launch for every compressor's first half, one for the resumes."""
-    specs = ["topk:ratio=0.1", "dgc:ratio=0.05", "qsgd:levels=7", "powersgd:rank=2",
-             "randomk:ratio=0.1+fp16"]
-    path = str(tmp_path / "ckpt")
-    full = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
-                       kwargs={"specs": specs, "path": path, "phase": "run", "device": device})
+    PowerSGD's Q, shared random-k indices) through torch.save and a fresh launch: the
+    first halves in one launch (on the CPU the shared Gloo one), the resumes in another."""
+    specs, path = CKPT_SPECS, str(tmp_path / "ckpt")
+    if device == "cpu":
+        full, path = launched("gloo", "ckpt_run"), _CKPT
+    else:
+        full = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
+                           kwargs={"specs": specs, "path": path, "phase": "run", "device": device})
     resumed = run_horovod("tests.workers.torch_opt:checkpoint_phases", np=2,
                           kwargs={"specs": specs, "path": path, "phase": "resume", "device": device})
     for spec in specs:

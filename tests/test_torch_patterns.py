@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.harness import LaunchError, run_horovod
-from tests.launches import TORCH_GLOO, TORCH_MPI
+from tests.launches import TORCH_GLOO, TORCH_GLOO3, TORCH_MPI
 from tests.workers.reference import check_join, check_predivided
 
 pytestmark = pytest.mark.multiprocess
@@ -115,10 +115,15 @@ def test_ops_as_horovods(controller, launched):
         assert "Adasum" in rank["refused:Adasum"]
 
 
+# np 3: under Gloo in the launch other modules share (tests.launches), under MPI alone
+TORCH_GLOO3.add(__name__, "process_set", "tests.workers.torch_patterns:process_set")
+
+
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_process_set(controller):
-    runs = run_horovod("tests.workers.torch_patterns:process_set", np=3, timeout=180,
-                       controller=controller)
+def test_process_set(controller, request):
+    runs = TORCH_GLOO3.results(request, "process_set") if controller == "gloo" else \
+        run_horovod("tests.workers.torch_patterns:process_set", np=3, timeout=180,
+                    controller=controller)
     for rank in runs[:2]:
         for a, b in zip(rank["ours:none"], rank["horovod:None"]):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

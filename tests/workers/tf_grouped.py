@@ -26,12 +26,13 @@ def grouped_matches_one_by_one(traced=False):
     everything held), and compare each result with the same allreduce run alone,
     eagerly.  Returns per case whether the bits are equal, the sizes of the groups
     ``hvd.grouped_allreduce`` was called with and how many allreduces are still held."""
-    import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from hvd_compress.core.exchange import MAX
     from hvd_compress.tensorflow.exchange import HorovodTF
-    hvd.init()
+
+    from .tf_patterns import init_with_pair
+    hvd, _ = init_with_pair()  # (at np 3 in the launch tests.launches.TF_GLOO3)
     ops = {"sum": None, "max": MAX, "average": hvd.Average}
     hvd_ops = {"sum": hvd.Sum, "max": hvd.Max, "average": hvd.Average}
     rng = np.random.default_rng(hvd.rank())

@@ -5,6 +5,26 @@ from __future__ import annotations
 
 import numpy as np
 
+_PAIR = []  # the process set of ranks 0 and 1, once Horovod is up (init_with_pair)
+
+
+def init_with_pair():
+    """Horovod up, with the process set of ranks 0 and 1 registered at init where the world
+    has more than two ranks (every body of the shared np 3 launch, tests.launches.TF_GLOO3,
+    starts Horovod through this; a set must be registered at the first ``hvd.init``); in a
+    world of two that set is the global one.  Returns ``(hvd, the set)``."""
+    import os
+
+    import horovod.tensorflow as hvd
+    if not _PAIR:
+        if int(os.environ.get("HOROVOD_SIZE", "3")) > 2:
+            _PAIR.append(hvd.ProcessSet([0, 1]))
+            hvd.init(process_sets=[_PAIR[0]])
+        else:
+            hvd.init()
+            _PAIR.append(hvd.global_process_set)
+    return hvd, _PAIR[0]
+
 
 def keras_callbacks(spec="topk:ratio=0.5", epochs=3, batch=8, n=32):
     """fit() with each callback; returns, per run, the weights, the per-epoch logs, the
@@ -89,12 +109,10 @@ def process_set(steps=3):
     """np 3, a process set of ranks 0 and 1 given to Horovod's tape, ours (none, top-k,
     PowerSGD) and our Keras optimizer (none, top-k): per run, the weights after ``steps``
     steps, and what our compressor was bound to (rank, number of ranks)."""
-    import horovod.tensorflow as hvd
     import keras
 
     import hvd_compress.tensorflow as hct
-    pair = hvd.ProcessSet([0, 1])
-    hvd.init(process_sets=[pair])
+    hvd, pair = init_with_pair()
     rank = hvd.rank()
     out = {"rank": rank}
 

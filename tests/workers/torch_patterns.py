@@ -113,10 +113,11 @@ def ops():
 
 def process_set(steps=3):
     """np 3, a process set of ranks 0 and 1: they train with the set's averages (Horovod's
-    optimizer and ours with none and top-k); rank 2 trains alone, outside it."""
-    import horovod.torch as hvd
-    pair = hvd.ProcessSet([0, 1])
-    hvd.init(process_sets=[pair])
+    optimizer and ours with none and top-k); rank 2 trains alone, outside it.  Horovod is
+    started by :func:`.diloco.init_with_pair` (under Gloo this body runs in the shared np 3
+    launch, tests.launches.TORCH_GLOO3)."""
+    from .diloco import init_with_pair
+    hvd, pair = init_with_pair()
     out = {}
     for kind, spec in (("horovod", None), ("ours", "none"), ("ours", "topk:ratio=0.3")):
         model = _model()
