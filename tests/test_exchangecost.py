@@ -190,6 +190,16 @@ def test_the_hierarchy_is_refused_where_slower():
     # a tie goes to the flat exchange
     free = Links(0.0, 0.0, local_alpha_s=0.0, local_s_per_byte=0.0)
     assert xc.choose([HIERARCHICAL, ALLGATHER], N, 16, 8, topk, free).exchange == ALLGATHER
+    # and so does a hierarchy priced less than HIERARCHY_MARGIN under the best flat exchange
+    nodes = Links(50e-6, 8 / 1e9, local_alpha_s=5e-6, local_s_per_byte=8 / 200e9, **codec)
+    flat_s = xc.cost_s(ALLGATHER, N, 16, 8, topk, nodes)
+    hier_s = xc.cost_s(HIERARCHICAL, N, 16, 8, topk, nodes)
+    for under, chosen in ((0.95, ALLGATHER), (1 - xc.HIERARCHY_MARGIN + 0.01, ALLGATHER),
+                          (1 - xc.HIERARCHY_MARGIN - 0.01, HIERARCHICAL)):
+        got = xc.choose([HIERARCHICAL, ALLGATHER], N, 16, 8, topk, nodes,
+                        scale={HIERARCHICAL: under * flat_s / hier_s})
+        assert got.exchange == chosen, (under, got.reason)
+        assert ("must be 10% cheaper" in got.reason) == (chosen == ALLGATHER), got.reason
 
 
 def test_link_from_timings():

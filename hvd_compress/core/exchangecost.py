@@ -34,13 +34,19 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["ALLREDUCE", "ALLGATHER", "TWO_PHASE", "HIERARCHICAL", "HIERARCHICAL_TWO_PHASE",
-           "EXCHANGES", "Traffic", "Links", "Choice", "exchanges_for", "flat_of", "is_hierarchical",
+           "EXCHANGES", "HIERARCHY_MARGIN", "Traffic", "Links", "Choice", "exchanges_for", "flat_of",
+           "is_hierarchical",
            "chunk_lengths", "traffic", "cost_s", "choose", "link_from_timings"]
 
 ALLREDUCE, ALLGATHER, TWO_PHASE = "allreduce", "allgather", "two-phase"
 HIERARCHICAL, HIERARCHICAL_TWO_PHASE = "hierarchical", "hierarchical+two-phase"
 #: every exchange, in the order ties are broken (flat before hierarchical)
 EXCHANGES = (ALLREDUCE, ALLGATHER, TWO_PHASE, HIERARCHICAL, HIERARCHICAL_TWO_PHASE)
+#: how much cheaper than the best flat exchange a hierarchical one must be priced to be
+#: chosen: it runs more collectives, each a wait, than its price's probes show, and in
+#: every cell measured on 16 cores it was the slower (0.34-0.70x the best); on 2 cores
+#: DGC's hierarchical+two-phase priced 2% under the allgather ran at 0.37x
+HIERARCHY_MARGIN = 0.10
 
 
 def exchanges_for(summable: bool, integer_sum: bool = False) -> tuple:
@@ -252,7 +258,8 @@ def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links
     """The cheapest of ``allowed`` exchanges (those the compressor can take:
     :func:`exchanges_for`) for a tensor of ``numel`` values.  A hierarchical exchange is a
     candidate only with two nodes of two workers or more and measured links inside a node,
-    and wins only where it is cheaper (ties go to the flat exchanges).  ``reason``: one
+    and wins only where it is priced at least :data:`HIERARCHY_MARGIN` under the best flat
+    exchange.  ``reason``: one
     line for the plan printout.  ``owner_bytes``: as :func:`traffic` takes it.  ``scale``:
     ``{exchange: factor}`` each exchange's price is multiplied by (the exchanges timed end
     to end over the model's figure: :mod:`.autoexchange`)."""
@@ -273,10 +280,17 @@ def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links
     scaled = {e: f for e, f in (scale or {}).items() if e in costs and f != 1.0}
     costs = {e: c * scaled.get(e, 1.0) for e, c in costs.items()}
     best = min(costs, key=lambda e: (costs[e], EXCHANGES.index(e)))
+    flat = [e for e in costs if not is_hierarchical(e)]
+    kept_flat = ""
+    if is_hierarchical(best) and flat:
+        near = min(flat, key=lambda e: (costs[e], EXCHANGES.index(e)))
+        if costs[best] > costs[near] * (1.0 - HIERARCHY_MARGIN):
+            best, kept_flat = near, f"; a hierarchy must be {HIERARCHY_MARGIN:.0%} cheaper"
     others = sorted((e for e in costs if e != best), key=lambda e: costs[e])
     reason = f"{best}: {_ms(costs[best])}" + (
         " vs " + ", ".join(f"{e} {_ms(costs[e])}" for e in others) if others else
         " (the only exchange priced)")
+    reason += kept_flat
     if scaled:
         reason += "; timed/modelled " + ", ".join(f"{e} {f:.2g}" for e, f in scaled.items())
     if skipped:
