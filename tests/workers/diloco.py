@@ -20,20 +20,12 @@ SEEN = []   # the parameters after each inner step: {name: list}
 
 
 def init_with_pair():
-    """Horovod up with the process set of ranks 0 and 1 (registered at init: every body of
-    the shared np 3 launch, tests.launches.TORCH_GLOO3, starts Horovod through this); in
-    a world of two, that set is the global one (registering it again is refused)."""
-    import os
-
+    """Horovod up with the process set of ranks 0 and 1 (every body of the shared np 3
+    launch, tests.launches.TORCH_GLOO3, starts Horovod through this): ``(hvd, the set)``."""
     import horovod.torch as hvd
-    if not _PAIR:
-        if int(os.environ.get("HOROVOD_SIZE", "3")) > 2:
-            _PAIR.append(hvd.ProcessSet([0, 1]))
-            hvd.init(process_sets=[_PAIR[0]])
-        else:
-            hvd.init()
-            _PAIR.append(hvd.global_process_set)
-    return hvd, _PAIR[0]
+
+    from . import started_with_pair
+    return started_with_pair(hvd, _PAIR)
 
 
 def _model():

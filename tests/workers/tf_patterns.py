@@ -9,21 +9,12 @@ _PAIR = []  # the process set of ranks 0 and 1, once Horovod is up (init_with_pa
 
 
 def init_with_pair():
-    """Horovod up, with the process set of ranks 0 and 1 registered at init where the world
-    has more than two ranks (every body of the shared np 3 launch, tests.launches.TF_GLOO3,
-    starts Horovod through this; a set must be registered at the first ``hvd.init``); in a
-    world of two that set is the global one.  Returns ``(hvd, the set)``."""
-    import os
-
+    """Horovod up with the process set of ranks 0 and 1 (every body of the shared np 3
+    launch, tests.launches.TF_GLOO3, starts Horovod through this): ``(hvd, the set)``."""
     import horovod.tensorflow as hvd
-    if not _PAIR:
-        if int(os.environ.get("HOROVOD_SIZE", "3")) > 2:
-            _PAIR.append(hvd.ProcessSet([0, 1]))
-            hvd.init(process_sets=[_PAIR[0]])
-        else:
-            hvd.init()
-            _PAIR.append(hvd.global_process_set)
-    return hvd, _PAIR[0]
+
+    from . import started_with_pair
+    return started_with_pair(hvd, _PAIR)
 
 
 def keras_callbacks(spec="topk:ratio=0.5", epochs=3, batch=8, n=32):
