@@ -1,5 +1,5 @@
 """Which Triton kernels run by default on CUDA devices: not those measured slower than the
-torch chain they replace (:data:`hvd_compress.accel.device.SLOWER_ON_CUDA`, the radix
+torch chain they replace (``SLOWER_ON_CUDA`` of :mod:`hvd_compress.accel.triton_quantizers`, the radix
 select from :data:`~hvd_compress.accel.device.SELECT_CHAIN_FROM` values), unless
 ``HVD_COMPRESS_TRITON=all``; the interpreter (the tests' CPU path) runs every kernel.
 No triton needed: the kernels' module is a stand-in."""
@@ -33,6 +33,7 @@ def kernels(monkeypatch):
     fake = types.SimpleNamespace(ENCODERS=ByClass({Inceptionn: lambda B, o, c: "inceptionn enc",
                                                    type(build("qsgd").codec): lambda B, o, c: "qsgd enc"}),
                                  DECODERS=ByClass({Inceptionn: lambda B, o, c: "inceptionn dec"}),
+                                 SLOWER_ON_CUDA=ByClass({Inceptionn: "measured slower"}),
                                  top_indices=lambda B, mag, k: "radix select")
     monkeypatch.setattr(device, "_kernels", lambda like: fake)
     monkeypatch.delenv("HVD_COMPRESS_TRITON", raising=False)

@@ -27,11 +27,6 @@ __all__ = ["enabled", "every_kernel", "interpreting", "available", "device_encod
 _KERNELS = None  # .triton_quantizers once imported, False where triton is missing
 
 
-#: kernels measured slower than the torch chain they replace, on an NVIDIA H200
-#: (``bench_kernels.py --framework torch --device cuda``, 25,557,032 values, 2026-11-28):
-#: on CUDA devices the chain runs unless ``HVD_COMPRESS_TRITON=all``.  By codec class
-#: name: INCEPTIONN encode 4.61 ms against the chain's 2.40, decode 4.46 against 1.17.
-SLOWER_ON_CUDA = frozenset({"Inceptionn"})
 #: the radix select from this many values on (top-k of 25.6M values at 1%: 4.59 ms
 #: against the chain's ``kth_largest`` and compaction, 2.30 ms; smaller arrays -- DGC's
 #: sample and candidates -- keep it, as measured there)
@@ -50,11 +45,10 @@ def every_kernel() -> bool:
     return os.environ.get("HVD_COMPRESS_TRITON", "1") == "all"
 
 
-def _slower(obj, like) -> bool:
-    """Whether ``obj``'s kernel is one measured slower than its chain on ``like``'s device."""
-    on_cuda = getattr(getattr(like, "device", None), "type", None) == "cuda"
-    return on_cuda and not every_kernel() and any(
-        cls.__name__ in SLOWER_ON_CUDA for cls in type(obj).__mro__)
+def _held_back(like) -> bool:
+    """Whether the kernels measured slower than their chains stay off for ``like`` (a
+    tensor): on CUDA devices, unless ``HVD_COMPRESS_TRITON=all``."""
+    return getattr(getattr(like, "device", None), "type", None) == "cuda" and not every_kernel()
 
 
 def interpreting() -> bool:
@@ -115,7 +109,8 @@ def device_encoder(B, obj, cols: int, like):
     """The fused encoder for ``obj`` (a codec) on ``like``'s device, or None: the contract
     of ``NumpyBackend.fused_encoder``, ``finite`` a 0-d tensor."""
     k = _kernels(like)
-    make = None if k is None or _slower(obj, like) else k.ENCODERS.find(obj)
+    slow = k is not None and _held_back(like) and k.SLOWER_ON_CUDA.find(obj) is not None
+    make = None if k is None or slow else k.ENCODERS.find(obj)
     return None if make is None else make(B, obj, cols)
 
 
@@ -123,7 +118,8 @@ def device_decoder(B, obj, cols: int, like):
     """The fused decoder for ``obj`` on ``like``'s device -- ``(fields, n) -> float32[n]``,
     the chain's bits -- or None."""
     k = _kernels(like)
-    make = None if k is None or _slower(obj, like) else k.DECODERS.find(obj)
+    slow = k is not None and _held_back(like) and k.SLOWER_ON_CUDA.find(obj) is not None
+    make = None if k is None or slow else k.DECODERS.find(obj)
     return None if make is None else make(B, obj, cols)
 
 
@@ -141,8 +137,7 @@ def device_top_indices(B, mag, k: int):
     compaction (the same indices), or None (also from :data:`SELECT_CHAIN_FROM` values on
     a CUDA device, where the chain was measured faster)."""
     kern = _kernels(mag)
-    if kern is None or (getattr(mag.device, "type", None) == "cuda" and not every_kernel()
-                        and mag.numel() >= SELECT_CHAIN_FROM):
+    if kern is None or (_held_back(mag) and mag.numel() >= SELECT_CHAIN_FROM):
         return None
     return kern.top_indices(B, mag, k)
 

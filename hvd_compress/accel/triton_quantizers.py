@@ -35,7 +35,7 @@ from . import triton_kernels as K
 from .registry import ByClass
 from .triton_select import top_indices
 
-__all__ = ["ENCODERS", "DECODERS", "unpack", "top_indices", "probe"]
+__all__ = ["ENCODERS", "DECODERS", "SLOWER_ON_CUDA", "unpack", "top_indices", "probe"]
 
 _VALUES = 1024  # values a program of the codes and decoding kernels handles
 _CHUNK = 8192  # values a program of TernGrad's statistics pass sums
@@ -338,6 +338,11 @@ ENCODERS = ByClass({QSGDCodec: _qsgd_encoder, TernGradCodec: _terngrad_encoder,
                     Lowering: triton_dgc.lowering, SignCounts: triton_dgc.signs,
                     MomentumPasses: triton_dgc_momentum.passes,
                     SketchMLCodec: triton_sketchml.encoder})
+#: the kernels measured slower than the torch chain they replace, on an NVIDIA H200
+#: (``bench_kernels.py --framework torch --device cuda``, 25,557,032 values, 2026-11-28):
+#: on CUDA devices the chain runs unless ``HVD_COMPRESS_TRITON=all`` (:mod:`.device`)
+SLOWER_ON_CUDA = ByClass({Inceptionn: "encode 4.61 ms against the chain's 2.40, "
+                                      "decode 4.46 against 1.17"})
 #: the fused decoders' makers (the quantizers' others decode through :func:`unpack`)
 DECODERS = ByClass({UniformCodec: _uniform_decoder, NaturalCodec: _natural_decoder,
                     EightBitCodec: _eightbit_decoder, OneBitCodec: triton_signs.onebit_decoder,
