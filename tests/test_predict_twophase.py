@@ -130,3 +130,25 @@ def test_rows_as_compare_writes_them_count_with_their_exchange():
     assert "| `topk:ratio=0.01` (two-phase) | 4 | 1gbit |" in md
     assert "`topk:ratio=0.01 (two-phase)` (derived)" not in md
     assert "| `topk:ratio=0.01 (two-phase)` |" in md
+
+
+def test_rows_with_codec_calls_price_them_at_other_worker_counts():
+    """A row's counted codec calls (``encode_calls_per_step`` / ``decode_calls_per_step``)
+    get what one call costs on this machine (:func:`predict.call_ms`, the line through
+    timings at two sizes): the two-phase exchange's p + 1 and 2 p calls a tensor then cost
+    more at 1,024 workers than the values alone say; rows without the columns as before."""
+    enc, dec = predictions.call_ms("onebit", "torch")
+    assert enc > 0 and dec > 0
+    assert predictions.call_ms("none", "torch") == (0.0, 0.0)  # nothing to encode
+    row = {"framework": "torch", "compression": "onebit", "np": "2", "nodes": "1",
+           "exchange": xc.TWO_PHASE, "bandwidth": "uncapped", "bytes_per_step": "2.8e6",
+           "compute_ms": "100", "encode_ms": "60", "decode_ms": "40", "step_ms": "300",
+           "images_per_sec_per_worker": "26", "parameters": "2e7"}
+    plain = predictions._profile(row)
+    counted = predictions._profile(dict(row, encode_calls_per_step="33", decode_calls_per_step="44"))
+    assert (plain.encode_calls, plain.encode_call_ms) == (0.0, 0.0)
+    assert (counted.encode_calls, counted.decode_calls) == (33.0, 44.0)
+    assert (counted.encode_call_ms, counted.decode_call_ms) == (enc, dec)
+    assert counted.encode_at(2) == pytest.approx(plain.encode_at(2))
+    assert counted.encode_at(1024) > plain.encode_at(1024)
+    assert counted.decode_at(1024) > plain.decode_at(1024)

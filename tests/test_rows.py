@@ -91,11 +91,11 @@ def test_plans_are_typed_rows_and_print_as_before():
 ADDED_COLUMNS = ["bandwidth", "latency", "status", "step_ms", "collectives_per_step", "parameters",
                  "log", "mode", "target_accuracy", "time_to_target_s", "epochs_to_target",
                  "best_accuracy", "curve", "nodes", "local_bytes_per_step", "hierarchical"]
-# appended since (issue 38: compare --hosts; issue 39: --device; issue 40: the language model),
-# after the older ones, which keep their places
+# appended since (issue 38: compare --hosts; issue 39: --device; issue 40: the language model;
+# issue 38 again: the account's codec calls), after the older ones, which keep their places
 LATER_COLUMNS = ["hosts", "link_bandwidth", "exchange", "wire_in_per_step", "wire_out_per_step",
                  "device", "optimizer", "tokens_per_sec", "val_loss", "best_loss", "target_loss",
-                 "steps_to_target"]
+                 "steps_to_target", "encode_calls_per_step", "decode_calls_per_step"]
 PLANNED = {"framework": "torch", "example": "digits", "compression": "topk:ratio=0.01", "np": 2,
            "bandwidth": "1gbit", "latency": "", "mode": "sync", "nodes": 1}
 

@@ -150,6 +150,10 @@ def test_bytes_per_worker_do_not_grow_with_the_ranks(spec):
         g = [_grads(r, 0, shapes) for r in range(p)]
         _on_ranks(p, lambda r: Exchange(fcomps[r], table.rank(r)).run(g[r], ["w"], flat[r]))
         assert flat[0].wire_in == (p - 1) * flat[0].bytes_sent
+        # codec calls, which the cost model scales with p: a chunk each and the owner's
+        # re-encoding; the chunk's p payloads and the p owners' chunks (allgather: 1 and p)
+        assert (stats[0].encode_calls, stats[0].decode_calls) == (p + 1, 2 * p)
+        assert (flat[0].encode_calls, flat[0].decode_calls) == (1, p)
         if p >= 3:
             assert seen[p] < flat[0].wire_in
     # 2 (p-1)/p C(n): from 1 C(n) at p = 2 to 1.75 C(n) at p = 8 (the allgather: 1 to 7)

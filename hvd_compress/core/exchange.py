@@ -248,6 +248,7 @@ class Exchange(Runs):
             if self.average and self._predivide(comp) != 1.0 and not native:
                 x = x * (1.0 / self.predivide)
             enc = comp.encode(x, name, noise=None if noises is None else noises[i])
+            stats["encode_calls"] += 0 if getattr(comp, "passthrough", False) else 1
             rounds = comp.rounds(enc.meta)
             key = (id(comp), rounds, B.dtype_name(enc.payload) if comp.summable else "")
             _, _, positions, encs = groups.setdefault(key, (comp, rounds, [], []))
@@ -280,6 +281,8 @@ class Exchange(Runs):
                 t0 = time.perf_counter()
                 for i, enc, got in zip(part.positions, part.encs, received):
                     result[i] = self._finish(part, got, enc, None if out is None else out[i])
+                    if not getattr(part.comp, "passthrough", False):
+                        stats["decode_calls"] += len(got) if isinstance(got, (list, tuple)) else 1
                 stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
             results.append(result)
         return results[0] if single else results

@@ -24,7 +24,11 @@ class Stats(Record):
     that leave and reach this rank over its links (between nodes, where hierarchical), by
     collective: an allreduce of ``S`` bytes ``2 (p-1) S // p`` each way (ring); an
     allgather of rows ``c_0 .. c_{p-1}`` out ``(p-1) c_r``, in the others' rows; an
-    alltoall out the rows for the others, in the rows from them."""
+    alltoall out the rows for the others, in the rows from them.  ``encode_calls`` /
+    ``decode_calls``: the codec's calls (a tensor or chunk encoded; a payload decoded;
+    tensors that travel uncompressed not counted), each of which has a fixed cost besides
+    its values' (Python, a kernel launch): the cost model scales them with the workers
+    (the two-phase exchange makes ``p + 1`` and ``2 p`` a tensor)."""
 
     bytes_sent: int = 0
     encode_ms: float = 0.0
@@ -34,6 +38,8 @@ class Stats(Record):
     local_bytes: int = 0
     wire_out: int = 0
     wire_in: int = 0
+    encode_calls: int = 0
+    decode_calls: int = 0
 
     def add(self, other: Mapping) -> None:
         """Add ``other``'s counts and times to these (a run's totals)."""

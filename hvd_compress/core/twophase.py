@@ -255,6 +255,7 @@ class TwoPhase(Runs):
                                   B.reshape(noise, (-1,))[a:b])
                 metas.append(enc.meta)
                 encs.append(enc)
+            stats["encode_calls"] += len(bounds)
             part.positions.append(i)
             part.names.append(name)
             part.shapes.append(shape)
@@ -354,10 +355,12 @@ class TwoPhase(Runs):
             at += s
         sums = [comp.aggregate([src[i] for src in sources], encs[r])
                 for i, encs in enumerate(part.encs)]
+        stats["decode_calls"] += len(sources) * len(part.encs)
         stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         owner = part.owner = owner_of(comp)
         part.owned = [owner.encode(s, meta.name) for s, meta in zip(sums, mine)]
+        stats["encode_calls"] += len(part.owned)
         stats["encode_ms"] += (time.perf_counter() - t0) * 1e3
         row = self._rows(B, [o.payload for o in part.owned], part.variable)
         row = row[0] if len(row) == 1 else B.concat(row)
@@ -403,6 +406,7 @@ class TwoPhase(Runs):
         payloads = [self._split(B, rows[q], [owner.payload_nbytes(metas[q])
                                              for metas in part.metas], part.variable)
                     for q in range(p)]
+        stats["decode_calls"] += p * len(part.metas)
         out = []
         for i, metas in enumerate(part.metas):
             flat = outs[i] is not None and part.dtypes[i] == "float32" and B.is_host(outs[i])
