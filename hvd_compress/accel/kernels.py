@@ -2,12 +2,13 @@
 numba and loads the kernels from numba's disk cache, compiling them the first time).
 
 The kernels live by family -- :mod:`.kernels_signs`, :mod:`.kernels_stochastic`,
-:mod:`.kernels_levels`, :mod:`.kernels_select` -- and reach the core only through the
+:mod:`.kernels_levels`, :mod:`.kernels_select`, :mod:`.kernels_chunks` -- and reach the core only through the
 wrappers registered in :mod:`.host`, which import this module on the first fast path
 asked for (:func:`.host.numba_kernels`), never with the package.  The wrappers call
 the kernels as attributes of this module, so a test may watch one by replacing it here.
 """
 
+from .kernels_chunks import onebit_sum, seg_onebit_decode, seg_onebit_pack, seg_sign_sums
 from .kernels_levels import (
                              bucket_codes,
                              bucket_decode,
@@ -60,4 +61,4 @@ __all__ = ["threshold_pack", "onebit_pack", "sign_sums", "column_sign_sums", "on
            "lookup_scaled", "bucket_codes", "lookup_subtract", "top_counts", "top_select",
            "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "add_count",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode", "intsum_words",
-           "intsum_lanes"]
+           "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode"]

@@ -29,7 +29,7 @@ import numpy as np
 from .layout import OUT_FIRST, check_layout
 
 __all__ = ["NumpyBackend", "NUMPY", "set_host_fast_paths", "host_fast_paths", "host_fast_decoders",
-           "fill_uniform"]
+           "host_chunk_paths", "fill_uniform"]
 
 _NP_DTYPES = {
     "float16": np.float16, "float32": np.float32, "float64": np.float64,
@@ -239,6 +239,13 @@ class NumpyBackend:
         provider of :func:`set_host_fast_paths`, or None."""
         provider = _HOST_FAST_DECODERS
         return None if provider is None else provider(self, codec, cols)
+
+    def chunk_path(self, comp, like=None):
+        """The two-phase exchange's chunks of ``comp`` all in one call each
+        (:mod:`hvd_compress.accel.host_chunks`), or None: one codec call a chunk.  Host
+        memory only; the provider of :func:`set_host_fast_paths` (``chunks=``)."""
+        provider = _HOST_CHUNK_PATHS
+        return None if provider is None else provider(self, comp)
 
     def fused_unpack(self, data, bits: int, n: int, values, factors=None, d=None, cols: int = 1):
         """:func:`~hvd_compress.core.bitpack.unpack_values` as one backend op, or None (here
@@ -467,21 +474,27 @@ NUMPY = NumpyBackend()
 # core, which holds only the reference chains.
 _HOST_FAST_PATHS = None
 _HOST_FAST_DECODERS = None  # the same for decoders (see NumpyBackend.fused_decoder)
+_HOST_CHUNK_PATHS = None  # the two-phase exchange's chunk paths (NumpyBackend.chunk_path)
 
 
-def set_host_fast_paths(provider, decoders=None):
-    """Install ``provider`` as the host backends' source of fused encoders and
-    ``decoders`` as their source of fused decoders (None: none); returns the previous
-    pair."""
-    global _HOST_FAST_PATHS, _HOST_FAST_DECODERS
+def set_host_fast_paths(provider, decoders=None, chunks=None):
+    """Install ``provider`` as the host backends' source of fused encoders, ``decoders``
+    as their source of fused decoders and ``chunks`` of the two-phase exchange's chunk
+    paths (None: none); returns the previous pair."""
+    global _HOST_FAST_PATHS, _HOST_FAST_DECODERS, _HOST_CHUNK_PATHS
     previous = (_HOST_FAST_PATHS, _HOST_FAST_DECODERS)
-    _HOST_FAST_PATHS, _HOST_FAST_DECODERS = provider, decoders
+    _HOST_FAST_PATHS, _HOST_FAST_DECODERS, _HOST_CHUNK_PATHS = provider, decoders, chunks
     return previous
 
 
 def host_fast_paths():
     """The installed host provider, or None (the torch backend serves CPU tensors from it)."""
     return _HOST_FAST_PATHS
+
+
+def host_chunk_paths():
+    """The installed provider of the two-phase exchange's chunk paths, or None."""
+    return _HOST_CHUNK_PATHS
 
 
 def host_fast_decoders():

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from . import registry
 from .base import Encoded, TensorMeta
 from .exchange import Exchange, Runs, _numel, receive_flat
@@ -240,22 +242,13 @@ class TwoPhase(Runs):
             kept = carried_over(comp, name, n, p, B, v)
             if kept is not None and comp.carry_field is None:  # no residual: the next input
                 v, kept = v + kept, None
-            metas, encs = [], []
-            for j, (a, b) in enumerate(bounds):
-                chunk = v[a:b]
-                cshape = column_shape(b - a, layout_of(B)) if len(shape) >= 2 else (b - a,)
-                if len(cshape) == 2:
-                    chunk = B.reshape(chunk, cshape)
-                cname = chunk_name(name, j, p)
-                if kept is not None:  # into the new chunk's residual (made now if new)
-                    st = comp.state(comp.meta_for(chunk, cname), like=v)
-                    field = comp.carry_field
-                    setattr(st, field, getattr(st, field) + kept[a:b])
-                enc = comp.encode(chunk, cname, noise=None if noise is None else
-                                  B.reshape(noise, (-1,))[a:b])
-                metas.append(enc.meta)
-                encs.append(enc)
-            stats["encode_calls"] += len(bounds)
+            encs = self._chunks(comp, v, name, shape, bounds) \
+                if kept is None and noise is None else None
+            if encs is not None:  # every chunk in one call (the backend's chunk path)
+                metas = [e.meta for e in encs]
+                stats["encode_calls"] += 1
+            else:
+                metas, encs = self._each_chunk(comp, v, name, shape, bounds, kept, noise, stats)
             part.positions.append(i)
             part.names.append(name)
             part.shapes.append(shape)
@@ -291,6 +284,49 @@ class TwoPhase(Runs):
         return results[0] if single else results
 
     # -- the phases --------------------------------------------------------------------------
+    @staticmethod
+    def _path(comp, like, bounds):
+        """The backend's chunk path for ``comp``'s chunks ``bounds`` (all of a tensor's in one
+        call: :mod:`hvd_compress.accel.host_chunks`), or None: a call a chunk."""
+        ask = getattr(comp.B, "chunk_path", None)
+        path = None if ask is None else ask(comp, like)
+        return path if path is not None and path.takes(comp, bounds) else None
+
+    @staticmethod
+    def _each_chunk(comp, v, name, shape, bounds, kept, noise, stats):
+        """Every chunk of ``v`` encoded by a call of its own (with ``kept``, what a
+        resize carried, put into the chunks' residuals first); their metas and payloads."""
+        B, p = comp.B, len(bounds)
+        metas, encs = [], []
+        for j, (a, b) in enumerate(bounds):
+            chunk = v[a:b]
+            cshape = column_shape(b - a, layout_of(B)) if len(shape) >= 2 else (b - a,)
+            if len(cshape) == 2:
+                chunk = B.reshape(chunk, cshape)
+            cname = chunk_name(name, j, p)
+            if kept is not None:  # into the new chunk's residual (made now if new)
+                st = comp.state(comp.meta_for(chunk, cname), like=v)
+                field = comp.carry_field
+                setattr(st, field, getattr(st, field) + kept[a:b])
+            enc = comp.encode(chunk, cname, noise=None if noise is None else
+                              B.reshape(noise, (-1,))[a:b])
+            metas.append(enc.meta)
+            encs.append(enc)
+            stats["encode_calls"] += 1
+        return metas, encs
+
+    def _chunks(self, comp, v, name, shape, bounds):
+        """Every chunk of ``v`` encoded in one call where the backend has a chunk path for
+        them (the per-chunk calls' bits and states), else None."""
+        path = self._path(comp, v, bounds)
+        if path is None:
+            return None
+        B, p = comp.B, len(bounds)
+        metas = [TensorMeta(chunk_name(name, j, p), column_shape(b - a, layout_of(B))
+                            if len(shape) >= 2 else (b - a,), "float32")
+                 for j, (a, b) in enumerate(bounds)]
+        return path.encode(comp, v, name, bounds, metas)
+
     def _rows(self, B, payloads: list, variable: bool):
         """One destination's row: the payloads end to end (uint8), headed by their int64
         lengths where sizes vary."""
@@ -349,13 +385,19 @@ class TwoPhase(Runs):
         stats["wire_in"] += sum(s for q, s in enumerate(splits) if q != r)
         t0 = time.perf_counter()
         mine = [metas[r] for metas in part.metas]
-        sources, at = [], 0
-        for s in splits:
-            sources.append(self._split(B, got[at:at + s], own, part.variable))
-            at += s
-        sums = [comp.aggregate([src[i] for src in sources], encs[r])
-                for i, encs in enumerate(part.encs)]
-        stats["decode_calls"] += len(sources) * len(part.encs)
+        starts = [sum(splits[:q]) for q in range(p)]
+        sources, sums = None, []
+        for i, encs in enumerate(part.encs):
+            path = None if part.variable else self._path(comp, got, part.bounds[i])
+            if path is not None:  # the p payloads summed in one call
+                sums.append(path.aggregate(comp, got, [a + sum(own[:i]) for a in starts], mine[i]))
+                stats["decode_calls"] += 1
+                continue
+            if sources is None:
+                sources = [self._split(B, got[a:a + s], own, part.variable)
+                           for a, s in zip(starts, splits)]
+            sums.append(comp.aggregate([src[i] for src in sources], encs[r]))
+            stats["decode_calls"] += p
         stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         owner = part.owner = owner_of(comp)
@@ -390,6 +432,13 @@ class TwoPhase(Runs):
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         owner = part.owner
+        if not part.variable and not isinstance(table, (list, tuple)):
+            paths = [self._path(owner, table, b) for b in part.bounds]
+            if all(paths):  # every tensor's owners' chunks decoded in one call
+                out = self._finish_each(part, paths, table, stats, outs)
+                part.owned = part.owner = None
+                stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
+                return out
         if sizes is None:  # every owner's row length, known to all
             sizes = [sum(owner.payload_nbytes(metas[q]) for metas in part.metas) for q in range(p)]
         else:
@@ -437,6 +486,30 @@ class TwoPhase(Runs):
             out.append(dense if part.dtypes[i] == "float32" else B.cast(dense, part.dtypes[i]))
         part.owned = part.owner = None
         stats["decode_ms"] += (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _finish_each(self, part: _Part, paths, table, stats, outs) -> list:
+        """:meth:`_finish` by the chunk paths: each tensor's ``p`` owners' chunks decoded
+        (and averaged) into place in one call, the per-chunk calls' bits."""
+        B, p, r = part.comp.B, self.size, self._rank()
+        lengths = [np.diff([a for a, _ in b] + [b[-1][1]]) for b in part.bounds]
+        each = [path.payload_sizes(k) for path, k in zip(paths, lengths)]  # bytes, by owner
+        rows = np.sum(each, axis=0)
+        stats["wire_in"] += int(rows.sum() - rows[r])
+        before = np.concatenate([[0], np.cumsum(rows)[:-1]])
+        factor = (1.0 if part.free else self.predivide) / p if self.average else 1.0
+        out = []
+        for i, path in enumerate(paths):
+            into = outs[i] is not None and part.dtypes[i] == "float32" and B.is_host(outs[i])
+            flat = B.host_view(B.flat_view(outs[i])) if into else \
+                np.empty(int(lengths[i].sum()), np.float32)
+            path.decode_into(table, before + sum(each[:i]), lengths[i], flat, factor)
+            stats["decode_calls"] += 1
+            if into:
+                out.append(outs[i])
+                continue
+            dense = B.reshape(B.from_host(flat), part.shapes[i])
+            out.append(dense if part.dtypes[i] == "float32" else B.cast(dense, part.dtypes[i]))
         return out
 
     def _wait_alltoall(self, handle, known=None):

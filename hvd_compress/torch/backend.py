@@ -13,7 +13,13 @@ import numpy as np
 import torch
 
 from ..accel.device import device_decoder, device_encoder, device_powersgd, device_top_indices, device_unpack
-from ..core.backend import fill_uniform, host_fast_decoders, host_fast_paths, selection_sample
+from ..core.backend import (
+    fill_uniform,
+    host_chunk_paths,
+    host_fast_decoders,
+    host_fast_paths,
+    selection_sample,
+)
 from ..core.layout import OUT_FIRST
 
 _DTYPES = {
@@ -223,6 +229,14 @@ class TorchBackend:
             return device_decoder(self, codec, cols, like)
         provider = host_fast_decoders()
         return None if provider is None else provider(self, codec, cols)
+
+    def chunk_path(self, comp, like=None):
+        """For CPU tensors, the host chunk paths of the two-phase exchange (numba); None on
+        devices (a chunk a call)."""
+        if like is not None and not self.is_host(like):
+            return None
+        provider = host_chunk_paths()
+        return None if provider is None else provider(self, comp)
 
     def fused_powersgd(self, like):
         """PowerSGD's element-wise passes as one-pass kernels for ``like``'s device (the

@@ -1,0 +1,159 @@
+"""Host fast paths of the two-phase exchange's chunks: every chunk of a tensor in one call.
+
+The two-phase exchange (:mod:`hvd_compress.core.twophase`) encodes a tensor's ``p``
+chunks, sums an owner's ``p`` payloads and decodes the ``p`` owners' payloads; one codec
+call each, that is ``3 p + 1`` calls a tensor, whose fixed cost (Python, kernel dispatch:
+0.1-0.6 ms a call on these CPUs) grows with the workers while the values do not.  A chunk
+path does each of the three in one kernel call over all the chunks
+(:mod:`.kernels_chunks`), with the per-chunk codec's bits; the core asks the backend for
+one (``B.chunk_path``) and runs the calls one by one where there is none or it declines.
+
+It serves where every chunk is small (fewer than :data:`~.jit.SERIAL_BELOW` values): the
+per-chunk kernels then run serially, in the order these sum in, so the bits are theirs;
+or where there are :data:`MANY` chunks or more, a thread each (larger chunks sum as one
+thread does, which the per-chunk kernels' pool of threads gives up to a last bit of a
+float64 sum: :mod:`.jit`).  Fewer, larger chunks keep a call each: their calls' fixed
+cost is little beside their values, and each call's pool shares out one chunk.
+
+Registered per codec class, exactly (a subclass computes something else): 1-bit SGD
+(:class:`~hvd_compress.core.onebit.OneBitCodec`) on chunks of one column.
+
+A chunk's error-feedback residual stays in its own state (``name#j/p``: checkpoints and
+elastic resizes see nothing new); the chunk path keeps those of a tensor as views of one
+buffer, made once (and again after anything replaced one: a restored checkpoint, a
+resize's carry).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.base import Encoded
+from ..core.onebit import OneBitCodec
+from ..core.quantizers import QuantizerCompressor
+from .host import RESULTS, numba_kernels
+from .jit import SERIAL_BELOW
+from .registry import ByClass, requested
+
+__all__ = ["CHUNK_PATHS", "chunk_path", "OneBitChunks"]
+
+_HEAD = 8  # a 1-bit payload of one column: pos, neg (float32), then the signs
+#: chunks enough to keep a thread pool busy a chunk a thread (a 16-core machine's)
+MANY = 16
+
+
+class OneBitChunks:
+    """1-bit SGD's chunks (one column each, error feedback on): encode, an owner's sum,
+    every owner's chunk decoded into place."""
+
+    def __init__(self, k, B):
+        self.k, self.B = k, B
+
+    @staticmethod
+    def takes(comp, bounds) -> bool:
+        """Whether these chunks go this way: the codec exactly 1-bit's, error feedback on,
+        one column a chunk, every chunk small."""
+        return isinstance(comp, QuantizerCompressor) and type(comp.codec) is OneBitCodec and \
+            comp.ef and (len(bounds) >= MANY or max(b - a for a, b in bounds) < SERIAL_BELOW)
+
+    # -- the worker's chunks --------------------------------------------------------------
+    def _residuals(self, comp, name, metas, n, like):
+        """The chunks' residuals as views of one buffer (host numpy), their states in
+        ``comp.states`` as the per-chunk path would make them."""
+        B = self.B
+        key = (name, len(metas))
+        blocks = comp.__dict__.setdefault("_chunk_blocks", {})
+        held = blocks.get(key)
+        states = [comp.states.get(m.name) for m in metas]
+        if held is not None and all(st is not None and st is kept and st.residual is view
+                                    for st, (kept, view) in zip(states, held[1])):
+            return held[0]
+        block = np.zeros(n, np.float32)
+        kept, at = [], 0
+        for meta in metas:
+            st = comp.state(meta, like=like)
+            m = meta.numel
+            block[at:at + m] = B.host_view(B.reshape(st.residual, (-1,)))
+            st.residual = B.from_host(block[at:at + m])
+            kept.append((st, st.residual))
+            at += m
+        blocks[key] = (block, kept)
+        return block
+
+    def encode(self, comp, v, name, bounds, metas):
+        """Every chunk of ``v`` (flat float32, host) encoded as ``comp.encode`` would, each
+        chunk's state stepped; None (nothing touched) where a value is not finite."""
+        B, k = self.B, self.k
+        g = B.host_view(v)
+        if not bool(B.all_finite(v)):
+            return None
+        r = self._residuals(comp, name, metas, g.shape[0], v)
+        p = len(bounds)
+        starts = np.asarray([a for a, _ in bounds] + [bounds[-1][1]], np.int64)
+        npos, spos, sneg = np.empty(p, np.int64), np.empty(p), np.empty(p)
+        if k.seg_sign_sums(r, g, starts, npos, spos, sneg).any():
+            return None  # an overflow of the residual's sum: the chunks' own way
+        sizes = np.diff(starts)
+        nneg = sizes - npos
+        pos = np.where(npos > 0, spos / np.maximum(npos.astype(np.float64), 1.0), 0.0).astype(np.float32)
+        neg = np.where(nneg > 0, sneg / np.maximum(nneg.astype(np.float64), 1.0), 0.0).astype(np.float32)
+        nbytes = _HEAD + (sizes + 7) // 8
+        offs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+        out = np.empty(int(nbytes.sum()), np.uint8)
+        k.seg_onebit_pack(r, g, starts, pos, neg, out, offs + _HEAD)
+        heads = np.stack([pos, neg], axis=1).view(np.uint8)  # (p, 8): pos, neg bytes
+        out[offs[:, None] + np.arange(_HEAD)] = heads
+        data = B.from_host(out)
+        encs = []
+        for j, meta in enumerate(metas):
+            a = int(offs[j])
+            encs.append(Encoded(data[a:a + int(nbytes[j])], meta, int(nbytes[j])))
+            st = comp.states[meta.name]
+            st.step = st.step + 1
+        return encs
+
+    @staticmethod
+    def payload_sizes(lengths):
+        """Bytes of the payloads of chunks of ``lengths`` values (int64 array)."""
+        return _HEAD + (np.asarray(lengths, np.int64) + 7) // 8
+
+    # -- an owner's sum, and every owner's chunk ------------------------------------------
+    @staticmethod
+    def _tables(buf, offs):
+        """``(p, 2)`` float32: each payload's ``[neg, pos]`` (a bit's value)."""
+        head = buf[offs[:, None] + np.arange(_HEAD)].reshape(-1).view(np.float32).reshape(-1, 2)
+        return np.ascontiguousarray(head[:, ::-1])
+
+    def aggregate(self, comp, buf, offs, meta):
+        """The sum, in rank order, of the payloads at byte offsets ``offs`` of ``buf`` (all
+        of ``meta``'s chunk), in ``meta``'s shape: ``comp.aggregate``'s."""
+        B = self.B
+        h = B.host_view(B.reshape(buf, (-1,)))
+        offs = np.asarray(offs, np.int64)
+        m = meta.numel
+        out = RESULTS.take(m) if m * 4 >= RESULTS.SMALLEST else np.empty(m, np.float32)
+        self.k.onebit_sum(h, offs + _HEAD, self._tables(h, offs), m, out)
+        return B.reshape(B.from_host(out), meta.shape)
+
+    def decode_into(self, buf, offs, sizes, out, factor):
+        """Payload ``s`` (at byte offset ``offs[s]`` of ``buf``, ``sizes[s]`` values) decoded
+        into the next ``sizes[s]`` values of ``out`` (float32 host), times ``factor``."""
+        h = self.B.host_view(self.B.reshape(buf, (-1,)))
+        offs = np.asarray(offs, np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.k.seg_onebit_decode(h, offs + _HEAD, starts, self._tables(h, offs),
+                                 np.float32(factor), factor != 1.0, out)
+
+
+#: the chunk paths, by codec class (each checks the class exactly: :meth:`takes`)
+CHUNK_PATHS = ByClass({OneBitCodec: OneBitChunks})
+
+
+def chunk_path(B, comp):
+    """The chunk path for ``comp``'s chunks on host backend ``B``, or None: fast paths
+    turned off, numba missing, or none for its codec."""
+    impl = CHUNK_PATHS.find(getattr(comp, "codec", None))
+    if impl is None or not requested():
+        return None
+    k = numba_kernels()
+    return impl(k, B) if k else None

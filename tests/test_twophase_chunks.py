@@ -1,0 +1,143 @@
+"""The two-phase exchange's chunk paths (:mod:`hvd_compress.accel.host_chunks`): a tensor's
+chunks encoded, an owner's payloads summed and the owners' chunks decoded in one call each,
+with the bits and the states of a call a chunk (numpy and torch), and the per-chunk calls
+where the chunk path must not serve (a NaN, a restored checkpoint, large chunks)."""
+
+import numpy as np
+import pytest
+
+from hvd_compress.accel.host_chunks import MANY
+from hvd_compress.accel.jit import SERIAL_BELOW
+from hvd_compress.core import build, new_stats
+from hvd_compress.core.base import Encoded, TensorMeta
+from hvd_compress.core.twophase import TwoPhase, chunk_bounds, chunk_name, owner_of
+from tests.test_exchange_engine import Table
+from tests.test_twophase import _on_ranks
+
+SHAPES = {"w": (40, 30), "b": (97,), "c": (5, 4, 3, 2)}
+
+
+def _grads(r, step, nan_at=None):
+    rng = np.random.default_rng([r, step, 5])
+    out = [rng.standard_normal(s).astype(np.float32) for s in SHAPES.values()]
+    if nan_at == (r, step):
+        out[0][3, 7] = np.nan
+    return out
+
+
+def _run(p, steps, chunked, monkeypatch, nan_at=None, restore_after=None, outs=False):
+    """``steps`` steps of 1-bit's two-phase exchange on ``p`` simulated ranks (the chunk path
+    on or off); with ``restore_after``, every rank's compressor is rebuilt from its
+    checkpoint after that step.  The results, the compressors and the accounts."""
+    with monkeypatch.context() as m:
+        if not chunked:
+            m.setattr(TwoPhase, "_path", staticmethod(lambda *args: None))
+        table = Table(p)
+        comps = [build("onebit", rank=r, world_size=p) for r in range(p)]
+        engines = [TwoPhase(c, table.rank(r)) for r, c in enumerate(comps)]
+        stats = [new_stats() for _ in range(p)]
+        results = []
+        for step in range(steps):
+            g = [_grads(r, step, nan_at) for r in range(p)]
+
+            def one(r):
+                into = [np.zeros_like(x) for x in g[r]] if outs else None
+                return engines[r].run(g[r], list(SHAPES), stats[r], tag=f".{step}", outs=into)
+            results.append(_on_ranks(p, one))
+            if step == restore_after:
+                for r in range(p):
+                    saved = comps[r].state_dict()
+                    comps[r] = build("onebit", rank=r, world_size=p)
+                    comps[r].load_state_dict(saved)
+                    engines[r].comp = comps[r]
+    return results, comps, stats
+
+
+def _same_state(a, b):
+    """Every chunk's residual and step, the workers' and the owners', equal."""
+    for one, other in ((a, b), (owner_of(a), owner_of(b))):
+        assert sorted(one.states) == sorted(other.states)
+        for key, st in one.states.items():
+            assert st.step == other.states[key].step, key
+            np.testing.assert_array_equal(np.asarray(st.residual), np.asarray(other.states[key].residual),
+                                          err_msg=key)
+
+
+@pytest.mark.parametrize("case", [dict(p=3), dict(p=8), dict(p=4, outs=True),
+                                  dict(p=4, nan_at=(2, 1)), dict(p=3, restore_after=1)],
+                         ids=["p3", "p8", "into-buffers", "nan", "checkpoint"])
+def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(case, monkeypatch):
+    got, comps, stats = _run(steps=3, chunked=True, monkeypatch=monkeypatch, **case)
+    want, loop_comps, loop_stats = _run(steps=3, chunked=False, monkeypatch=monkeypatch, **case)
+    for step_got, step_want in zip(got, want):
+        for mine, theirs in zip(step_got, step_want):
+            for x, y in zip(mine, theirs):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for a, b in zip(comps, loop_comps):
+        _same_state(a, b)
+    p = case["p"]
+    # one call each where the per-chunk way makes p + 1 and 2 p (the NaN step: its way)
+    tensors, steps = len(SHAPES), 3
+    assert loop_stats[0].encode_calls == steps * tensors * (p + 1)
+    assert loop_stats[0].decode_calls == steps * tensors * 2 * p
+    assert stats[0].encode_calls < loop_stats[0].encode_calls
+    if "nan_at" not in case:
+        assert (stats[0].encode_calls, stats[0].decode_calls) == (2 * steps * tensors,) * 2
+    if "nan_at" in case:  # (and the NaN reached the result, as the per-chunk way has it)
+        assert np.isnan(np.asarray(got[1][0][0])).any()
+
+
+def test_few_large_chunks_take_a_call_each():
+    """Few chunks of SERIAL_BELOW values or more: the per-chunk kernels' threads are worth
+    their call, so the chunk path does not serve; MANY chunks (a thread each) it does."""
+    comp = build("onebit", world_size=2)
+    like = np.zeros(1, np.float32)
+    assert TwoPhase._path(comp, like, chunk_bounds(2 * SERIAL_BELOW - 2, 2)) is not None
+    assert TwoPhase._path(comp, like, chunk_bounds(2 * SERIAL_BELOW, 2)) is None
+    assert TwoPhase._path(comp, like, chunk_bounds(MANY * SERIAL_BELOW, MANY)) is not None
+    assert TwoPhase._path(build("onebit:ef=0", world_size=2), like, chunk_bounds(64, 2)) is None
+    assert TwoPhase._path(build("efsignsgd", world_size=2), like, chunk_bounds(64, 2)) is None
+
+
+def test_torch_tensors_take_the_same_chunk_path():
+    """CPU torch tensors: the chunk path's payloads equal the per-chunk torch encodes and
+    the numpy chunk path's, byte for byte, and so do the owner's sum and the decode."""
+    torch = pytest.importorskip("torch")
+    from hvd_compress.torch.backend import TorchBackend
+    TB = TorchBackend()
+    n, p = 1000, 8
+    bounds = chunk_bounds(n, p)
+    x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    comps = {"torch": build("onebit", backend=TB, world_size=p),
+             "numpy": build("onebit", world_size=p),
+             "loop": build("onebit", backend=TB, world_size=p)}
+    metas = [TensorMeta(chunk_name("v", j, p), (b - a,), "float32") for j, (a, b) in enumerate(bounds)]
+    got = {}
+    for step in range(2):
+        for key, comp in comps.items():
+            v = torch.from_numpy(x * (step + 1)) if key != "numpy" else x * (step + 1)
+            if key == "loop":
+                encs = [comp.encode(v[a:b], m.name) for (a, b), m in zip(bounds, metas)]
+            else:
+                path = TwoPhase._path(comp, v, bounds)
+                assert path is not None, key
+                encs = path.encode(comp, v, "v", bounds, metas)
+            got[key] = np.concatenate([np.asarray(e.payload) for e in encs])
+        np.testing.assert_array_equal(got["torch"], got["loop"])
+        np.testing.assert_array_equal(got["numpy"], got["loop"])
+    # an owner's sum of p payloads, and every owner's chunk decoded
+    buf = torch.from_numpy(got["torch"])
+    sizes = [8 + (b - a + 7) // 8 for a, b in bounds]
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    torch_path = TwoPhase._path(comps["torch"], buf, bounds)
+    out = np.empty(n, np.float32)
+    torch_path.decode_into(buf, offs, np.diff([a for a, _ in bounds] + [n]), out, 0.25)
+    loop = comps["loop"]
+    want = np.concatenate([np.asarray(loop.decode(buf[a:a + s], m)).reshape(-1) * np.float32(0.25)
+                           for a, s, m in zip(offs, sizes, metas)])
+    np.testing.assert_array_equal(out, want)
+    # p copies of chunk 0's payload, as if from p senders, summed in rank order
+    total = torch_path.aggregate(loop, buf, [0] * p, metas[0])
+    first = Encoded(buf[:sizes[0]], metas[0], sizes[0])
+    np.testing.assert_array_equal(np.asarray(total),
+                                  np.asarray(loop.aggregate([first.payload] * p, first)))
