@@ -49,28 +49,25 @@ def test_two_phase_profile_scaling():
     assert th.local_bytes == pytest.approx(7e6)
 
 
-def test_the_codec_calls_scale_with_the_exchanges_count_of_them():
-    """What a codec call costs whatever its size grows with the calls the exchange makes
-    (two-phase: p + 1 encodes, 2 p decodes a tensor), the rest with the values; calls not
-    counted (0) or not priced keep the values-only scaling."""
-    # 3 tensors at 4 workers: 15 encode calls of 0.2 ms (3 of the 10 ms), 24 decodes of 0.1
+def test_the_chunks_codec_work_grows_with_the_workers():
+    """What the two-phase exchange's codec work costs per tensor and chunk (``chunk_ms``)
+    is added for every chunk more than measured: p two-phase, the nodes hierarchical+two-
+    phase; nothing where the tensors were not counted or the exchange cuts no chunks."""
     f = Profile("c", TWO_PHASE, compute_ms=50, encode_ms=10, decode_ms=8, nbytes=1000,
-                measured_p=4, encode_calls=15, decode_calls=24, encode_call_ms=0.2,
-                decode_call_ms=0.1)
-    assert f.encode_at(4) == pytest.approx(10) and f.decode_at(4) == pytest.approx(8)
-    assert f.encode_at(1024) == pytest.approx(7 * (1 + 1 / 1024) / 1.25 + 3 * 1025 / 5)
-    assert f.decode_at(1024) == pytest.approx(5.6 + 2.4 * 2048 / 8)
-    # the fixed part is never more than what was measured
-    assert dataclasses.replace(f, encode_call_ms=5.0).encode_at(8) == pytest.approx(10 * 9 / 5)
-    plain = dataclasses.replace(f, encode_calls=0, decode_calls=0)
-    assert plain.encode_at(1024) == pytest.approx(10 * (1 + 1 / 1024) / 1.25)
-    # counted for another exchange: an allgather run's calls (1 and p a tensor) as two-phase's
-    g = Profile("c", ALLGATHER, 50, 10, 8, nbytes=1000, measured_p=2, encode_calls=3,
-                decode_calls=6, encode_call_ms=1.0, decode_call_ms=0.5)
+                measured_p=4, tensors=3, chunk_ms=0.01)
+    assert f.chunks_at(4) == 4 and f.chunks_at(1024) == 1024 and f.chunks_at(1) == 0
+    assert f.encode_at(4) == pytest.approx(10) and f.decode_at(1024) == pytest.approx(8)
+    assert f.encode_at(1024) == pytest.approx(10 * (1 + 1 / 1024) / 1.25 + 3 * 0.01 * 1020)
+    assert dataclasses.replace(f, tensors=0).encode_at(1024) == pytest.approx(10 * (1 + 1 / 1024) / 1.25)
+    h = dataclasses.replace(f, hierarchical=True, per_node=4, dense_bytes=4e6)
+    assert h.chunks_at(1024, 8) == 128  # two-phase among the 128 nodes
+    # the allgather cuts no chunks; counted as two-phase, its chunks' work at the measured p
+    g = Profile("c", ALLGATHER, 50, 10, 8, nbytes=1000, measured_p=2, tensors=3, chunk_ms=0.5)
+    assert g.chunks_at(1024) == 0 and g.encode_at(1024) == pytest.approx(10)
     t = g.as_exchange(TWO_PHASE)
-    assert (t.encode_calls, t.decode_calls) == (9, 12)
-    assert t.encode_ms == pytest.approx(7 * 1.5 + 3 * 3) and t.decode_ms == pytest.approx(5 + 3 * 2)
-    assert t.encode_at(2) == pytest.approx(t.encode_ms)
+    assert t.encode_ms == pytest.approx(10 * 1.5 + 3 * 0.5 * 2) and t.tensors == 3
+    # (what was measured scales with the values, the chunks' work with the chunks added)
+    assert t.encode_at(1024) == pytest.approx(18 * (1 + 1 / 1024) / 1.5 + 3 * 0.5 * 1022)
 
 
 def test_an_allgather_profile_counted_for_two_phase():

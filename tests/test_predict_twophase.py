@@ -132,23 +132,22 @@ def test_rows_as_compare_writes_them_count_with_their_exchange():
     assert "| `topk:ratio=0.01 (two-phase)` |" in md
 
 
-def test_rows_with_codec_calls_price_them_at_other_worker_counts():
-    """A row's counted codec calls (``encode_calls_per_step`` / ``decode_calls_per_step``)
-    get what one call costs on this machine (:func:`predict.call_ms`, the line through
-    timings at two sizes): the two-phase exchange's p + 1 and 2 p calls a tensor then cost
-    more at 1,024 workers than the values alone say; rows without the columns as before."""
-    enc, dec = predictions.call_ms("onebit", "torch")
-    assert enc > 0 and dec > 0
-    assert predictions.call_ms("none", "torch") == (0.0, 0.0)  # nothing to encode
-    row = {"framework": "torch", "compression": "onebit", "np": "2", "nodes": "1",
-           "exchange": xc.TWO_PHASE, "bandwidth": "uncapped", "bytes_per_step": "2.8e6",
+def test_rows_that_count_their_tensors_price_the_chunks_work():
+    """A row's compressed tensors (``tensors_per_step``) get what the two-phase exchange's
+    codec work grows per tensor and worker on this machine (:func:`chunkcost.chunk_ms`,
+    timed on mirrored ranks): 1-bit's chunk path grows far less than a call a chunk (TernGrad
+    has none); rows without the column as before."""
+    from hvd_compress.tools import chunkcost
+    onebit, terngrad = chunkcost.chunk_ms("onebit"), chunkcost.chunk_ms("terngrad")
+    assert 0 < onebit < terngrad / 4, (onebit, terngrad)
+    assert chunkcost.chunk_ms("none") == 0.0  # summed, never cut into chunks
+    row = {"framework": "torch", "compression": "terngrad", "np": "2", "nodes": "1",
+           "exchange": xc.TWO_PHASE, "bandwidth": "uncapped", "bytes_per_step": "5.4e6",
            "compute_ms": "100", "encode_ms": "60", "decode_ms": "40", "step_ms": "300",
            "images_per_sec_per_worker": "26", "parameters": "2e7"}
     plain = predictions._profile(row)
-    counted = predictions._profile(dict(row, encode_calls_per_step="33", decode_calls_per_step="44"))
-    assert (plain.encode_calls, plain.encode_call_ms) == (0.0, 0.0)
-    assert (counted.encode_calls, counted.decode_calls) == (33.0, 44.0)
-    assert (counted.encode_call_ms, counted.decode_call_ms) == (enc, dec)
+    counted = predictions._profile(dict(row, tensors_per_step="11"))
+    assert (plain.tensors, plain.chunk_ms) == (0.0, 0.0)
+    assert (counted.tensors, counted.chunk_ms) == (11.0, terngrad)
     assert counted.encode_at(2) == pytest.approx(plain.encode_at(2))
-    assert counted.encode_at(1024) > plain.encode_at(1024)
-    assert counted.decode_at(1024) > plain.decode_at(1024)
+    assert counted.encode_at(1024) == pytest.approx(plain.encode_at(1024) + 11 * terngrad * 1022)

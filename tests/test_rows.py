@@ -95,7 +95,8 @@ ADDED_COLUMNS = ["bandwidth", "latency", "status", "step_ms", "collectives_per_s
 # issue 38 again: the account's codec calls), after the older ones, which keep their places
 LATER_COLUMNS = ["hosts", "link_bandwidth", "exchange", "wire_in_per_step", "wire_out_per_step",
                  "device", "optimizer", "tokens_per_sec", "val_loss", "best_loss", "target_loss",
-                 "steps_to_target", "encode_calls_per_step", "decode_calls_per_step"]
+                 "steps_to_target", "encode_calls_per_step", "decode_calls_per_step",
+                 "tensors_per_step"]
 PLANNED = {"framework": "torch", "example": "digits", "compression": "topk:ratio=0.01", "np": 2,
            "bandwidth": "1gbit", "latency": "", "mode": "sync", "nodes": 1}
 

@@ -248,7 +248,9 @@ class Exchange(Runs):
             if self.average and self._predivide(comp) != 1.0 and not native:
                 x = x * (1.0 / self.predivide)
             enc = comp.encode(x, name, noise=None if noises is None else noises[i])
-            stats["encode_calls"] += 0 if getattr(comp, "passthrough", False) else 1
+            if not getattr(comp, "passthrough", False):
+                stats["encode_calls"] += 1
+                stats["tensors"] += 1
             rounds = comp.rounds(enc.meta)
             key = (id(comp), rounds, B.dtype_name(enc.payload) if comp.summable else "")
             _, _, positions, encs = groups.setdefault(key, (comp, rounds, [], []))

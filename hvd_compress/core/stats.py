@@ -27,8 +27,9 @@ class Stats(Record):
     alltoall out the rows for the others, in the rows from them.  ``encode_calls`` /
     ``decode_calls``: the codec's calls (a tensor or chunk encoded; a payload decoded;
     tensors that travel uncompressed not counted), each of which has a fixed cost besides
-    its values' (Python, a kernel launch): the cost model scales them with the workers
-    (the two-phase exchange makes ``p + 1`` and ``2 p`` a tensor)."""
+    its values' (Python, a kernel launch): the two-phase exchange makes ``p + 1`` and
+    ``2 p`` a tensor, or a backend's chunk path 2 and 2.  ``tensors``: the compressed
+    tensors exchanged (the cost model scales what each costs a worker with the workers)."""
 
     bytes_sent: int = 0
     encode_ms: float = 0.0
@@ -40,6 +41,7 @@ class Stats(Record):
     wire_in: int = 0
     encode_calls: int = 0
     decode_calls: int = 0
+    tensors: int = 0
 
     def add(self, other: Mapping) -> None:
         """Add ``other``'s counts and times to these (a run's totals)."""

@@ -249,6 +249,7 @@ class TwoPhase(Runs):
                 stats["encode_calls"] += 1
             else:
                 metas, encs = self._each_chunk(comp, v, name, shape, bounds, kept, noise, stats)
+            stats["tensors"] += 1
             part.positions.append(i)
             part.names.append(name)
             part.shapes.append(shape)

@@ -329,15 +329,12 @@ class Profile:
     local_bytes: float = 0.0  # the hierarchical exchange's dense bytes inside the node
     #: the dense gradient's bytes (float32), for that traffic at other node sizes
     dense_bytes: float = 0.0
-    #: codec calls a step at ``measured_p`` (the account's ``encode_calls`` /
-    #: ``decode_calls``; 0: not counted) and what one costs whatever its size (ms; 0: not
-    #: known).  The calls scale with the exchange's count of them (the two-phase exchange
-    #: makes ``p + 1`` encodes and ``2 p`` decodes a tensor), the rest of the time with the
-    #: values: without them a run at 2 workers says nothing of the calls at 1,024.
-    encode_calls: float = 0.0
-    decode_calls: float = 0.0
-    encode_call_ms: float = 0.0
-    decode_call_ms: float = 0.0
+    #: compressed tensors a step (the account's ``tensors``; 0: not counted) and what the
+    #: two-phase exchange's codec work grows per tensor for each chunk more (ms,
+    #: :func:`~.chunkcost.chunk_ms`: calls, or a chunk path's bookkeeping; 0: not known).
+    #: A run at 2 workers hardly shows that part; at 1,024 it can be most of the step.
+    tensors: float = 0.0
+    chunk_ms: float = 0.0
 
     def active(self, p: int, per_node: int) -> bool:
         """Whether this profile's exchange is hierarchical at ``p`` workers in nodes of
@@ -371,27 +368,24 @@ class Profile:
         return self.nbytes * share * lane_bits(max(1, p), self.lane_m) / \
             lane_bits(max(1, self.measured_p), self.lane_m)
 
-    def _scaled(self, ms: float, values: str, calls: str, counted: float, per_call: float,
-                p: int, per_node: int) -> float:
-        """``ms`` measured at ``measured_p``: its calls' fixed part (``counted`` calls of
-        ``per_call`` ms, at most all of it) scaled by the calls the exchange makes at ``p``,
-        the rest by the values."""
-        fixed = min(ms, counted * per_call)
-        return (ms - fixed) * self._ratio(values, p, per_node) + \
-            fixed * self._ratio(calls, p, per_node)
+    def chunks_at(self, p: int, per_node: int = 1) -> float:
+        """Chunks a tensor is cut into at ``(p, per_node)``: ``p`` two-phase, the nodes
+        hierarchical+two-phase, none for the other exchanges."""
+        return float(self.traffic(p, per_node).encode_calls - 1)
 
     def encode_at(self, p: int, per_node: int = 1) -> float:
         """Values encoded: a tensor (hierarchical: a shard), two-phase also the owner's
-        chunk; calls: one a tensor, two-phase ``p + 1`` (a chunk each, and the owner's)."""
-        return self._scaled(self.encode_ms, "encoded", "encode_calls", self.encode_calls,
-                            self.encode_call_ms, p, per_node)
+        chunk; and the two-phase exchange's codec work per chunk (:attr:`chunk_ms`, all
+        counted here) for the chunks more (or fewer) than measured."""
+        more = self.chunks_at(p, per_node) - self.chunks_at(max(1, self.measured_p), self.per_node)
+        return self.encode_ms * self._ratio("encoded", p, per_node) + \
+            self.tensors * self.chunk_ms * more
 
     def decode_at(self, p: int, per_node: int = 1) -> float:
         """Allgather decodes one payload per worker (hierarchical: per node); an
         allreduce's one sum; two-phase its chunk's ``p`` payloads and the owners' chunks
-        (about two tensors, in ``2 p`` calls).  Each of a shard where hierarchical."""
-        return self._scaled(self.decode_ms, "decoded", "decode_calls", self.decode_calls,
-                            self.decode_call_ms, p, per_node)
+        (about two tensors).  Each of a shard where hierarchical."""
+        return self.decode_ms * self._ratio("decoded", p, per_node)
 
     def local_bytes_at(self, p: int, per_node: int = 1) -> float:
         """The dense bytes a worker moves inside its node (reduce-scatter and allgather:
@@ -418,20 +412,12 @@ class Profile:
         other = dataclasses.replace(self, collective=collective, hierarchical=hierarchical)
         p, L = max(1, self.measured_p), self.per_node
         scale = {k: getattr(other.traffic(p, L), k) / getattr(self.traffic(p, L), k)
-                 for k in ("encoded", "decoded", "encode_calls", "decode_calls")}
+                 for k in ("encoded", "decoded")}
         mine, theirs = (1.0 / L if f.active(p, L) else 1.0 for f in (self, other))  # shards
-
-        def moved(ms, counted, per_call, values, calls):  # values and calls, each by its count
-            fixed = min(ms, counted * per_call)
-            return (ms - fixed) * scale[values] + fixed * scale[calls]
+        more = other.chunks_at(p, L) - self.chunks_at(p, L)  # its chunks' work, at p
         return dataclasses.replace(
-            other,
-            encode_ms=moved(self.encode_ms, self.encode_calls, self.encode_call_ms, "encoded",
-                            "encode_calls"),
-            decode_ms=moved(self.decode_ms, self.decode_calls, self.decode_call_ms, "decoded",
-                            "decode_calls"),
-            encode_calls=self.encode_calls * scale["encode_calls"],
-            decode_calls=self.decode_calls * scale["decode_calls"],
+            other, encode_ms=self.encode_ms * scale["encoded"] + self.tensors * self.chunk_ms * more,
+            decode_ms=self.decode_ms * scale["decoded"],
             nbytes=self.nbytes * theirs / mine, local_bytes=other.local_bytes_at(p, L))
 
 

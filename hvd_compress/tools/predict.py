@@ -13,7 +13,7 @@ import math
 
 from ..core import exchangecost as xc
 from ..core.base import TensorMeta
-from . import costmodel, netcap
+from . import chunkcost, costmodel, netcap
 from .plan import EXCHANGE_MODES, FLAT, SYNC, UNCAPPED, mode_of, nodes_of, specs_of, takes_hierarchy
 from .report import add_targets, curve_of, number, ok_rows
 
@@ -163,50 +163,12 @@ def _dense_bytes(rows: list[dict]) -> float:
     return max([number(r, "bytes_per_step") or 0.0 for r in rows if r["compression"] == "none"], default=0.0)
 
 
-_CALL_MS: dict = {}
-
-
-def call_ms(spec: str, framework: str = "torch") -> tuple:
-    """``(encode, decode)`` milliseconds one codec call of ``spec`` costs whatever its size,
-    on this machine's CPU: the intercept of the line through its timings on two sizes
-    (:func:`hvd_compress.core.autoexchange.codec_seconds`, what ``exchange="auto"`` measures),
-    in ``framework``'s backend where it imports (else numpy's); the most over a per-tensor
-    spec's compressors.  (0, 0) where none can be built."""
-    key = (spec, framework)
-    if key not in _CALL_MS:
-        from ..core import build
-        from ..core.autoexchange import codec_seconds
-        from ..core.backend import NUMPY
-        B, like = NUMPY, None
-        if framework == "torch":
-            try:
-                import torch
-
-                from ..torch.backend import TorchBackend
-                B, like = TorchBackend(), torch.zeros(1)
-            except ImportError:
-                pass
-        if like is None:
-            import numpy as np
-            like = np.zeros(1, np.float32)
-        got = [(0.0, 0.0)]
-        for one in specs_of(spec):
-            try:
-                comp = build(one, backend=B, world_size=2)
-            except (ValueError, KeyError):
-                continue
-            if not getattr(comp, "passthrough", False):
-                _, _, ec, dc = codec_seconds(comp, B, like)
-                got.append((1e3 * ec, 1e3 * dc))
-        _CALL_MS[key] = (max(e for e, _ in got), max(d for _, d in got))
-    return _CALL_MS[key]
-
-
 def _profile(r: dict, dense: float = 0.0) -> costmodel.Profile:
     step = number(r, "step_ms") or 0.0
-    calls = {k: number(r, f"{k}_per_step") or 0.0 for k in ("encode_calls", "decode_calls")}
-    per_call = call_ms(r["compression"], str(r.get("framework") or "torch")) \
-        if any(calls.values()) else (0.0, 0.0)
+    tensors = number(r, "tensors_per_step") or 0.0
+    gathered = _row_collective(r) != costmodel.ALLREDUCE
+    per_chunk = chunkcost.chunk_ms(r["compression"], str(r.get("framework") or "torch")) \
+        if tensors and gathered else 0.0
     return costmodel.Profile(group_of(r), _row_collective(r), number(r, "compute_ms") or 0.0,
                              number(r, "encode_ms") or 0.0, number(r, "decode_ms") or 0.0,
                              _payload(r), _messages(r["compression"]),
@@ -214,7 +176,7 @@ def _profile(r: dict, dense: float = 0.0) -> costmodel.Profile:
                              lane_m=_lane_m(r["compression"]), per_node=_per_node(r),
                              hierarchical=hierarchical_row(r),
                              local_bytes=number(r, "local_bytes_per_step") or 0.0, dense_bytes=dense,
-                             encode_call_ms=per_call[0], decode_call_ms=per_call[1], **calls)
+                             tensors=tensors, chunk_ms=per_chunk)
 
 
 def derived_profiles(profiles: dict) -> dict:

@@ -82,9 +82,10 @@ class RunRow(MutableMapping):
     best_loss: float | str = ABSENT  # the lowest validation loss of the curve
     target_loss: float | str = ABSENT  # "" without a --target-loss
     steps_to_target: int | str = ABSENT  # "" where the run never reached it
-    # codec calls a step (the account's encode_calls / decode_calls), for the cost model
+    # codec calls and compressed tensors a step (the account's), for the cost model
     encode_calls_per_step: float = ABSENT
     decode_calls_per_step: float = ABSENT
+    tensors_per_step: float = ABSENT
     #: keys outside :data:`COLUMNS`, as they came
     others: dict = field(default_factory=dict)
 

@@ -370,7 +370,7 @@ def summary(framework: str, example: str, compression: str, np_: int, steps: int
     }
     if stats.get("collectives"):
         out["collectives_per_step"] = round(stats["collectives"] / steps, 3)
-    for key in ("encode_calls", "decode_calls"):  # codec calls (the cost model scales them)
+    for key in ("encode_calls", "decode_calls", "tensors"):  # (the cost model scales by them)
         if stats.get(key):
             out[f"{key}_per_step"] = round(stats[key] / steps, 3)
     out.update(extra)
