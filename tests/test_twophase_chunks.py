@@ -1,7 +1,8 @@
 """The two-phase exchange's chunk paths (:mod:`hvd_compress.accel.host_chunks`): a tensor's
 chunks encoded, an owner's payloads summed and the owners' chunks decoded in one call each,
-with the bits and the states of a call a chunk (numpy and torch), and the per-chunk calls
-where the chunk path must not serve (a NaN, a restored checkpoint, large chunks)."""
+with the bits and the states of a call a chunk (numpy and torch; 1-bit and top-k), and the
+per-chunk calls where the chunk path must not serve (a NaN, a restored checkpoint, large
+chunks)."""
 
 import numpy as np
 import pytest
@@ -15,30 +16,45 @@ from tests.test_exchange_engine import Table
 from tests.test_twophase import _on_ranks
 
 SHAPES = {"w": (40, 30), "b": (97,), "c": (5, 4, 3, 2)}
+#: the codecs with a chunk path (top-k: its owners are top-k too)
+SPECS = ["onebit", "topk:ratio=0.1"]
 
 
-def _grads(r, step, nan_at=None):
+def _grads(r, step, nan_at=None, ties=False):
+    """Rank ``r``'s gradients at ``step``; with ``ties``, whole numbers (many equal
+    magnitudes, zeros, -0)."""
     rng = np.random.default_rng([r, step, 5])
     out = [rng.standard_normal(s).astype(np.float32) for s in SHAPES.values()]
+    if ties:
+        out = [np.round(x) for x in out]
     if nan_at == (r, step):
         out[0][3, 7] = np.nan
     return out
 
 
-def _run(p, steps, chunked, monkeypatch, nan_at=None, restore_after=None, outs=False):
-    """``steps`` steps of 1-bit's two-phase exchange on ``p`` simulated ranks (the chunk path
-    on or off); with ``restore_after``, every rank's compressor is rebuilt from its
+def _same_bits(x, y, msg=""):
+    """Equal arrays, and equal bits where nothing is NaN (+0 and -0 told apart)."""
+    x, y = np.asarray(x), np.asarray(y)
+    np.testing.assert_array_equal(x, y, err_msg=msg)
+    if not np.isnan(x).any():
+        np.testing.assert_array_equal(x.view(np.uint32), y.view(np.uint32), err_msg=msg)
+
+
+def _run(spec, p, steps, chunked, monkeypatch, nan_at=None, restore_after=None, outs=False,
+         ties=False):
+    """``steps`` steps of ``spec``'s two-phase exchange on ``p`` simulated ranks (the chunk
+    path on or off); with ``restore_after``, every rank's compressor is rebuilt from its
     checkpoint after that step.  The results, the compressors and the accounts."""
     with monkeypatch.context() as m:
         if not chunked:
             m.setattr(TwoPhase, "_path", staticmethod(lambda *args: None))
         table = Table(p)
-        comps = [build("onebit", rank=r, world_size=p) for r in range(p)]
+        comps = [build(spec, rank=r, world_size=p) for r in range(p)]
         engines = [TwoPhase(c, table.rank(r)) for r, c in enumerate(comps)]
         stats = [new_stats() for _ in range(p)]
         results = []
         for step in range(steps):
-            g = [_grads(r, step, nan_at) for r in range(p)]
+            g = [_grads(r, step, nan_at, ties) for r in range(p)]
 
             def one(r):
                 into = [np.zeros_like(x) for x in g[r]] if outs else None
@@ -47,7 +63,7 @@ def _run(p, steps, chunked, monkeypatch, nan_at=None, restore_after=None, outs=F
             if step == restore_after:
                 for r in range(p):
                     saved = comps[r].state_dict()
-                    comps[r] = build("onebit", rank=r, world_size=p)
+                    comps[r] = build(spec, rank=r, world_size=p)
                     comps[r].load_state_dict(saved)
                     engines[r].comp = comps[r]
     return results, comps, stats
@@ -59,20 +75,22 @@ def _same_state(a, b):
         assert sorted(one.states) == sorted(other.states)
         for key, st in one.states.items():
             assert st.step == other.states[key].step, key
-            np.testing.assert_array_equal(np.asarray(st.residual), np.asarray(other.states[key].residual),
-                                          err_msg=key)
+            _same_bits(st.residual, other.states[key].residual, key)
 
 
 @pytest.mark.parametrize("case", [dict(p=3), dict(p=8), dict(p=4, outs=True),
-                                  dict(p=4, nan_at=(2, 1)), dict(p=3, restore_after=1)],
-                         ids=["p3", "p8", "into-buffers", "nan", "checkpoint"])
-def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(case, monkeypatch):
-    got, comps, stats = _run(steps=3, chunked=True, monkeypatch=monkeypatch, **case)
-    want, loop_comps, loop_stats = _run(steps=3, chunked=False, monkeypatch=monkeypatch, **case)
+                                  dict(p=4, nan_at=(2, 1)), dict(p=3, restore_after=1),
+                                  dict(p=4, ties=True)],
+                         ids=["p3", "p8", "into-buffers", "nan", "checkpoint", "ties"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(spec, case, monkeypatch):
+    got, comps, stats = _run(spec, steps=3, chunked=True, monkeypatch=monkeypatch, **case)
+    want, loop_comps, loop_stats = _run(spec, steps=3, chunked=False, monkeypatch=monkeypatch,
+                                        **case)
     for step_got, step_want in zip(got, want):
         for mine, theirs in zip(step_got, step_want):
             for x, y in zip(mine, theirs):
-                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+                _same_bits(x, y)
     for a, b in zip(comps, loop_comps):
         _same_state(a, b)
     p = case["p"]
@@ -87,19 +105,29 @@ def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(case, monkeypa
         assert np.isnan(np.asarray(got[1][0][0])).any()
 
 
-def test_few_large_chunks_take_a_call_each():
+@pytest.mark.parametrize("spec", SPECS)
+def test_few_large_chunks_take_a_call_each(spec):
     """Few chunks of SERIAL_BELOW values or more: the per-chunk kernels' threads are worth
-    their call, so the chunk path does not serve; MANY chunks (a thread each) it does."""
-    comp = build("onebit", world_size=2)
+    their call, so the chunk path does not serve; MANY chunks (a thread each) it does.
+    Nor does it serve without error feedback, or for another class (exactly)."""
+    comp = build(spec, world_size=2)
     like = np.zeros(1, np.float32)
     assert TwoPhase._path(comp, like, chunk_bounds(2 * SERIAL_BELOW - 2, 2)) is not None
     assert TwoPhase._path(comp, like, chunk_bounds(2 * SERIAL_BELOW, 2)) is None
     assert TwoPhase._path(comp, like, chunk_bounds(MANY * SERIAL_BELOW, MANY)) is not None
-    assert TwoPhase._path(build("onebit:ef=0", world_size=2), like, chunk_bounds(64, 2)) is None
-    assert TwoPhase._path(build("efsignsgd", world_size=2), like, chunk_bounds(64, 2)) is None
+    no_ef = spec + ("," if ":" in spec else ":") + "ef=0"
+    assert TwoPhase._path(build(no_ef, world_size=2), like, chunk_bounds(64, 2)) is None
+    others = ["efsignsgd"] if spec == "onebit" else \
+        ["topk:ratio=0.1+qsgd:levels=4", "dgc:ratio=0.1", "randomk:ratio=0.1"]
+    for other in others:
+        assert TwoPhase._path(build(other, world_size=2), like, chunk_bounds(64, 2)) is None, other
+    if spec != "onebit":  # a subclass of top-k computes something else: its own calls
+        sub = type("MyTopK", (type(comp),), {})(comp.params, world_size=2)
+        assert TwoPhase._path(sub, like, chunk_bounds(64, 2)) is None
 
 
-def test_torch_tensors_take_the_same_chunk_path():
+@pytest.mark.parametrize("spec", SPECS)
+def test_torch_tensors_take_the_same_chunk_path(spec):
     """CPU torch tensors: the chunk path's payloads equal the per-chunk torch encodes and
     the numpy chunk path's, byte for byte, and so do the owner's sum and the decode."""
     torch = pytest.importorskip("torch")
@@ -108,9 +136,9 @@ def test_torch_tensors_take_the_same_chunk_path():
     n, p = 1000, 8
     bounds = chunk_bounds(n, p)
     x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
-    comps = {"torch": build("onebit", backend=TB, world_size=p),
-             "numpy": build("onebit", world_size=p),
-             "loop": build("onebit", backend=TB, world_size=p)}
+    comps = {"torch": build(spec, backend=TB, world_size=p),
+             "numpy": build(spec, world_size=p),
+             "loop": build(spec, backend=TB, world_size=p)}
     metas = [TensorMeta(chunk_name("v", j, p), (b - a,), "float32") for j, (a, b) in enumerate(bounds)]
     got = {}
     for step in range(2):
@@ -125,11 +153,20 @@ def test_torch_tensors_take_the_same_chunk_path():
             got[key] = np.concatenate([np.asarray(e.payload) for e in encs])
         np.testing.assert_array_equal(got["torch"], got["loop"])
         np.testing.assert_array_equal(got["numpy"], got["loop"])
+    for key in ("torch", "numpy"):  # (and the chunks' states are the per-chunk calls')
+        for m in metas:
+            mine, theirs = comps[key].states[m.name], comps["loop"].states[m.name]
+            assert mine.step == theirs.step == 2
+            np.testing.assert_array_equal(np.asarray(mine.residual), np.asarray(theirs.residual))
     # an owner's sum of p payloads, and every owner's chunk decoded
     buf = torch.from_numpy(got["torch"])
-    sizes = [8 + (b - a + 7) // 8 for a, b in bounds]
-    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     torch_path = TwoPhase._path(comps["torch"], buf, bounds)
+    if spec == "onebit":
+        sizes = [8 + (b - a + 7) // 8 for a, b in bounds]
+    else:  # k = ceil(ratio m) int32 indices, then k float32 values
+        sizes = [8 * -(-(b - a) // 10) for a, b in bounds]
+    assert list(torch_path.payload_sizes([b - a for a, b in bounds])) == sizes
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     out = np.empty(n, np.float32)
     torch_path.decode_into(buf, offs, np.diff([a for a, _ in bounds] + [n]), out, 0.25)
     loop = comps["loop"]
@@ -141,3 +178,47 @@ def test_torch_tensors_take_the_same_chunk_path():
     first = Encoded(buf[:sizes[0]], metas[0], sizes[0])
     np.testing.assert_array_equal(np.asarray(total),
                                   np.asarray(loop.aggregate([first.payload] * p, first)))
+
+
+@pytest.mark.parametrize("n, p, kind", [(40000, 2, "ties"), (40000, 2, "equal"),
+                                        (MANY * (SERIAL_BELOW + 7), MANY, "normal")],
+                         ids=["binned-ties", "all-equal", "many-large"])
+def test_top_k_chunks_of_many_values_and_ties(n, p, kind):
+    """Chunks large enough for the kernel's binned k-th largest (and, MANY of them, for the
+    per-chunk calls' own fused selection): payloads, residuals and steps as the per-chunk
+    calls make them, bit for bit, with many equal magnitudes, zeros and -0; the owner's sum
+    and the decode too."""
+    spec = "topk:ratio=0.05"
+    bounds = chunk_bounds(n, p)
+    metas = [TensorMeta(chunk_name("v", j, p), (b - a,), "float32") for j, (a, b) in enumerate(bounds)]
+    path_comp, loop = build(spec, world_size=p), build(spec, world_size=p)
+    rng = np.random.default_rng(11)
+    for step in range(2):
+        x = rng.standard_normal(n).astype(np.float32)
+        if kind == "ties":  # whole numbers: few magnitudes, many zeros and -0
+            x = np.round(x * 2)
+        elif kind == "equal":  # the first chunk one value throughout, the second 0 and -0
+            x[:bounds[0][1]] = np.float32(0.75)
+            x[bounds[1][0]:] = np.where(x[bounds[1][0]:] > 0, np.float32(0), np.float32(-0.0))
+        path = TwoPhase._path(path_comp, x, bounds)
+        assert path is not None
+        encs = path.encode(path_comp, x.copy(), "v", bounds, metas)
+        want = [loop.encode(x[a:b].copy(), m.name) for (a, b), m in zip(bounds, metas)]
+        for e, w, m in zip(encs, want, metas):
+            np.testing.assert_array_equal(np.asarray(e.payload), np.asarray(w.payload), err_msg=m.name)
+            assert e.nbytes == w.nbytes
+            mine, theirs = path_comp.states[m.name], loop.states[m.name]
+            assert mine.step == theirs.step == step + 1
+            _same_bits(mine.residual, theirs.residual, m.name)
+    buf = np.concatenate([np.asarray(e.payload) for e in encs])
+    sizes = [e.nbytes for e in encs]
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    out = np.empty(n, np.float32)
+    path.decode_into(buf, offs, np.diff([a for a, _ in bounds] + [n]), out, 0.5)
+    _same_bits(out, np.concatenate([loop.decode(w.payload, m) * np.float32(0.5)
+                                    for w, m in zip(want, metas)]))
+    # chunk 0's payload from every chunk's sender, as an owner receives p of them
+    first = Encoded(want[0].payload, metas[0], sizes[0])
+    total = path.aggregate(loop, np.concatenate([np.asarray(want[0].payload)] * p),
+                           [sizes[0] * q for q in range(p)], metas[0])
+    _same_bits(total, loop.aggregate([want[0].payload] * p, first))

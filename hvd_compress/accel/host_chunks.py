@@ -15,8 +15,10 @@ thread does, which the per-chunk kernels' pool of threads gives up to a last bit
 float64 sum: :mod:`.jit`).  Fewer, larger chunks keep a call each: their calls' fixed
 cost is little beside their values, and each call's pool shares out one chunk.
 
-Registered per codec class, exactly (a subclass computes something else): 1-bit SGD
-(:class:`~hvd_compress.core.onebit.OneBitCodec`) on chunks of one column.
+Registered per codec or compressor class, exactly (a subclass computes something else):
+1-bit SGD (:class:`~hvd_compress.core.onebit.OneBitCodec`) on chunks of one column, and
+top-k (:class:`~hvd_compress.core.sparsifiers.TopK`, no quantizer of its values), whose
+owners are top-k too (DGC's as well: its owners' chunks decode this way).
 
 A chunk's error-feedback residual stays in its own state (``name#j/p``: checkpoints and
 elastic resizes see nothing new); the chunk path keeps those of a tensor as views of one
@@ -31,32 +33,36 @@ import numpy as np
 from ..core.base import Encoded
 from ..core.onebit import OneBitCodec
 from ..core.quantizers import QuantizerCompressor
+from ..core.sparsifiers import TopK
 from .host import RESULTS, numba_kernels
-from .jit import SERIAL_BELOW
 from .registry import ByClass, requested
 
-__all__ = ["CHUNK_PATHS", "chunk_path", "OneBitChunks"]
+__all__ = ["CHUNK_PATHS", "chunk_path", "OneBitChunks", "TopKChunks"]
 
 _HEAD = 8  # a 1-bit payload of one column: pos, neg (float32), then the signs
 #: chunks enough to keep a thread pool busy a chunk a thread (a 16-core machine's)
 MANY = 16
 
 
-class OneBitChunks:
-    """1-bit SGD's chunks (one column each, error feedback on): encode, an owner's sum,
-    every owner's chunk decoded into place."""
+def _fit(bounds) -> bool:
+    """Whether chunks ``bounds`` are many (a thread each) or all small (serial kernels)."""
+    from .jit import SERIAL_BELOW  # (numba: loaded with the kernels, not with the package)
+    return len(bounds) >= MANY or max(b - a for a, b in bounds) < SERIAL_BELOW
 
-    def __init__(self, k, B):
+
+def _starts(bounds) -> np.ndarray:
+    """The chunks' first values and the end (int64): segment ``s`` is ``[starts[s],
+    starts[s+1])``."""
+    return np.asarray([a for a, _ in bounds] + [bounds[-1][1]], np.int64)
+
+
+class _ChunkPath:
+    """What the chunk paths share: the kernels ``k`` and backend ``B``, and the chunks'
+    error-feedback residuals as views of one buffer."""
+
+    def __init__(self, k, B, comp=None):
         self.k, self.B = k, B
 
-    @staticmethod
-    def takes(comp, bounds) -> bool:
-        """Whether these chunks go this way: the codec exactly 1-bit's, error feedback on,
-        one column a chunk, every chunk small."""
-        return isinstance(comp, QuantizerCompressor) and type(comp.codec) is OneBitCodec and \
-            comp.ef and (len(bounds) >= MANY or max(b - a for a, b in bounds) < SERIAL_BELOW)
-
-    # -- the worker's chunks --------------------------------------------------------------
     def _residuals(self, comp, name, metas, n, like):
         """The chunks' residuals as views of one buffer (host numpy), their states in
         ``comp.states`` as the per-chunk path would make them."""
@@ -80,6 +86,35 @@ class OneBitChunks:
         blocks[key] = (block, kept)
         return block
 
+    def _payloads(self, comp, out, metas, offs, nbytes):
+        """``out``'s payloads (host bytes at ``offs``) as the chunks' encodings, each
+        chunk's step counted."""
+        data = self.B.from_host(out)
+        encs = []
+        for j, meta in enumerate(metas):
+            a, size = int(offs[j]), int(nbytes[j])
+            encs.append(Encoded(data[a:a + size], meta, size))
+            st = comp.states[meta.name]
+            st.step = st.step + 1
+        return encs
+
+    def _host(self, buf):
+        """``buf`` (a backend array of bytes) as a flat host numpy view."""
+        return self.B.host_view(self.B.reshape(buf, (-1,)))
+
+
+class OneBitChunks(_ChunkPath):
+    """1-bit SGD's chunks (one column each, error feedback on): encode, an owner's sum,
+    every owner's chunk decoded into place."""
+
+    @staticmethod
+    def takes(comp, bounds) -> bool:
+        """Whether these chunks go this way: the codec exactly 1-bit's, error feedback on,
+        one column a chunk, every chunk small."""
+        return isinstance(comp, QuantizerCompressor) and type(comp.codec) is OneBitCodec and \
+            comp.ef and _fit(bounds)
+
+    # -- the worker's chunks --------------------------------------------------------------
     def encode(self, comp, v, name, bounds, metas):
         """Every chunk of ``v`` (flat float32, host) encoded as ``comp.encode`` would, each
         chunk's state stepped; None (nothing touched) where a value is not finite."""
@@ -89,7 +124,7 @@ class OneBitChunks:
             return None
         r = self._residuals(comp, name, metas, g.shape[0], v)
         p = len(bounds)
-        starts = np.asarray([a for a, _ in bounds] + [bounds[-1][1]], np.int64)
+        starts = _starts(bounds)
         npos, spos, sneg = np.empty(p, np.int64), np.empty(p), np.empty(p)
         if k.seg_sign_sums(r, g, starts, npos, spos, sneg).any():
             return None  # an overflow of the residual's sum: the chunks' own way
@@ -103,14 +138,7 @@ class OneBitChunks:
         k.seg_onebit_pack(r, g, starts, pos, neg, out, offs + _HEAD)
         heads = np.stack([pos, neg], axis=1).view(np.uint8)  # (p, 8): pos, neg bytes
         out[offs[:, None] + np.arange(_HEAD)] = heads
-        data = B.from_host(out)
-        encs = []
-        for j, meta in enumerate(metas):
-            a = int(offs[j])
-            encs.append(Encoded(data[a:a + int(nbytes[j])], meta, int(nbytes[j])))
-            st = comp.states[meta.name]
-            st.step = st.step + 1
-        return encs
+        return self._payloads(comp, out, metas, offs, nbytes)
 
     @staticmethod
     def payload_sizes(lengths):
@@ -128,32 +156,102 @@ class OneBitChunks:
         """The sum, in rank order, of the payloads at byte offsets ``offs`` of ``buf`` (all
         of ``meta``'s chunk), in ``meta``'s shape: ``comp.aggregate``'s."""
         B = self.B
-        h = B.host_view(B.reshape(buf, (-1,)))
+        h = self._host(buf)
         offs = np.asarray(offs, np.int64)
-        m = meta.numel
-        out = RESULTS.take(m) if m * 4 >= RESULTS.SMALLEST else np.empty(m, np.float32)
-        self.k.onebit_sum(h, offs + _HEAD, self._tables(h, offs), m, out)
+        out = RESULTS.take(meta.numel)
+        self.k.onebit_sum(h, offs + _HEAD, self._tables(h, offs), meta.numel, out)
         return B.reshape(B.from_host(out), meta.shape)
 
     def decode_into(self, buf, offs, sizes, out, factor):
         """Payload ``s`` (at byte offset ``offs[s]`` of ``buf``, ``sizes[s]`` values) decoded
         into the next ``sizes[s]`` values of ``out`` (float32 host), times ``factor``."""
-        h = self.B.host_view(self.B.reshape(buf, (-1,)))
+        h = self._host(buf)
         offs = np.asarray(offs, np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.k.seg_onebit_decode(h, offs + _HEAD, starts, self._tables(h, offs),
                                  np.float32(factor), factor != 1.0, out)
 
 
-#: the chunk paths, by codec class (each checks the class exactly: :meth:`takes`)
-CHUNK_PATHS = ByClass({OneBitCodec: OneBitChunks})
+class TopKChunks(_ChunkPath):
+    """Top-k's chunks (error feedback on, no quantizer of the values): the k largest
+    magnitudes of each chunk (``k = ceil(ratio * m)``, ties to the lower index) with
+    their int32 indices, an owner's sum, every owner's chunk decoded into place."""
+
+    def __init__(self, k, B, comp=None):
+        super().__init__(k, B, comp)
+        self.ratio = float(comp.params["ratio"])
+
+    @staticmethod
+    def takes(comp, bounds) -> bool:
+        """Whether these chunks go this way: exactly top-k, error feedback on, no quantizer
+        of the values, int32 indices, chunks many or all small."""
+        return type(comp) is TopK and comp._codec is None and comp.ef and \
+            max(b - a for a, b in bounds) < 2 ** 31 and _fit(bounds)
+
+    def counts(self, lengths) -> np.ndarray:
+        """``k`` of chunks of ``lengths`` values (int64): ``count_for(ratio, m)``'s float64
+        arithmetic, element-wise."""
+        m = np.asarray(lengths, np.int64)
+        return np.clip(np.ceil(self.ratio * m - 1e-9), 1, m).astype(np.int64)
+
+    # -- the worker's chunks --------------------------------------------------------------
+    def encode(self, comp, v, name, bounds, metas):
+        """Every chunk of ``v`` (flat float32, host) encoded as ``comp.encode`` would, each
+        chunk's state stepped; None (nothing touched) where a value, or its sum with the
+        residual, is not finite (the chunks' own calls then take the step)."""
+        B, k = self.B, self.k
+        g = B.host_view(v)
+        if not bool(B.all_finite(v)):
+            return None
+        r = self._residuals(comp, name, metas, g.shape[0], v)
+        starts = _starts(bounds)
+        if k.seg_nonfinite(r, g, starts).any():
+            return None  # an overflow of the residual's sum: the chunks' own way
+        ks = self.counts(np.diff(starts))
+        nbytes = 8 * ks
+        offs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+        out = np.empty(int(nbytes.sum()), np.uint8)
+        k.seg_topk_pack(r, g, starts, ks, out, offs)
+        return self._payloads(comp, out, metas, offs, nbytes)
+
+    def payload_sizes(self, lengths):
+        """Bytes of the payloads of chunks of ``lengths`` values (int64 array)."""
+        return 8 * self.counts(lengths)
+
+    # -- an owner's sum, and every owner's chunk ------------------------------------------
+    def aggregate(self, comp, buf, offs, meta):
+        """The sum, in rank order, of the payloads at byte offsets ``offs`` of ``buf`` (all
+        of ``meta``'s chunk), in ``meta``'s shape: ``comp.aggregate``'s."""
+        B = self.B
+        out = RESULTS.take(meta.numel)
+        kk = int(self.counts([meta.numel])[0])
+        bad = self.k.topk_sum(self._host(buf), np.asarray(offs, np.int64), kk, out)
+        if bad:
+            raise ValueError(f"top-k payloads of {meta.name!r}: {bad} indices outside its "
+                             f"{meta.numel} values")
+        return B.reshape(B.from_host(out), meta.shape)
+
+    def decode_into(self, buf, offs, sizes, out, factor):
+        """Payload ``s`` (at byte offset ``offs[s]`` of ``buf``, ``sizes[s]`` values) decoded
+        into the next ``sizes[s]`` values of ``out`` (float32 host), times ``factor``."""
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        bad = self.k.seg_topk_decode(self._host(buf), np.asarray(offs, np.int64), starts,
+                                     self.counts(np.diff(starts)), np.float32(factor),
+                                     factor != 1.0, out)
+        if bad.any():
+            raise ValueError(f"top-k payloads: {int(bad.sum())} indices outside their chunks")
+
+
+#: the chunk paths, by codec class (a quantizer's) or compressor class (each checks the
+#: class exactly: ``takes``)
+CHUNK_PATHS = ByClass({OneBitCodec: OneBitChunks, TopK: TopKChunks})
 
 
 def chunk_path(B, comp):
     """The chunk path for ``comp``'s chunks on host backend ``B``, or None: fast paths
-    turned off, numba missing, or none for its codec."""
-    impl = CHUNK_PATHS.find(getattr(comp, "codec", None))
+    turned off, numba missing, or none for its codec or its class."""
+    impl = CHUNK_PATHS.find(getattr(comp, "codec", None)) or CHUNK_PATHS.find(comp)
     if impl is None or not requested():
         return None
     k = numba_kernels()
-    return impl(k, B) if k else None
+    return impl(k, B, comp) if k else None

@@ -8,7 +8,16 @@ asked for (:func:`.host.numba_kernels`), never with the package.  The wrappers c
 the kernels as attributes of this module, so a test may watch one by replacing it here.
 """
 
-from .kernels_chunks import onebit_sum, seg_onebit_decode, seg_onebit_pack, seg_sign_sums
+from .kernels_chunks import (
+                             onebit_sum,
+                             seg_nonfinite,
+                             seg_onebit_decode,
+                             seg_onebit_pack,
+                             seg_sign_sums,
+                             seg_topk_decode,
+                             seg_topk_pack,
+                             topk_sum,
+)
 from .kernels_levels import (
                              bucket_codes,
                              bucket_decode,
@@ -61,4 +70,5 @@ __all__ = ["threshold_pack", "onebit_pack", "sign_sums", "column_sign_sums", "on
            "lookup_scaled", "bucket_codes", "lookup_subtract", "top_counts", "top_select",
            "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "add_count",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode", "intsum_words",
-           "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode"]
+           "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode",
+           "seg_nonfinite", "seg_topk_pack", "topk_sum", "seg_topk_decode"]

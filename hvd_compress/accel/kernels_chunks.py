@@ -8,13 +8,22 @@ values.  These kernels take every chunk of a tensor at once: segment ``s`` is
 ``[starts[s], starts[s+1])``, each summed and packed in index order by one thread, as
 the serial kernels of :mod:`.kernels_signs` do one chunk (so their bits).  Payloads are
 read and written at byte offsets in one buffer (a received row, an allgather's table).
+
+Top-k's segments are selected exactly (the k largest magnitudes, ties to the lower
+index: the core's :func:`~hvd_compress.core.sparsifiers.topk_indices` set), so their
+bits depend on no order; a payload is ``k`` int32 indices then ``k`` float32 values,
+read and written through views of the byte buffer at its offset.
 """
 
 import numpy as np
 
-from .jit import parallel, prange
+from .jit import inline, parallel, prange
 
 _TOP = np.float32(3.4028234663852886e38)
+#: top-k segments of this many values or more find the k-th largest magnitude among the
+#: values of its histogram bin and above (bins: the float32 bit pattern >> 19, 4,096);
+#: smaller ones among all of their values
+_BINNED_FROM = 1 << 14
 
 
 @parallel
@@ -93,3 +102,135 @@ def seg_onebit_decode(buf, offs, starts, tables, factor, scale, out):
             k = i - lo
             v = tables[s, (buf[base + k // 8] >> (k % 8)) & 1]
             out[i] = v * factor if scale else v
+
+
+@parallel
+def seg_nonfinite(r, g, starts):
+    """Per segment, how many ``y = r + g`` (float32, not stored) are not finite (int64):
+    top-k's chunks are checked before any residual is touched."""
+    count = starts.shape[0] - 1
+    bad = np.zeros(count, np.int64)
+    for s in prange(count):
+        odd = 0
+        for i in range(starts[s], starts[s + 1]):
+            a = abs(r[i] + g[i])
+            odd += np.int64(a > _TOP) | np.int64(a != a)
+        bad[s] = odd
+    return bad
+
+
+@inline
+def _kth_largest(mags, k):
+    """The ``k``-th largest of ``mags`` (finite, non-negative float32), read-only: a
+    partition of the values in the histogram bin it falls in and above (the bit patterns
+    of non-negative floats order as their values), or of all of them."""
+    m = mags.shape[0]
+    if m < _BINNED_FROM:
+        return np.partition(mags, m - k)[m - k]
+    bits = mags.view(np.uint32)
+    hist = np.zeros(4096, np.int64)
+    for j in range(m):
+        hist[bits[j] >> 19] += 1
+    b = 4095
+    above = 0
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    c = above + hist[b]
+    low = np.uint32(b) << np.uint32(19)
+    cand = np.empty(c, np.float32)
+    at = 0
+    for j in range(m):
+        if bits[j] >= low:
+            cand[at] = mags[j]
+            at += 1
+    return np.partition(cand, c - k)[c - k]
+
+
+@parallel
+def seg_topk_pack(r, g, starts, ks, out, offs):
+    """Per segment: ``y = r + g``; its ``ks[s]`` largest ``|y|`` (ties to the lower index)
+    as a top-k payload from ``out[offs[s]]`` on (int32 indices within the segment,
+    increasing, then float32 values ``y``), and ``r = y`` with the chosen set to 0 (error
+    feedback's residual: ``y + -y`` is +0).  Every ``y`` finite (:func:`seg_nonfinite`)."""
+    for s in prange(starts.shape[0] - 1):
+        lo, hi, k = starts[s], starts[s + 1], ks[s]
+        m = hi - lo
+        mags = np.empty(m, np.float32)
+        for i in range(lo, hi):
+            mags[i - lo] = abs(r[i] + g[i])
+        kth = _kth_largest(mags, k)
+        above = 0
+        for j in range(m):
+            above += mags[j] > kth
+        ties = k - above  # the first values equal to the k-th largest, by index
+        at = offs[s]
+        idx = out[at:at + 4 * k].view(np.int32)
+        val = out[at + 4 * k:at + 8 * k].view(np.float32)
+        c = 0
+        for i in range(lo, hi):
+            y = r[i] + g[i]
+            a = mags[i - lo]
+            take = a > kth
+            if not take and a == kth and ties > 0:
+                take = True
+                ties -= 1
+            if take and c < k:  # (exactly k are: the k-th largest is exact)
+                idx[c] = i - lo
+                val[c] = y
+                c += 1
+                r[i] = 0.0
+            else:
+                r[i] = y
+
+
+@parallel
+def topk_sum(buf, offs, k, out):
+    """``out = 0``, then ``out[idx_q] += val_q`` for the top-k payloads ``q`` (``k`` each,
+    from ``buf[offs[q]]`` on) in order (float32): an owner's chunk from its ``p``
+    senders, as the first scattered into zeros and the others added in rank order.
+    Returns how many indices fall outside ``out`` (those are skipped)."""
+    m = out.shape[0]
+    for i in prange(m):
+        out[i] = 0.0
+    bad = 0
+    for q in range(offs.shape[0]):
+        at = offs[q]
+        idx = buf[at:at + 4 * k].view(np.int32)
+        val = buf[at + 4 * k:at + 8 * k].view(np.float32)
+        for j in range(k):
+            i = idx[j]
+            if i >= 0 and i < m:
+                out[i] += val[j]
+            else:
+                bad += 1
+    return bad
+
+
+@parallel
+def seg_topk_decode(buf, offs, starts, ks, factor, scale, out):
+    """Segment ``s`` of ``out``: zeros, the top-k payload's ``ks[s]`` values (from
+    ``buf[offs[s]]`` on) added at its indices, times ``factor`` (float32) where ``scale``:
+    every owner's chunk decoded (and averaged) into its place.  Returns, per segment,
+    how many indices fall outside it (those are skipped)."""
+    count = starts.shape[0] - 1
+    bad = np.zeros(count, np.int64)
+    for s in prange(count):
+        lo, hi, k = starts[s], starts[s + 1], ks[s]
+        for i in range(lo, hi):
+            out[i] = 0.0
+        at = offs[s]
+        idx = buf[at:at + 4 * k].view(np.int32)
+        val = buf[at + 4 * k:at + 8 * k].view(np.float32)
+        odd = 0
+        for j in range(k):
+            i = idx[j]
+            if i >= 0 and i < hi - lo:
+                out[lo + i] += val[j]
+            else:
+                odd += 1
+        bad[s] = odd
+        if scale:
+            for i in range(lo, hi):
+                out[i] = out[i] * factor
+    return bad
