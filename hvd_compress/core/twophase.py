@@ -43,6 +43,7 @@ the values (threshold-v) travel with a header of their int64 lengths.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -323,16 +324,19 @@ class TwoPhase(Runs):
         if path is None:
             return None
         B, p = comp.B, len(bounds)
-        metas = [TensorMeta(chunk_name(name, j, p), column_shape(b - a, layout_of(B))
-                            if len(shape) >= 2 else (b - a,), "float32")
+        layout = layout_of(B)
+        shapes = {b - a: column_shape(b - a, layout) if len(shape) >= 2 else (b - a,)
+                  for a, b in (bounds[0], bounds[-1])}  # (two lengths at most)
+        metas = [TensorMeta(chunk_name(name, j, p), shapes[b - a], "float32")
                  for j, (a, b) in enumerate(bounds)]
         return path.encode(comp, v, name, bounds, metas)
 
-    def _rows(self, B, payloads: list, variable: bool):
+    def _rows(self, B, payloads: list, variable: bool, checked: bool = False):
         """One destination's row: the payloads end to end (uint8), headed by their int64
-        lengths where sizes vary."""
-        flat = [B.reshape(q, (-1,)) for q in payloads]
-        for q in flat:
+        lengths where sizes vary.  ``checked``: the payloads are known to be flat bytes
+        (their tensors' first chunks were checked)."""
+        flat = payloads if checked else [B.reshape(q, (-1,)) for q in payloads]
+        for q in () if checked else flat:
             if B.dtype_name(q) != "uint8":
                 raise TypeError(f"two-phase exchange: payloads must be packed bytes, got "
                                 f"{B.dtype_name(q)}")
@@ -344,9 +348,13 @@ class TwoPhase(Runs):
 
     def _start_alltoall(self, part: _Part, tag: str, stats) -> None:
         B, p, r = part.comp.B, self.size, self._rank()
+        # every tensor's chunks are alike: its first chunk's payload checked, all flattened
+        self._rows(B, [encs[0].payload for encs in part.encs], False)
+        payloads = [[e.payload if len(B.shape(e.payload)) == 1 else B.reshape(e.payload, (-1,))
+                     for e in encs] for encs in part.encs]
         rows, splits = [], []
         for j in range(p):
-            row = self._rows(B, [encs[j].payload for encs in part.encs], part.variable)
+            row = self._rows(B, [chunks[j] for chunks in payloads], part.variable, checked=True)
             rows += row
             splits.append(sum(B.shape(q)[0] for q in row))
         # (the chunk this rank owns does not leave it)
@@ -386,12 +394,12 @@ class TwoPhase(Runs):
         stats["wire_in"] += sum(s for q, s in enumerate(splits) if q != r)
         t0 = time.perf_counter()
         mine = [metas[r] for metas in part.metas]
-        starts = [sum(splits[:q]) for q in range(p)]
+        starts = [0, *itertools.accumulate(splits)][:p]
         sources, sums = None, []
         for i, encs in enumerate(part.encs):
             path = None if part.variable else self._path(comp, got, part.bounds[i])
             if path is not None:  # the p payloads summed in one call
-                sums.append(path.aggregate(comp, got, [a + sum(own[:i]) for a in starts], mine[i]))
+                sums.append(path.aggregate(comp, got, np.asarray(starts) + sum(own[:i]), mine[i]))
                 stats["decode_calls"] += 1
                 continue
             if sources is None:
@@ -451,7 +459,7 @@ class TwoPhase(Runs):
             rows = list(table)
         else:
             table = B.reshape(table, (sum(sizes),))
-            starts = [sum(sizes[:q]) for q in range(p)]
+            starts = [0, *itertools.accumulate(sizes)][:p]
             rows = [table[a:a + k] for a, k in zip(starts, sizes)]
         payloads = [self._split(B, rows[q], [owner.payload_nbytes(metas[q])
                                              for metas in part.metas], part.variable)
