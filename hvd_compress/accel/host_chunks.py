@@ -56,6 +56,17 @@ def _starts(bounds) -> np.ndarray:
     return np.asarray([a for a, _ in bounds] + [bounds[-1][1]], np.int64)
 
 
+def _segments(sizes) -> np.ndarray:
+    """:func:`_starts` of segments of ``sizes`` values laid end to end from 0."""
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def _laid_out(nbytes):
+    """``(offsets, buffer)``: payloads of ``nbytes`` bytes each, end to end in one fresh
+    byte buffer."""
+    return _segments(nbytes)[:-1], np.empty(int(np.sum(nbytes)), np.uint8)
+
+
 class _ChunkPath:
     """What the chunk paths share: the kernels ``k`` and backend ``B``, and the chunks'
     error-feedback residuals as views of one buffer."""
@@ -85,6 +96,16 @@ class _ChunkPath:
             at += m
         blocks[key] = (block, kept)
         return block
+
+    def _start(self, comp, v, name, metas, bounds):
+        """What an encode of ``v``'s chunks starts from: ``(g, r, starts)``, ``v``'s host
+        view, the chunks' residuals as one buffer and the segments; None (nothing
+        touched) where a value of ``v`` is not finite."""
+        B = self.B
+        if not bool(B.all_finite(v)):
+            return None
+        g = B.host_view(v)
+        return g, self._residuals(comp, name, metas, g.shape[0], v), _starts(bounds)
 
     def _payloads(self, comp, out, metas, offs, nbytes):
         """``out``'s payloads (host bytes at ``offs``) as the chunks' encodings, each
@@ -118,13 +139,11 @@ class OneBitChunks(_ChunkPath):
     def encode(self, comp, v, name, bounds, metas):
         """Every chunk of ``v`` (flat float32, host) encoded as ``comp.encode`` would, each
         chunk's state stepped; None (nothing touched) where a value is not finite."""
-        B, k = self.B, self.k
-        g = B.host_view(v)
-        if not bool(B.all_finite(v)):
+        k, start = self.k, self._start(comp, v, name, metas, bounds)
+        if start is None:
             return None
-        r = self._residuals(comp, name, metas, g.shape[0], v)
+        g, r, starts = start
         p = len(bounds)
-        starts = _starts(bounds)
         npos, spos, sneg = np.empty(p, np.int64), np.empty(p), np.empty(p)
         if k.seg_sign_sums(r, g, starts, npos, spos, sneg).any():
             return None  # an overflow of the residual's sum: the chunks' own way
@@ -132,9 +151,8 @@ class OneBitChunks(_ChunkPath):
         nneg = sizes - npos
         pos = np.where(npos > 0, spos / np.maximum(npos.astype(np.float64), 1.0), 0.0).astype(np.float32)
         neg = np.where(nneg > 0, sneg / np.maximum(nneg.astype(np.float64), 1.0), 0.0).astype(np.float32)
-        nbytes = _HEAD + (sizes + 7) // 8
-        offs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
-        out = np.empty(int(nbytes.sum()), np.uint8)
+        nbytes = self.payload_sizes(sizes)
+        offs, out = _laid_out(nbytes)
         k.seg_onebit_pack(r, g, starts, pos, neg, out, offs + _HEAD)
         heads = np.stack([pos, neg], axis=1).view(np.uint8)  # (p, 8): pos, neg bytes
         out[offs[:, None] + np.arange(_HEAD)] = heads
@@ -167,7 +185,7 @@ class OneBitChunks(_ChunkPath):
         into the next ``sizes[s]`` values of ``out`` (float32 host), times ``factor``."""
         h = self._host(buf)
         offs = np.asarray(offs, np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        starts = _segments(sizes)
         self.k.seg_onebit_decode(h, offs + _HEAD, starts, self._tables(h, offs),
                                  np.float32(factor), factor != 1.0, out)
 
@@ -199,18 +217,15 @@ class TopKChunks(_ChunkPath):
         """Every chunk of ``v`` (flat float32, host) encoded as ``comp.encode`` would, each
         chunk's state stepped; None (nothing touched) where a value, or its sum with the
         residual, is not finite (the chunks' own calls then take the step)."""
-        B, k = self.B, self.k
-        g = B.host_view(v)
-        if not bool(B.all_finite(v)):
+        k, start = self.k, self._start(comp, v, name, metas, bounds)
+        if start is None:
             return None
-        r = self._residuals(comp, name, metas, g.shape[0], v)
-        starts = _starts(bounds)
+        g, r, starts = start
         if k.seg_nonfinite(r, g, starts).any():
             return None  # an overflow of the residual's sum: the chunks' own way
         ks = self.counts(np.diff(starts))
         nbytes = 8 * ks
-        offs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
-        out = np.empty(int(nbytes.sum()), np.uint8)
+        offs, out = _laid_out(nbytes)
         k.seg_topk_pack(r, g, starts, ks, out, offs)
         return self._payloads(comp, out, metas, offs, nbytes)
 
@@ -234,7 +249,7 @@ class TopKChunks(_ChunkPath):
     def decode_into(self, buf, offs, sizes, out, factor):
         """Payload ``s`` (at byte offset ``offs[s]`` of ``buf``, ``sizes[s]`` values) decoded
         into the next ``sizes[s]`` values of ``out`` (float32 host), times ``factor``."""
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        starts = _segments(sizes)
         bad = self.k.seg_topk_decode(self._host(buf), np.asarray(offs, np.int64), starts,
                                      self.counts(np.diff(starts)), np.float32(factor),
                                      factor != 1.0, out)
