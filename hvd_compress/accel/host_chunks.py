@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.base import Encoded
+from ..core.chunkset import Chunks
 from ..core.onebit import OneBitCodec
 from ..core.quantizers import QuantizerCompressor
 from ..core.sparsifiers import TopK
@@ -44,10 +44,16 @@ _HEAD = 8  # a 1-bit payload of one column: pos, neg (float32), then the signs
 MANY = 16
 
 
+def _longest(bounds) -> int:
+    """The longest of chunks ``bounds``: the first or the last, as the two-phase exchange
+    cuts them (:func:`~hvd_compress.core.twophase.chunk_bounds`: lengths differ by one)."""
+    return max(bounds[0][1] - bounds[0][0], bounds[-1][1] - bounds[-1][0])
+
+
 def _fit(bounds) -> bool:
     """Whether chunks ``bounds`` are many (a thread each) or all small (serial kernels)."""
     from .jit import SERIAL_BELOW  # (numba: loaded with the kernels, not with the package)
-    return len(bounds) >= MANY or max(b - a for a, b in bounds) < SERIAL_BELOW
+    return len(bounds) >= MANY or _longest(bounds) < SERIAL_BELOW
 
 
 def _starts(bounds) -> np.ndarray:
@@ -75,49 +81,61 @@ class _ChunkPath:
         self.k, self.B = k, B
 
     def _residuals(self, comp, name, metas, n, like):
-        """The chunks' residuals as views of one buffer (host numpy), their states in
-        ``comp.states`` as the per-chunk path would make them."""
+        """``(block, states)``: the chunks' residuals as views of one buffer (host numpy),
+        and their states, in ``comp.states`` as the per-chunk path would make them."""
         B = self.B
         key = (name, len(metas))
         blocks = comp.__dict__.setdefault("_chunk_blocks", {})
         held = blocks.get(key)
-        states = [comp.states.get(m.name) for m in metas]
-        if held is not None and all(st is not None and st is kept and st.residual is view
-                                    for st, (kept, view) in zip(states, held[1])):
-            return held[0]
+        if held is not None:
+            states = comp.states
+            if all(states.get(m.name) is st and st.residual is view
+                   for m, st, view in zip(metas, held[1], held[2])):
+                return held[0], held[1]
         block = np.zeros(n, np.float32)
-        kept, at = [], 0
+        kept, views, at = [], [], 0
         for meta in metas:
             st = comp.state(meta, like=like)
             m = meta.numel
             block[at:at + m] = B.host_view(B.reshape(st.residual, (-1,)))
             st.residual = B.from_host(block[at:at + m])
-            kept.append((st, st.residual))
+            kept.append(st)
+            views.append(st.residual)
             at += m
-        blocks[key] = (block, kept)
-        return block
+        blocks[key] = (block, kept, views)
+        return block, kept
 
     def _start(self, comp, v, name, metas, bounds):
-        """What an encode of ``v``'s chunks starts from: ``(g, r, starts)``, ``v``'s host
-        view, the chunks' residuals as one buffer and the segments; None (nothing
-        touched) where a value of ``v`` is not finite."""
+        """What an encode of ``v``'s chunks starts from: ``(g, r, states, starts)``,
+        ``v``'s host view, the chunks' residuals as one buffer, their states and the
+        segments; None (nothing touched) where a value of ``v`` is not finite."""
         B = self.B
         if not bool(B.all_finite(v)):
             return None
         g = B.host_view(v)
-        return g, self._residuals(comp, name, metas, g.shape[0], v), _starts(bounds)
+        r, states = self._residuals(comp, name, metas, g.shape[0], v)
+        return g, r, states, _starts(bounds)
 
-    def _payloads(self, comp, out, metas, offs, nbytes):
+    def _payloads(self, out, metas, states, offs, nbytes):
         """``out``'s payloads (host bytes at ``offs``) as the chunks' encodings, each
         chunk's step counted."""
-        data = self.B.from_host(out)
-        encs = []
-        for j, meta in enumerate(metas):
-            a, size = int(offs[j]), int(nbytes[j])
-            encs.append(Encoded(data[a:a + size], meta, size))
-            st = comp.states[meta.name]
+        for st in states:
             st.step = st.step + 1
-        return encs
+        return Chunks(self.B, out, offs, nbytes, metas, self)
+
+    def rows(self, sets):
+        """``(buffer, splits)``: the alltoall's send buffer of chunk sets ``sets`` (one a
+        tensor, all of ``p`` chunks) -- for each rank ``j`` in turn, every tensor's chunk
+        ``j`` -- as host bytes, and the bytes for each rank (int64)."""
+        if len(sets) == 1:
+            return sets[0].host, sets[0].nbytes
+        sizes = np.stack([c.nbytes for c in sets], axis=1)  # (p, tensors)
+        at = _segments(sizes.reshape(-1))
+        out = np.empty(int(at[-1]), np.uint8)
+        at = at[:-1].reshape(sizes.shape)
+        for i, c in enumerate(sets):
+            self.k.seg_copy(c.host, c.offs, c.nbytes, out, np.ascontiguousarray(at[:, i]))
+        return out, sizes.sum(axis=1)
 
     def _host(self, buf):
         """``buf`` (a backend array of bytes) as a flat host numpy view."""
@@ -142,7 +160,7 @@ class OneBitChunks(_ChunkPath):
         k, start = self.k, self._start(comp, v, name, metas, bounds)
         if start is None:
             return None
-        g, r, starts = start
+        g, r, states, starts = start
         p = len(bounds)
         npos, spos, sneg = np.empty(p, np.int64), np.empty(p), np.empty(p)
         if k.seg_sign_sums(r, g, starts, npos, spos, sneg).any():
@@ -156,7 +174,7 @@ class OneBitChunks(_ChunkPath):
         k.seg_onebit_pack(r, g, starts, pos, neg, out, offs + _HEAD)
         heads = np.stack([pos, neg], axis=1).view(np.uint8)  # (p, 8): pos, neg bytes
         out[offs[:, None] + np.arange(_HEAD)] = heads
-        return self._payloads(comp, out, metas, offs, nbytes)
+        return self._payloads(out, metas, states, offs, nbytes)
 
     @staticmethod
     def payload_sizes(lengths):
@@ -204,7 +222,7 @@ class TopKChunks(_ChunkPath):
         """Whether these chunks go this way: exactly top-k, error feedback on, no quantizer
         of the values, int32 indices, chunks many or all small."""
         return type(comp) is TopK and comp._codec is None and comp.ef and \
-            max(b - a for a, b in bounds) < 2 ** 31 and _fit(bounds)
+            _longest(bounds) < 2 ** 31 and _fit(bounds)
 
     def counts(self, lengths) -> np.ndarray:
         """``k`` of chunks of ``lengths`` values (int64): ``count_for(ratio, m)``'s float64
@@ -220,14 +238,14 @@ class TopKChunks(_ChunkPath):
         k, start = self.k, self._start(comp, v, name, metas, bounds)
         if start is None:
             return None
-        g, r, starts = start
+        g, r, states, starts = start
         if k.seg_nonfinite(r, g, starts).any():
             return None  # an overflow of the residual's sum: the chunks' own way
         ks = self.counts(np.diff(starts))
         nbytes = 8 * ks
         offs, out = _laid_out(nbytes)
         k.seg_topk_pack(r, g, starts, ks, out, offs)
-        return self._payloads(comp, out, metas, offs, nbytes)
+        return self._payloads(out, metas, states, offs, nbytes)
 
     def payload_sizes(self, lengths):
         """Bytes of the payloads of chunks of ``lengths`` values (int64 array)."""

@@ -10,6 +10,7 @@ the kernels as attributes of this module, so a test may watch one by replacing i
 
 from .kernels_chunks import (
                              onebit_sum,
+                             seg_copy,
                              seg_nonfinite,
                              seg_onebit_decode,
                              seg_onebit_pack,
@@ -71,4 +72,5 @@ __all__ = ["threshold_pack", "onebit_pack", "sign_sums", "column_sign_sums", "on
            "dgc_momentum", "dgc_sample", "stratified", "count_at_least", "at_least", "add_count",
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode", "intsum_words",
            "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode",
-           "seg_nonfinite", "seg_topk_pack", "topk_sum", "seg_topk_decode"]
+           "seg_nonfinite", "seg_topk_pack", "topk_sum", "seg_topk_decode",
+           "seg_copy"]

@@ -234,3 +234,15 @@ def seg_topk_decode(buf, offs, starts, ks, factor, scale, out):
             for i in range(lo, hi):
                 out[i] = out[i] * factor
     return bad
+
+
+@parallel
+def seg_copy(src, src_at, sizes, dst, dst_at):
+    """``dst[dst_at[s]:][:sizes[s]] = src[src_at[s]:][:sizes[s]]`` for every segment ``s``
+    (bytes; the segments of ``dst`` do not overlap): a tensor's chunk payloads put into
+    their ranks' rows of the alltoall's buffer."""
+    for s in prange(sizes.shape[0]):
+        a = src_at[s]
+        b = dst_at[s]
+        for i in range(sizes[s]):
+            dst[b + i] = src[a + i]

@@ -50,6 +50,7 @@ import numpy as np
 
 from . import registry
 from .base import Encoded, TensorMeta
+from .chunkset import Chunks
 from .exchange import Exchange, Runs, _numel, receive_flat
 from .layout import column_shape, layout_of
 
@@ -188,6 +189,7 @@ class TwoPhase(Runs):
         self.flat = Exchange(comp, collectives, average=average, predivide=predivide, op=op)
         self.coll = collectives
         self.average, self.predivide = average, float(predivide)
+        self._laid = {}  # (name, shape, p) -> the chunks' bounds, and their metas once made
 
     @property
     def comp(self):
@@ -239,14 +241,15 @@ class TwoPhase(Runs):
             if noise is not None and _numel(B.shape(noise)) != n:
                 raise ValueError(f"two-phase exchange: the noise for {name!r} must have one "
                                  f"value per element ({n}), got shape {B.shape(noise)}")
-            bounds = chunk_bounds(n, p)
+            laid = self._laid.setdefault((name, shape, p), [None, None])
+            bounds = laid[0] = laid[0] or chunk_bounds(n, p)
             kept = carried_over(comp, name, n, p, B, v)
             if kept is not None and comp.carry_field is None:  # no residual: the next input
                 v, kept = v + kept, None
-            encs = self._chunks(comp, v, name, shape, bounds) \
+            encs = self._chunks(comp, v, name, shape, laid) \
                 if kept is None and noise is None else None
             if encs is not None:  # every chunk in one call (the backend's chunk path)
-                metas = [e.meta for e in encs]
+                metas = encs.metas
                 stats["encode_calls"] += 1
             else:
                 metas, encs = self._each_chunk(comp, v, name, shape, bounds, kept, noise, stats)
@@ -317,19 +320,21 @@ class TwoPhase(Runs):
             stats["encode_calls"] += 1
         return metas, encs
 
-    def _chunks(self, comp, v, name, shape, bounds):
+    def _chunks(self, comp, v, name, shape, laid):
         """Every chunk of ``v`` encoded in one call where the backend has a chunk path for
-        them (the per-chunk calls' bits and states), else None."""
+        them (the per-chunk calls' bits and states): a :class:`~.chunkset.Chunks`, else
+        None.  ``laid``: the chunks' ``[bounds, metas]``, the metas made here once."""
+        bounds = laid[0]
         path = self._path(comp, v, bounds)
         if path is None:
             return None
-        B, p = comp.B, len(bounds)
-        layout = layout_of(B)
-        shapes = {b - a: column_shape(b - a, layout) if len(shape) >= 2 else (b - a,)
-                  for a, b in (bounds[0], bounds[-1])}  # (two lengths at most)
-        metas = [TensorMeta(chunk_name(name, j, p), shapes[b - a], "float32")
-                 for j, (a, b) in enumerate(bounds)]
-        return path.encode(comp, v, name, bounds, metas)
+        if laid[1] is None:
+            p, layout = len(bounds), layout_of(comp.B)
+            shapes = {b - a: column_shape(b - a, layout) if len(shape) >= 2 else (b - a,)
+                      for a, b in (bounds[0], bounds[-1])}  # (two lengths at most)
+            laid[1] = [TensorMeta(chunk_name(name, j, p), shapes[b - a], "float32")
+                       for j, (a, b) in enumerate(bounds)]
+        return path.encode(comp, v, name, bounds, laid[1])
 
     def _rows(self, B, payloads: list, variable: bool, checked: bool = False):
         """One destination's row: the payloads end to end (uint8), headed by their int64
@@ -348,6 +353,12 @@ class TwoPhase(Runs):
 
     def _start_alltoall(self, part: _Part, tag: str, stats) -> None:
         B, p, r = part.comp.B, self.size, self._rank()
+        if not part.variable and all(type(e) is Chunks for e in part.encs):
+            send, splits = part.encs[0].path.rows(part.encs)  # laid out in one call
+            stats["bytes_sent"] += sum(c.sent(r) for c in part.encs)
+            stats["wire_out"] += int(splits.sum() - splits[r])
+            self._alltoall(part, B.from_host(send), [int(k) for k in splits], tag, stats)
+            return
         # every tensor's chunks are alike: its first chunk's payload checked, all flattened
         self._rows(B, [encs[0].payload for encs in part.encs], False)
         payloads = [[e.payload if len(B.shape(e.payload)) == 1 else B.reshape(e.payload, (-1,))
@@ -361,10 +372,12 @@ class TwoPhase(Runs):
         stats["bytes_sent"] += sum(e.nbytes for encs in part.encs for j, e in enumerate(encs)
                                    if j != r)
         stats["wire_out"] += sum(s for j, s in enumerate(splits) if j != r)
-        stats["collectives"] += 1
+        self._alltoall(part, B.concat(rows), splits, tag, stats)
+
+    def _alltoall(self, part: _Part, send, splits, tag: str, stats) -> None:
+        stats["collectives"] += 1  # (splits[j] bytes of send to rank j)
         t0 = time.perf_counter()
-        part.handle = self.coll.alltoall(B.concat(rows), splits,
-                                         f"hvd_compress.a2a.{part.names[0]}{tag}")
+        part.handle = self.coll.alltoall(send, splits, f"hvd_compress.a2a.{part.names[0]}{tag}")
         stats["comm_ms"] += (time.perf_counter() - t0) * 1e3
 
     def _split(self, B, row, sizes, variable: bool) -> list:
