@@ -93,6 +93,9 @@ def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(spec, case, mo
                 _same_bits(x, y)
     for a, b in zip(comps, loop_comps):
         _same_state(a, b)
+    for a, b in zip(stats, loop_stats):  # the account's bytes, as the per-chunk calls'
+        assert [a[k] for k in ("bytes_sent", "wire_out", "wire_in")] == \
+            [b[k] for k in ("bytes_sent", "wire_out", "wire_in")]
     p = case["p"]
     # one call each where the per-chunk way makes p + 1 and 2 p (the NaN step: its way)
     tensors, steps = len(SHAPES), 3
@@ -222,3 +225,24 @@ def test_top_k_chunks_of_many_values_and_ties(n, p, kind):
     total = path.aggregate(loop, np.concatenate([np.asarray(want[0].payload)] * p),
                            [sizes[0] * q for q in range(p)], metas[0])
     _same_bits(total, loop.aggregate([want[0].payload] * p, first))
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunk-path", "a-call-a-chunk"])
+def test_auto_prices_the_chunk_paths_calls(chunked, monkeypatch):
+    """``exchange="auto"`` prices a two-phase tensor whose chunks the chunk path takes at 2
+    encodes and 2 decodes, not ``p + 1`` and ``2 p``: with codec calls the only cost, at
+    64 workers two-phase wins by the chunk path (4 calls against the allgather's 65) and
+    loses without it (193 calls)."""
+    from hvd_compress.core.autoexchange import AutoChoice
+    from hvd_compress.core.exchangecost import TWO_PHASE, Links
+    if not chunked:
+        monkeypatch.setattr(TwoPhase, "_path", staticmethod(lambda *args: None))
+    p, shape, call = 64, (640, 16), 1e-3
+    comp = build("topk:ratio=0.01", rank=0, world_size=p)
+    choice = AutoChoice(p, 1, {"flat", "two-phase"}, None, links=Links(0.0, 0.0))
+    choice.rates[str(comp.spec)] = (0.0, 0.0, call, call)  # seconds per value, per call
+    got = choice.choose("w", shape, comp)
+    calls = 4 if chunked else (p + 1) + 2 * p
+    assert got.costs[TWO_PHASE] == pytest.approx(calls * call)
+    assert got.costs["allgather"] == pytest.approx((1 + p) * call)
+    assert got.exchange == (TWO_PHASE if chunked else "allgather"), got.reason

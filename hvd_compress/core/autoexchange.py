@@ -39,7 +39,7 @@ from . import exchangecost as costs
 from .base import TensorMeta
 from .exchange import MAX, _numel
 from .stats import new_stats
-from .twophase import takes_two_phase
+from .twophase import TwoPhase, chunk_bounds, takes_two_phase
 
 __all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF"]
 
@@ -191,6 +191,7 @@ class AutoChoice:
             return
         B = comp.B
         like = tensors[0] if tensors else None
+        self._known["like"] = like  # (where the tensors are: a chunk path, or none)
         with self.world.eager():
             specs = self._specs(comp, tensors, names)
             figures = []
@@ -269,7 +270,9 @@ class AutoChoice:
             probe = specs[key]
             modelled = costs.cost_s(exchange, _numel(shape), self.p, self.per_node,
                                     self._payload(probe, "probe", shape), self._links(key),
-                                    summable=bool(probe.summable))
+                                    summable=bool(probe.summable),
+                                    chunk_path=self._chunk_paths(probe, _numel(shape))
+                                    .get(exchange, False))
             self.scale.setdefault(key, {})[exchange] = max(1.0, t / modelled) if modelled > 0 \
                 else 1.0
 
@@ -329,9 +332,22 @@ class AutoChoice:
             got = costs.choose(allowed, n, self.p, self.per_node, self._payload(comp, name, shape),
                                self._links(str(comp.spec)), summable=bool(comp.summable),
                                integer_sum=bool(getattr(comp, "integer_sum", False)),
-                               scale=self._scale(str(comp.spec), allowed))
+                               scale=self._scale(str(comp.spec), allowed),
+                               chunk_paths=self._chunk_paths(comp, n))
         self.choices[key] = got
         return got
+
+    def _chunk_paths(self, comp, n: int) -> dict:
+        """``{exchange: whether the backend takes its chunks in one call}`` for the two-phase
+        exchanges of a tensor of ``n`` values (:meth:`.twophase.TwoPhase._path`): priced as
+        2 encodes and 2 decodes where it does, ``p + 1`` and ``2 p`` (a call a chunk) where not."""
+        like, p, L = self._known.get("like"), self.p, max(1, min(self.per_node, self.p))
+
+        def one_call(m, ranks):
+            return ranks > 1 and m >= ranks and \
+                TwoPhase._path(comp, like, chunk_bounds(m, ranks)) is not None
+        return {costs.TWO_PHASE: one_call(n, p),
+                costs.HIERARCHICAL_TWO_PHASE: one_call(-(-n // L), p // L)}
 
     def _scale(self, spec: str, allowed) -> dict:
         """The timed/modelled factors of ``spec``'s exchanges; an exchange that was not timed

@@ -139,9 +139,16 @@ def _two_phase(lengths: list, r: int, first: int, size: int, pb: Callable, ob: C
     return out, got, wire, p * lengths[r] + sum(lengths)
 
 
+def _calls(p: int, chunk_path: bool) -> tuple:
+    """The two-phase exchange's codec calls a tensor over ``p`` ranks: a call a chunk
+    (``p`` worker's and the owner's encodes; ``p`` payloads summed, ``p`` owners' decoded),
+    or the chunk path's one call each."""
+    return (2, 2) if chunk_path else (p + 1, 2 * p)
+
+
 def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable, *,
             summable: bool = False, rank: int = 0, exact: bool = True,
-            owner_bytes: Callable | None = None) -> Traffic:
+            owner_bytes: Callable | None = None, chunk_path: bool = False) -> Traffic:
     """What ``exchange`` of a tensor of ``numel`` values costs worker ``rank`` of ``p`` in
     nodes of ``per_node`` (ranks node by node).  ``payload_bytes(m)``: the compressor's
     payload bytes for ``m`` values; ``owner_bytes(m)``: the two-phase owner's for its chunk
@@ -149,7 +156,9 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
     ``summable``: the hierarchy's payloads are summed between nodes (integer sums), not
     gathered.  A hierarchical exchange needs two nodes of two workers or more
     (:func:`flat_of` says what runs otherwise).  ``exact=False``: chunks and shards as
-    fractions of ``numel`` and no rounding (the cost model's)."""
+    fractions of ``numel`` and no rounding (the cost model's).  ``chunk_path``: the
+    backend takes all of a tensor's chunks in one call (:mod:`hvd_compress.accel.host_chunks`):
+    the two-phase exchanges make 2 encodes and 2 decodes, not ``p + 1`` and ``2 p``."""
     _check_exchange(exchange)
     owner_bytes = owner_bytes or payload_bytes
     n, L = numel, _node_span(p, per_node)
@@ -169,7 +178,7 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
         lengths = chunk_lengths(n, p, exact)
         out, got, wire, dec = _two_phase(lengths, rank, first, L, payload_bytes, owner_bytes)
         return Traffic(out, got, max(out, got) if one_node else wire, 0, 2 * (p - 1), 0,
-                       n + lengths[rank], dec, p + 1, 2 * p)
+                       n + lengths[rank], dec, *_calls(p, chunk_path))
     # hierarchical: shards of ceil(n/L), the dense node traffic, the cross set's exchange
     if L < 2 or p % L or p // L < 2:
         raise ValueError(f"{exchange} needs two nodes of two workers or more (p={p}, "
@@ -184,7 +193,7 @@ def traffic(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable
         lengths = chunk_lengths(k, N, exact)
         out, got, _, dec = _two_phase(lengths, rank // L, rank // L, 1, payload_bytes, owner_bytes)
         between = Traffic(out, got, max(out, got), 0, 2 * (N - 1), 0, k + lengths[rank // L], dec,
-                          N + 1, 2 * N)
+                          *_calls(N, chunk_path))
     # the node's link carries its L workers' cross sets, each worker on its own node there
     return Traffic(between.sent, between.received, L * between.wire, local, between.steps,
                    2 * (L - 1), between.encoded, between.decoded, between.encode_calls,
@@ -230,12 +239,14 @@ def _priced(t: Traffic, links: Links, one_node: bool) -> float:
 
 
 def cost_s(exchange: str, numel, p: int, per_node: int, payload_bytes: Callable, links: Links, *,
-           summable: bool = False, exact: bool = True, owner_bytes: Callable | None = None) -> float:
+           summable: bool = False, exact: bool = True, owner_bytes: Callable | None = None,
+           chunk_path: bool = False) -> float:
     """Seconds ``exchange`` of one tensor takes by the alpha-beta model: message steps times
     the latency, the node link's bytes times the seconds per byte, the hierarchy's node
-    traffic at the links inside, values encoded and decoded at the codec's rates."""
+    traffic at the links inside, values encoded and decoded at the codec's rates (and
+    calls: ``chunk_path`` as :func:`traffic` takes it)."""
     t = traffic(exchange, numel, p, per_node, payload_bytes, summable=summable, exact=exact,
-                owner_bytes=owner_bytes)
+                owner_bytes=owner_bytes, chunk_path=chunk_path)
     return _priced(t, links, _node_span(p, per_node) >= p)
 
 
@@ -254,7 +265,8 @@ def _ms(s: float) -> str:
 
 def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links: Links, *,
            summable: bool = False, integer_sum: bool = False,
-           owner_bytes: Callable | None = None, scale: dict | None = None) -> Choice:
+           owner_bytes: Callable | None = None, scale: dict | None = None,
+           chunk_paths: dict | None = None) -> Choice:
     """The cheapest of ``allowed`` exchanges (those the compressor can take:
     :func:`exchanges_for`) for a tensor of ``numel`` values.  A hierarchical exchange is a
     candidate only with two nodes of two workers or more and measured links inside a node,
@@ -262,7 +274,9 @@ def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links
     exchange.  ``reason``: one
     line for the plan printout.  ``owner_bytes``: as :func:`traffic` takes it.  ``scale``:
     ``{exchange: factor}`` each exchange's price is multiplied by (the exchanges timed end
-    to end over the model's figure: :mod:`.autoexchange`)."""
+    to end over the model's figure: :mod:`.autoexchange`).  ``chunk_paths``: ``{exchange:
+    bool}``, whether the backend's chunk path takes that exchange's chunks
+    (:func:`traffic`'s ``chunk_path``)."""
     can = exchanges_for(summable, integer_sum)
     wanted = [e for e in EXCHANGES if e in set(allowed) & set(can)]
     if not wanted:
@@ -271,8 +285,10 @@ def choose(allowed, numel, p: int, per_node: int, payload_bytes: Callable, links
     L = _node_span(p, per_node)
     nodes_ok = L >= 2 and p % L == 0 and p // L >= 2
     skipped = [e for e in wanted if is_hierarchical(e) and not (nodes_ok and links.inside)]
+    paths = chunk_paths or {}
     costs = {e: cost_s(e, numel, p, per_node, payload_bytes, links, summable=summable,
-                       owner_bytes=owner_bytes) for e in wanted if e not in skipped}
+                       owner_bytes=owner_bytes, chunk_path=bool(paths.get(e)))
+             for e in wanted if e not in skipped}
     if not costs:  # the hierarchy alone asked for where it cannot run: its flat exchange
         flat = flat_of(wanted[0], summable)
         costs = {flat: cost_s(flat, numel, p, per_node, payload_bytes, links, summable=summable,
