@@ -30,20 +30,28 @@ def _onebit(k, B, codec, v, noise, ef, cols=1):
     n = B.shape(v)[0]
     vh = B.host_view(v)
     if cols == 1:
-        npos, spos, sneg = (np.asarray(t) for t in k.sign_sums(vh))  # one pass
-        npos = npos.astype(np.int64)
-    else:  # by columns: one pass down the rows, the reference's sums and order
-        npos, total, spos = np.empty(cols, np.int64), np.empty(cols), np.empty(cols)
-        k.column_sign_sums(vh.reshape(-1, cols), npos, total, spos)
-        sneg = total - spos  # as the reference derives it
+        return _onebit_fields(B, codec, n, k.sign_sums(vh),  # one pass
+                              lambda pos, neg, out: k.onebit_pack(vh, pos, neg, out, ef))
+    # by columns: one pass down the rows, the reference's sums and order
+    npos, total, spos = np.empty(cols, np.int64), np.empty(cols), np.empty(cols)
+    k.column_sign_sums(vh.reshape(-1, cols), npos, total, spos)
+    sneg = total - spos  # as the reference derives it
     npos, spos, sneg = (B.from_host(t) for t in (npos, spos, sneg))
     pos, neg = codec.means(B, npos, spos, sneg, n // cols, cols)
     out = code_buffer(n, 1)
-    if cols == 1:
-        k.onebit_pack(vh, np.float32(B.to_numpy(pos)[0]), np.float32(B.to_numpy(neg)[0]), out,
-                      ef)  # with ef: v -= pos or neg
-    else:
-        k.onebit_pack_columns(vh, B.host_view(neg), B.host_view(pos), out, ef)
+    k.onebit_pack_columns(vh, B.host_view(neg), B.host_view(pos), out, ef)
+    return {"pos": pos, "neg": neg, "signs": B.from_host(out)}
+
+
+def _onebit_fields(B, codec, n, sums, pack):
+    """One column's fields from its sign sums ``(npos, spos, sneg)``: the means by the
+    codec's arithmetic, then ``pack(pos, neg, out)`` (float32 means, the bits' buffer)."""
+    npos, spos, sneg = np.asarray(sums[0]).astype(np.int64), np.asarray(sums[1]), \
+        np.asarray(sums[2])
+    npos, spos, sneg = (B.from_host(t) for t in (npos, spos, sneg))
+    pos, neg = codec.means(B, npos, spos, sneg, n, 1)
+    out = code_buffer(n, 1)
+    pack(np.float32(B.to_numpy(pos)[0]), np.float32(B.to_numpy(neg)[0]), out)
     return {"pos": pos, "neg": neg, "signs": B.from_host(out)}
 
 
@@ -89,7 +97,25 @@ def _onebit_decode(k, B, codec, f, out):
 
 
 def _onebit_encoder(k, B, codec, cols):
-    return ef_encoder(functools.partial(_onebit, cols=cols))(k, B, codec, cols)
+    """1-bit SGD's step.  One column with error feedback: the sum ``y = residual + g`` read
+    in the two passes (sums, then bits and the new residual written once) -- two passes
+    over the tensor where the core's host start and the column's kernels take five (the
+    same bits); where a ``y`` is not finite, nothing touched, that start's way."""
+    chain = ef_encoder(functools.partial(_onebit, cols=cols))(k, B, codec, cols)
+    if cols != 1:
+        return chain
+
+    def encode(g, residual, noise, noise_source):
+        if residual is None:
+            return chain(g, residual, noise, noise_source)
+        gh, rh = B.host_view(g), B.host_view(residual)
+        *sums, bad = k.ef_sign_sums(rh, gh)
+        if bad:
+            return chain(g, residual, noise, noise_source)
+        fields = _onebit_fields(B, codec, gh.shape[0], sums,
+                                lambda pos, neg, out: k.ef_onebit_pack(rh, gh, pos, neg, out))
+        return fields, residual, True
+    return encode
 
 
 def _signum_encoder(k, B, codec, cols):

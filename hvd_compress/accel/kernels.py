@@ -47,6 +47,8 @@ from .kernels_signs import (
                              bit_decode,
                              bit_decode_columns,
                              column_sign_sums,
+                             ef_onebit_pack,
+                             ef_sign_sums,
                              lookup_2bit,
                              onebit_pack,
                              onebit_pack_columns,
@@ -73,4 +75,4 @@ __all__ = ["threshold_pack", "onebit_pack", "sign_sums", "column_sign_sums", "on
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode", "intsum_words",
            "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode",
            "seg_nonfinite", "seg_topk_pack", "topk_sum", "seg_topk_decode",
-           "seg_copy"]
+           "seg_copy", "ef_sign_sums", "ef_onebit_pack"]
