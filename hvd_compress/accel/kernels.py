@@ -9,6 +9,8 @@ the kernels as attributes of this module, so a test may watch one by replacing i
 """
 
 from .kernels_chunks import (
+                             ef_onebit_pack,
+                             ef_sign_sums,
                              onebit_sum,
                              seg_copy,
                              seg_nonfinite,
@@ -47,8 +49,6 @@ from .kernels_signs import (
                              bit_decode,
                              bit_decode_columns,
                              column_sign_sums,
-                             ef_onebit_pack,
-                             ef_sign_sums,
                              lookup_2bit,
                              onebit_pack,
                              onebit_pack_columns,

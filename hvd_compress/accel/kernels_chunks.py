@@ -9,6 +9,11 @@ values.  These kernels take every chunk of a tensor at once: segment ``s`` is
 the serial kernels of :mod:`.kernels_signs` do one chunk (so their bits).  Payloads are
 read and written at byte offsets in one buffer (a received row, an allgather's table).
 
+1-bit's error-feedback passes over one whole tensor (``ef_sign_sums``, ``ef_onebit_pack``:
+threads over its values, the reduction of :func:`~.kernels_signs.sign_sums`) are here too:
+they and the segments' kernels take the same per-value steps (:func:`_ef_value`,
+:func:`_ef_byte`), and a kernel module keeps the helpers it inlines (:mod:`.jit`).
+
 Top-k's segments are selected exactly (the k largest magnitudes, ties to the lower
 index: the core's :func:`~hvd_compress.core.sparsifiers.topk_indices` set), so their
 bits depend on no order; a payload is ``k`` int32 indices then ``k`` float32 values,
@@ -26,6 +31,58 @@ _TOP = np.float32(3.4028234663852886e38)
 _BINNED_FROM = 1 << 14
 
 
+@inline
+def _ef_value(r, g, i):
+    """``y = r[i] + g[i]`` (float32: error feedback's sum, not stored) and 1 where it is
+    not finite, else 0."""
+    y = r[i] + g[i]
+    a = abs(y)
+    return y, np.int64(a > _TOP) | np.int64(a != a)
+
+
+@inline
+def _ef_byte(r, g, at, end, by_sign):
+    """The sign bits (1: ``y >= 0``) of ``y = r + g`` at ``at`` to ``at + 7`` (those below
+    ``end``) packed in a byte, and there ``r = y - by_sign[bit]``: error feedback's new
+    residual."""
+    b = 0
+    for j in range(8):
+        i = at + j
+        if i < end:
+            y = r[i] + g[i]
+            bit = np.int32(y >= 0)  # no branch on a sign: the signs are a coin toss
+            b |= bit << j
+            r[i] = y - by_sign[bit]
+    return b
+
+
+@parallel
+def ef_sign_sums(r, g):
+    """:func:`~.kernels_signs.sign_sums` of ``y = r + g`` (not stored), the same reduction,
+    and how many ``y`` are not finite (then nothing may be kept)."""
+    npos = 0
+    spos = 0.0
+    sneg = 0.0
+    bad = 0
+    for i in prange(r.shape[0]):
+        y, odd = _ef_value(r, g, i)
+        bad += odd
+        x = np.float64(y)
+        npos += x >= 0
+        spos += max(x, 0.0)
+        sneg += min(x, 0.0)
+    return npos, spos, sneg, bad
+
+
+@parallel
+def ef_onebit_pack(r, g, pos, neg, out):
+    """:func:`~.kernels_signs.onebit_pack` of ``y = r + g`` with ``subtract``: the sign
+    bits of ``y`` and ``r = y - pos`` or ``y - neg``, in the same pass."""
+    by_sign = np.asarray([neg, pos], np.float32)
+    for q in prange(out.shape[0]):
+        out[q] = _ef_byte(r, g, q * 8, r.shape[0], by_sign)
+
+
 @parallel
 def seg_sign_sums(r, g, starts, npos, spos, sneg):
     """Per segment of ``y = r + g`` (float32, not stored): the count of ``y >= 0`` and the
@@ -39,9 +96,8 @@ def seg_sign_sums(r, g, starts, npos, spos, sneg):
         sn = 0.0
         odd = 0
         for i in range(starts[s], starts[s + 1]):
-            y = r[i] + g[i]
-            a = abs(y)
-            odd += np.int64(a > _TOP) | np.int64(a != a)
+            y, bad_i = _ef_value(r, g, i)
+            odd += bad_i
             x = np.float64(y)
             c += x >= 0
             sp += max(x, 0.0)
@@ -63,15 +119,7 @@ def seg_onebit_pack(r, g, starts, pos, neg, out, offs):
         by_sign = np.asarray([neg[s], pos[s]], np.float32)
         base = offs[s]
         for q in range((hi - lo + 7) // 8):
-            b = 0
-            for j in range(8):
-                i = lo + q * 8 + j
-                if i < hi:
-                    y = r[i] + g[i]
-                    bit = np.int32(y >= 0)
-                    b |= bit << j
-                    r[i] = y - by_sign[bit]
-            out[base + q] = b
+            out[base + q] = _ef_byte(r, g, lo + q * 8, hi, by_sign)
 
 
 @parallel
@@ -113,8 +161,7 @@ def seg_nonfinite(r, g, starts):
     for s in prange(count):
         odd = 0
         for i in range(starts[s], starts[s + 1]):
-            a = abs(r[i] + g[i])
-            odd += np.int64(a > _TOP) | np.int64(a != a)
+            odd += _ef_value(r, g, i)[1]
         bad[s] = odd
     return bad
 

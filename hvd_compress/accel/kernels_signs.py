@@ -12,8 +12,6 @@ import numpy as np
 
 from .jit import parallel, prange
 
-_TOP = np.float32(3.4028234663852886e38)  # float32's largest: |y| above it is infinite
-
 
 @parallel
 def threshold_pack(v, tau, out, subtract):
@@ -52,41 +50,6 @@ def onebit_pack(v, pos, neg, out, subtract):
                 b |= p << j
                 if subtract:
                     v[i] = x - by_sign[p]
-        out[q] = b
-
-@parallel
-def ef_sign_sums(r, g):
-    """:func:`sign_sums` of ``y = r + g`` (float32, not stored: error feedback's sum, the
-    same reduction), and how many ``y`` are not finite (then nothing may be kept)."""
-    npos = 0
-    spos = 0.0
-    sneg = 0.0
-    bad = 0
-    for i in prange(r.shape[0]):
-        y = r[i] + g[i]
-        a = abs(y)
-        bad += np.int64(a > _TOP) | np.int64(a != a)
-        x = np.float64(y)
-        npos += x >= 0
-        spos += max(x, 0.0)
-        sneg += min(x, 0.0)
-    return npos, spos, sneg, bad
-
-@parallel
-def ef_onebit_pack(r, g, pos, neg, out):
-    """:func:`onebit_pack` of ``y = r + g`` with ``subtract``: the sign bits of ``y`` and
-    ``r = y - pos`` or ``y - neg``, error feedback's new residual, in the same pass."""
-    n = r.shape[0]
-    by_sign = np.asarray([neg, pos], np.float32)
-    for q in prange(out.shape[0]):
-        b = 0
-        for j in range(8):
-            i = q * 8 + j
-            if i < n:
-                y = r[i] + g[i]
-                p = np.int32(y >= 0)
-                b |= p << j
-                r[i] = y - by_sign[p]
         out[q] = b
 
 @parallel
