@@ -2,6 +2,7 @@
 (hvd_compress.core.exchangecost): byte counts by hand, and choices with injected links."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -345,3 +346,51 @@ def test_codec_timing_tells_a_calls_fixed_cost_from_its_rate():
     ev, _, ec, _ = codec_seconds(_SleepyCodec(fixed, 1e-6), NUMPY, None,
                                  largest=100)
     assert ev == pytest.approx(1e-6, rel=0.35) and ec == pytest.approx(fixed, rel=0.35)
+
+
+class _TimedLink:
+    """One rank of a ``size``-rank set whose collectives take ``alpha`` a message step plus
+    ``beta`` a byte on the wire (by :func:`~.exchangecost.traffic`'s counting), by sleeping;
+    it keeps what it ran (the other ranks are imagined: a MAX returns this rank's figure)."""
+
+    def __init__(self, size, alpha, beta):
+        self.size, self.alpha, self.beta, self.ran = size, alpha, beta, []
+
+    def allreduce(self, x, name, op=None):
+        self.ran.append((name, np.asarray(x).nbytes))
+        return ("allreduce", np.asarray(x), op)
+
+    def allgather(self, x, name):
+        self.ran.append((name, np.asarray(x).nbytes))
+        return ("allgather", np.asarray(x), None)
+
+    def wait(self, handle):
+        kind, x, op = handle
+        if op is None:
+            p, n = self.size, x.nbytes
+            steps, wire = ((2 * (p - 1), 2 * (p - 1) * n // p) if kind == "allreduce"
+                           else (p - 1, (p - 1) * n))
+            time.sleep(self.alpha * steps + self.beta * wire)
+        return x
+
+
+def test_the_link_probe_sees_a_per_byte_cost_that_latency_hides():
+    """At 1 Gbit/s behind 6 ms a message step, 256 KiB move in 2 ms: the 4 MiB probes make
+    the cost per byte show (the fit prices bytes at about 8 ns, not 0); where the 256 KiB
+    probes already take over 50 ms (a slow link), the 4 MiB ones are not run, and their
+    rows are left out of the fit.  Which runs is agreed over the set (one MAX allreduce)."""
+    from hvd_compress.core import autoexchange as ax
+    from hvd_compress.core.backend import NUMPY
+    fast = _TimedLink(2, 6e-3, 8e-9)
+    rows = ax.probe_timings(fast, NUMPY, None, "t")
+    assert [b for _, b, _ in rows] == [1024, 1024, 1 << 18, 1 << 18, 1 << 22, 1 << 22]
+    assert all(t > 0 for _, _, t in rows)
+    assert sum(name == "hvd_compress.probe.t.large" for name, _ in fast.ran) == 1
+    alpha, beta = ax.AutoChoice._fit([t for _, _, t in rows], 2)
+    assert beta == pytest.approx(8e-9, rel=0.3) and alpha == pytest.approx(6e-3, rel=0.3)
+    slow = _TimedLink(2, 1e-3, 8e-7)  # 10 Mbit/s: 256 KiB take 0.2 s
+    rows = ax.probe_timings(slow, NUMPY, None, "t")
+    assert [t for _, _, t in rows[4:]] == [ax.SKIPPED, ax.SKIPPED]
+    assert max(nbytes for _, nbytes in slow.ran) < 1 << 22  # nothing of 4 MiB was sent
+    alpha, beta = ax.AutoChoice._fit([t for _, _, t in rows], 2)
+    assert beta == pytest.approx(8e-7, rel=0.3)

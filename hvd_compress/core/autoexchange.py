@@ -2,28 +2,32 @@
 per tensor.
 
 At the first exchange every rank times a few collectives -- an allreduce and an allgather
-of 1 KiB and of 256 KiB, the best of three -- over all workers, and, where the node process
-sets are registered, inside its node (also 4 MiB: the hierarchy's dense traffic there is
-whole tensors, and large messages move slower than small ones suggest) and across nodes
-(its cross set); and it times its compressors' encode and decode on probe tensors of two
-sizes (4,096 values and up to the largest tensor's, at most 1M), so a codec call's fixed
-cost is told from its cost per value (on one size alone the fixed cost passed for a rate
-20 times too high, and the exchanges that encode fewer values per worker won wrongly).
-One allreduce of the maxima makes every rank hold the same figures (so every rank routes
-every tensor alike).  Then every exchange a compressor can take is run end to end on a probe
-tensor -- a matrix where the compressor sends vectors whole (DGC), so that every exchange
-is timed -- (fresh compressors: no state of the user's is touched) and timed; where the slowest
-rank's time exceeds the model's figure, that exchange's prices are raised by the ratio (what
-the model leaves out -- the engines' own copies and waits, collectives that do not overlap,
-message sizes the probes missed -- counts: on 16 cores at 200 Mbit/s the model chose the
-hierarchy where it ran at half the speed of the best exchange); an exchange left untimed
-takes the largest factor timed.  Never lowered: a probe
-that ran faster than modelled (collectives overlapping, a quiet moment on shared cores)
-promises nothing for the step, and on 2 shared cores such ratios picked the slower
-exchange.  The links' latency and seconds per byte follow by least squares
-(:func:`.exchangecost.link_from_timings`), and :func:`.exchangecost.choose` prices every
-exchange a tensor can take and keeps the cheapest: a hierarchy only where the measurement
-says it is cheaper.  :meth:`AutoChoice.plan` says which and why, per tensor.
+of 1 KiB, 256 KiB and 4 MiB, the best of three -- over all workers, or, where the node
+process sets are registered, inside its node and across nodes (its cross set). The 4 MiB
+ones show a link's cost per byte where latency hides it (at 1 Gbit/s 256 KiB take 2 ms,
+under the 6-8 ms a message step that 2 shared cores showed, and the fit then priced bytes
+at zero; the hierarchy's dense traffic is whole tensors, too); they are left out where the
+256 KiB ones took over :data:`LARGE_PROBE_BELOW_S` on some rank of the set (the cost per
+byte already shows: a slow link is not kept busy for seconds). And it times its
+compressors' encode and decode on probe tensors of two sizes (4,096 values and up to the
+largest tensor's, at most 1M), so a codec call's fixed cost is told from its cost per
+value (on one size alone the fixed cost passed for a rate 20 times too high, and the
+exchanges that encode fewer values per worker won wrongly). One allreduce of the maxima
+makes every rank hold the same figures (so every rank routes every tensor alike). Then
+every exchange a compressor can take is run end to end on a probe tensor -- a matrix where
+the compressor sends vectors whole (DGC), so that every exchange is timed -- (fresh
+compressors: no state of the user's is touched) and timed; where the slowest rank's time
+exceeds the model's figure, that exchange's prices are raised by the ratio (what the model
+leaves out -- the engines' own copies and waits, collectives that do not overlap, message
+sizes the probes missed -- counts: on 16 cores at 200 Mbit/s the model chose the hierarchy
+where it ran at half the speed of the best exchange); an exchange left untimed takes the
+largest factor timed. Never lowered: a probe that ran faster than modelled (collectives
+overlapping, a quiet moment on shared cores) promises nothing for the step, and on 2
+shared cores such ratios picked the slower exchange. The links' latency and seconds per
+byte follow by least squares (:func:`.exchangecost.link_from_timings`), and
+:func:`.exchangecost.choose` prices every exchange a tensor can take and keeps the
+cheapest: a hierarchy only where the measurement says it is cheaper.
+:meth:`AutoChoice.plan` says which and why, per tensor.
 
 ``links=`` (a :class:`~.exchangecost.Links`) skips the measurement (tests, or a user who
 measured the cluster once).
@@ -44,9 +48,13 @@ from .twophase import TwoPhase, chunk_bounds, takes_two_phase
 __all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF"]
 
 #: the probe collectives' sizes (bytes), each timed :data:`REPEATS` times (the best kept)
-PROBE_BYTES = (1 << 10, 1 << 18)
-#: inside a node (the hierarchy's dense reduce-scatter and allgather of whole tensors)
-NODE_PROBE_BYTES = PROBE_BYTES + (1 << 22,)
+PROBE_BYTES = (1 << 10, 1 << 18, 1 << 22)
+#: inside a node: the same sizes
+NODE_PROBE_BYTES = PROBE_BYTES
+#: the largest probe size runs only where the one before took under this (seconds) on every
+#: rank of the collective's set; else its rows carry :data:`SKIPPED`
+LARGE_PROBE_BELOW_S = 0.05
+SKIPPED = -1.0
 REPEATS = 3
 #: values of the tensors the codecs are timed on: this and the largest tensor's numel
 #: clipped to ``CODEC_LARGE``
@@ -75,10 +83,22 @@ def _time(coll, kind: str, x, name: str) -> float:
 def probe_timings(coll, B, like, tag: str, sizes=PROBE_BYTES) -> list:
     """``[(steps, bytes, seconds)]`` of the probe collectives of ``sizes`` bytes over
     ``coll`` (its traffic by :func:`.exchangecost.traffic`'s counting: a ring allreduce, a
-    direct allgather)."""
+    direct allgather).  The largest size (of three or more) is timed only where the size
+    before it took under :data:`LARGE_PROBE_BELOW_S` on every rank of ``coll`` (one
+    allreduce of the maxima decides, so every rank runs the same collectives); else its
+    rows' seconds are :data:`SKIPPED`."""
     p = coll.size
     rows = []
-    for nbytes in sizes:
+    for i, nbytes in enumerate(sizes):
+        if i == len(sizes) - 1 and i >= 2:
+            before = B.asarray(np.array([max(t for _, _, t in rows[-2:])]), "float64",
+                               like=like)
+            slowest = coll.wait(coll.allreduce(before, f"hvd_compress.probe.{tag}.large",
+                                               op=MAX))
+            if float(B.to_numpy(slowest).reshape(-1)[0]) >= LARGE_PROBE_BELOW_S:
+                rows += [(2 * (p - 1), 2 * (p - 1) * nbytes // p, SKIPPED),
+                         (p - 1, (p - 1) * nbytes, SKIPPED)]
+                continue
         x = B.zeros((nbytes // 4,), "float32", like=like)
         for kind in ("allreduce", "allgather"):
             t = _time(coll, kind, x, f"hvd_compress.probe.{tag}.{kind}.{nbytes}")
@@ -198,25 +218,24 @@ class AutoChoice:
             if self.links is None:
                 if self.node is not None and self.cross is not None:
                     figures += [t for _, _, t in probe_timings(self.cross, B, like, "cross")]
-                    figures += [t for _, _, t in probe_timings(self.node, B, like, "node",
-                                                               NODE_PROBE_BYTES)]
+                    figures += [t for _, _, t in probe_timings(self.node, B, like, "node")]
                 else:
                     figures += [t for _, _, t in probe_timings(self.world, B, like, "world")]
             largest = max([_numel(B.shape(t)) for t in tensors or ()] or [0])
             rates = [codec_seconds(c, B, like, largest) for c in specs.values()]
             figures += [v for pair in rates for v in pair] + [float(largest)]
             agreed = self._agree(figures, B, like, "agree")
-        at = 0
+        at, k = 0, 2 * len(PROBE_BYTES)
         if self.links is None:
             if self.node is not None and self.cross is not None:
                 # the L cross sets were timed at once: a node's link carried L of them
-                between = self._fit(agreed[0:4], self.cross.size, self.node.size)
-                at = 4 + 2 * len(NODE_PROBE_BYTES)
-                inside = self._fit(agreed[4:at], self.node.size, sizes=NODE_PROBE_BYTES)
+                between = self._fit(agreed[0:k], self.cross.size, self.node.size)
+                inside = self._fit(agreed[k:2 * k], self.node.size)
+                at = 2 * k
                 self.links = costs.Links(between[0], between[1], inside[0], inside[1])
             else:
-                alpha, beta = self._fit(agreed[0:4], self.world.size)
-                at = 4
+                alpha, beta = self._fit(agreed[0:k], self.world.size)
+                at = k
                 self.links = costs.Links(alpha, beta)
         for key in specs:
             self.rates[key] = tuple(agreed[at:at + 4])
@@ -279,13 +298,14 @@ class AutoChoice:
     @staticmethod
     def _fit(seconds, p: int, sharing: int = 1, sizes=PROBE_BYTES) -> tuple:
         """``(alpha, seconds per byte)`` of a link from the probes' ``seconds`` (of
-        ``sizes``) over ``p`` ranks, ``sharing`` such collectives crossing the link at once."""
+        ``sizes``; :data:`SKIPPED` ones left out) over ``p`` ranks, ``sharing`` such
+        collectives crossing the link at once."""
         rows, i = [], 0
         for nbytes in sizes:
             rows.append((2 * (p - 1), sharing * 2 * (p - 1) * nbytes // p, seconds[i]))
             rows.append((p - 1, sharing * (p - 1) * nbytes, seconds[i + 1]))
             i += 2
-        return costs.link_from_timings(rows)
+        return costs.link_from_timings([r for r in rows if r[2] >= 0])
 
     def _specs(self, comp, tensors, names) -> dict:
         """Fresh compressors of the specs (sorted: the same order on every rank) whose
