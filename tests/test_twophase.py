@@ -152,13 +152,13 @@ def test_bytes_per_worker_do_not_grow_with_the_ranks(spec):
         assert flat[0].wire_in == (p - 1) * flat[0].bytes_sent
         # codec calls, which the cost model scales with p: a chunk each and the owner's
         # re-encoding; the chunk's p payloads and the p owners' chunks (allgather: 1 and p);
-        # a backend's chunk path takes each of the three in one call (1-bit and top-k on the
-        # host; DGC's owners are top-k: their p chunks decode in one call)
+        # a backend's chunk path takes each of the three in one call (1-bit, top-k and DGC on
+        # the host; DGC's owners are top-k)
         batched = TwoPhase._path(comps[0], np.zeros(1, np.float32), chunk_bounds(n, p))
         owners = TwoPhase._path(owner_of(comps[0]), np.zeros(1, np.float32), chunk_bounds(n, p))
         assert (stats[0].encode_calls, stats[0].decode_calls) == \
             ((2, 2) if batched else (p + 1, p + 1 if owners else 2 * p))
-        assert (batched is not None) == (spec in ("onebit", "topk:ratio=0.01"))
+        assert (batched is not None) == (spec in ("onebit", "topk:ratio=0.01", "dgc:ratio=0.01"))
         assert (flat[0].encode_calls, flat[0].decode_calls) == (1, p)
         if p >= 3:
             assert seen[p] < flat[0].wire_in

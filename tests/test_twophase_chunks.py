@@ -18,6 +18,11 @@ from tests.test_twophase import _on_ranks
 SHAPES = {"w": (40, 30), "b": (97,), "c": (5, 4, 3, 2)}
 #: the codecs with a chunk path (top-k: its owners are top-k too)
 SPECS = ["onebit", "topk:ratio=0.1"]
+#: DGC's: chunks sampled ("w": 400 values or fewer a chunk, the threshold from 20 of them)
+#: and selected exactly ("c": 15 to 40), in its warm-up, after it, with Nesterov and without
+#: masking
+DGC_SPECS = ["dgc:ratio=0.1", "dgc:ratio=0.1,warmup_epochs=0",
+             "dgc:ratio=0.05,warmup_epochs=0,nesterov=true,masking=false"]
 
 
 def _grads(r, step, nan_at=None, ties=False):
@@ -70,19 +75,22 @@ def _run(spec, p, steps, chunked, monkeypatch, nan_at=None, restore_after=None, 
 
 
 def _same_state(a, b):
-    """Every chunk's residual and step, the workers' and the owners', equal."""
+    """Every chunk's residual (DGC: ``u`` and ``v``) and step, the workers' and the owners',
+    equal."""
     for one, other in ((a, b), (owner_of(a), owner_of(b))):
         assert sorted(one.states) == sorted(other.states)
         for key, st in one.states.items():
             assert st.step == other.states[key].step, key
-            _same_bits(st.residual, other.states[key].residual, key)
+            for field in ("residual", "u", "v"):
+                if getattr(st, field, None) is not None:
+                    _same_bits(getattr(st, field), getattr(other.states[key], field), key)
 
 
 @pytest.mark.parametrize("case", [dict(p=3), dict(p=8), dict(p=4, outs=True),
                                   dict(p=4, nan_at=(2, 1)), dict(p=3, restore_after=1),
                                   dict(p=4, ties=True)],
                          ids=["p3", "p8", "into-buffers", "nan", "checkpoint", "ties"])
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", SPECS + DGC_SPECS)
 def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(spec, case, monkeypatch):
     got, comps, stats = _run(spec, steps=3, chunked=True, monkeypatch=monkeypatch, **case)
     want, loop_comps, loop_stats = _run(spec, steps=3, chunked=False, monkeypatch=monkeypatch,
@@ -97,13 +105,16 @@ def test_the_chunk_path_gives_the_per_chunk_calls_bits_and_states(spec, case, mo
         assert [a[k] for k in ("bytes_sent", "wire_out", "wire_in")] == \
             [b[k] for k in ("bytes_sent", "wire_out", "wire_in")]
     p = case["p"]
-    # one call each where the per-chunk way makes p + 1 and 2 p (the NaN step: its way)
-    tensors, steps = len(SHAPES), 3
-    assert loop_stats[0].encode_calls == steps * tensors * (p + 1)
-    assert loop_stats[0].decode_calls == steps * tensors * 2 * p
+    # one call each where the per-chunk way makes p + 1 and 2 p (the NaN step: its way);
+    # DGC sends its vector "b" whole, by the allgather (an encode, p decodes)
+    whole, steps = int(spec.startswith("dgc")), 3
+    tensors = len(SHAPES) - whole
+    assert loop_stats[0].encode_calls == steps * (tensors * (p + 1) + whole)
+    assert loop_stats[0].decode_calls == steps * (tensors * 2 * p + whole * p)
     assert stats[0].encode_calls < loop_stats[0].encode_calls
     if "nan_at" not in case:
-        assert (stats[0].encode_calls, stats[0].decode_calls) == (2 * steps * tensors,) * 2
+        assert (stats[0].encode_calls, stats[0].decode_calls) == \
+            (steps * (2 * tensors + whole), steps * (2 * tensors + whole * p))
     if "nan_at" in case:  # (and the NaN reached the result, as the per-chunk way has it)
         assert np.isnan(np.asarray(got[1][0][0])).any()
 
@@ -121,9 +132,11 @@ def test_few_large_chunks_take_a_call_each(spec):
     no_ef = spec + ("," if ":" in spec else ":") + "ef=0"
     assert TwoPhase._path(build(no_ef, world_size=2), like, chunk_bounds(64, 2)) is None
     others = ["efsignsgd"] if spec == "onebit" else \
-        ["topk:ratio=0.1+qsgd:levels=4", "dgc:ratio=0.1", "randomk:ratio=0.1"]
+        ["topk:ratio=0.1+qsgd:levels=4", "randomk:ratio=0.1", "dgc:ratio=0.1,clip_norm=1",
+         "dgc:ratio=0.1+terngrad"]
     for other in others:
         assert TwoPhase._path(build(other, world_size=2), like, chunk_bounds(64, 2)) is None, other
+    assert TwoPhase._path(build("dgc:ratio=0.1", world_size=2), like, chunk_bounds(64, 2))
     if spec != "onebit":  # a subclass of top-k computes something else: its own calls
         sub = type("MyTopK", (type(comp),), {})(comp.params, world_size=2)
         assert TwoPhase._path(sub, like, chunk_bounds(64, 2)) is None
@@ -246,3 +259,41 @@ def test_auto_prices_the_chunk_paths_calls(chunked, monkeypatch):
     assert got.costs[TWO_PHASE] == pytest.approx(calls * call)
     assert got.costs["allgather"] == pytest.approx((1 + p) * call)
     assert got.exchange == (TWO_PHASE if chunked else "allgather"), got.reason
+
+
+def test_torch_tensors_take_dgcs_chunk_path():
+    """DGC's chunk path on CPU torch tensors: the payloads and the chunks' ``u`` and ``v``
+    of the per-chunk torch encodes and of the numpy chunk path, over the warm-up and after:
+    chunks of 625 values (7, then 20, sampled) and of 12 (5 sampled, then exact)."""
+    torch = pytest.importorskip("torch")
+    from hvd_compress.core.layout import column_shape
+    from hvd_compress.torch.backend import TorchBackend
+    TB = TorchBackend()
+    spec = "dgc:ratio=0.1,warmup_epochs=2,steps_per_epoch=1"
+    for n, p in ((5000, 8), (96, 8)):
+        bounds = chunk_bounds(n, p)
+        comps = {"torch": build(spec, backend=TB, world_size=p), "numpy": build(spec, world_size=p),
+                 "loop": build(spec, backend=TB, world_size=p)}
+        metas = [TensorMeta(chunk_name("w", j, p), column_shape(b - a), "float32")
+                 for j, (a, b) in enumerate(bounds)]
+        for step in range(4):
+            x = np.random.default_rng([n, step]).standard_normal(n).astype(np.float32)
+            got = {}
+            for key, comp in comps.items():
+                v = torch.from_numpy(x.copy()) if key != "numpy" else x.copy()
+                if key == "loop":
+                    encs = [comp.encode(v[a:b].reshape(m.shape), m.name)
+                            for (a, b), m in zip(bounds, metas)]
+                else:
+                    encs = TwoPhase._path(comp, v, bounds).encode(comp, v, "w", bounds, metas)
+                    assert encs is not None, key
+                got[key] = np.concatenate([np.asarray(e.payload) for e in encs])
+            np.testing.assert_array_equal(got["torch"], got["loop"], err_msg=f"{n} {step}")
+            np.testing.assert_array_equal(got["numpy"], got["loop"], err_msg=f"{n} {step}")
+        for key in ("torch", "numpy"):
+            for m in metas:
+                mine, theirs = comps[key].states[m.name], comps["loop"].states[m.name]
+                assert mine.step == theirs.step == 4
+                for field in ("u", "v"):
+                    np.testing.assert_array_equal(np.asarray(getattr(mine, field)),
+                                                  np.asarray(getattr(theirs, field)))

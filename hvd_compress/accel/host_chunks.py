@@ -16,28 +16,32 @@ float64 sum: :mod:`.jit`).  Fewer, larger chunks keep a call each: their calls' 
 cost is little beside their values, and each call's pool shares out one chunk.
 
 Registered per codec or compressor class, exactly (a subclass computes something else):
-1-bit SGD (:class:`~hvd_compress.core.onebit.OneBitCodec`) on chunks of one column, and
+1-bit SGD (:class:`~hvd_compress.core.onebit.OneBitCodec`) on chunks of one column,
 top-k (:class:`~hvd_compress.core.sparsifiers.TopK`, no quantizer of its values), whose
-owners are top-k too (DGC's as well: its owners' chunks decode this way).
+owners are top-k too, and DGC (:class:`~hvd_compress.core.dgc.DGC`: its workers' chunks and
+an owner's sum; its owners are top-k).
 
-A chunk's error-feedback residual stays in its own state (``name#j/p``: checkpoints and
-elastic resizes see nothing new); the chunk path keeps those of a tensor as views of one
-buffer, made once (and again after anything replaced one: a restored checkpoint, a
-resize's carry).
+A chunk's error-feedback residual (DGC: ``u`` and ``v``) stays in its own state
+(``name#j/p``: checkpoints and elastic resizes see nothing new); the chunk path keeps
+those of a tensor as views of one buffer, made once (and again after anything replaced
+one: a restored checkpoint, a resize's carry).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..core import sampling
+from ..core.backend import NUMPY
 from ..core.chunkset import Chunks
+from ..core.dgc import ADAPT_ROUNDS, DGC, LOWER, sample_size
 from ..core.onebit import OneBitCodec
 from ..core.quantizers import QuantizerCompressor
 from ..core.sparsifiers import TopK
 from .host import RESULTS, numba_kernels
 from .registry import ByClass, requested
 
-__all__ = ["CHUNK_PATHS", "chunk_path", "OneBitChunks", "TopKChunks"]
+__all__ = ["CHUNK_PATHS", "chunk_path", "DGCChunks", "OneBitChunks", "TopKChunks"]
 
 _HEAD = 8  # a 1-bit payload of one column: pos, neg (float32), then the signs
 #: chunks enough to keep a thread pool busy a chunk a thread (a 16-core machine's)
@@ -80,16 +84,17 @@ class _ChunkPath:
     def __init__(self, k, B, comp=None):
         self.k, self.B = k, B
 
-    def _residuals(self, comp, name, metas, n, like):
-        """``(block, states)``: the chunks' residuals as views of one buffer (host numpy),
-        and their states, in ``comp.states`` as the per-chunk path would make them."""
+    def _residuals(self, comp, name, metas, n, like, field="residual"):
+        """``(block, states)``: the chunks' residuals (or another per-chunk state ``field``)
+        as views of one buffer (host numpy), and their states, in ``comp.states`` as the
+        per-chunk path would make them."""
         B = self.B
-        key = (name, len(metas))
+        key = (name, len(metas), field)
         blocks = comp.__dict__.setdefault("_chunk_blocks", {})
         held = blocks.get(key)
         if held is not None:
             states = comp.states
-            if all(states.get(m.name) is st and st.residual is view
+            if all(states.get(m.name) is st and getattr(st, field) is view
                    for m, st, view in zip(metas, held[1], held[2])):
                 return held[0], held[1]
         block = np.zeros(n, np.float32)
@@ -97,10 +102,10 @@ class _ChunkPath:
         for meta in metas:
             st = comp.state(meta, like=like)
             m = meta.numel
-            block[at:at + m] = B.host_view(B.reshape(st.residual, (-1,)))
-            st.residual = B.from_host(block[at:at + m])
+            block[at:at + m] = B.host_view(B.reshape(getattr(st, field), (-1,)))
+            setattr(st, field, B.from_host(block[at:at + m]))
             kept.append(st)
-            views.append(st.residual)
+            views.append(getattr(st, field))
             at += m
         blocks[key] = (block, kept, views)
         return block, kept
@@ -188,7 +193,7 @@ class OneBitChunks(_ChunkPath):
         head = buf[offs[:, None] + np.arange(_HEAD)].reshape(-1).view(np.float32).reshape(-1, 2)
         return np.ascontiguousarray(head[:, ::-1])
 
-    def aggregate(self, comp, buf, offs, meta):
+    def aggregate(self, comp, buf, offs, meta, nbytes=None):
         """The sum, in rank order, of the payloads at byte offsets ``offs`` of ``buf`` (all
         of ``meta``'s chunk), in ``meta``'s shape: ``comp.aggregate``'s."""
         B = self.B
@@ -252,12 +257,13 @@ class TopKChunks(_ChunkPath):
         return 8 * self.counts(lengths)
 
     # -- an owner's sum, and every owner's chunk ------------------------------------------
-    def aggregate(self, comp, buf, offs, meta):
+    def aggregate(self, comp, buf, offs, meta, nbytes=None):
         """The sum, in rank order, of the payloads at byte offsets ``offs`` of ``buf`` (all
-        of ``meta``'s chunk), in ``meta``'s shape: ``comp.aggregate``'s."""
+        of ``meta``'s chunk, ``nbytes`` bytes each where given), in ``meta``'s shape:
+        ``comp.aggregate``'s."""
         B = self.B
         out = RESULTS.take(meta.numel)
-        kk = int(self.counts([meta.numel])[0])
+        kk = int(self.counts([meta.numel])[0]) if nbytes is None else int(nbytes) // 8
         bad = self.k.topk_sum(self._host(buf), np.asarray(offs, np.int64), kk, out)
         if bad:
             raise ValueError(f"top-k payloads of {meta.name!r}: {bad} indices outside its "
@@ -275,9 +281,115 @@ class TopKChunks(_ChunkPath):
             raise ValueError(f"top-k payloads: {int(bad.sum())} indices outside their chunks")
 
 
+class DGCChunks(_ChunkPath):
+    """DGC's chunks (no quantizer, no clipping, density under 1): each chunk's momentum
+    correction, sampled threshold (its own stream: the chunk's name), correction loop,
+    selection and masking as ``comp.encode`` does the chunk -- the chain where a chunk is
+    selected exactly, :func:`.host_select._dgc` where sampled -- and an owner's sum of the
+    workers' payloads (top-k's, ``k`` from their size).  The owners are top-k: their chunks
+    decode by :class:`TopKChunks`.  The chunks' ``u`` and ``v`` are views of two buffers;
+    where they are not known finite (made or replaced since the last step here, or an
+    overflow in it) they are checked first, and a NaN or Inf there, in the gradient or
+    among the sampled magnitudes takes the per-chunk calls."""
+
+    @staticmethod
+    def takes(comp, bounds) -> bool:
+        """Whether these chunks go this way: exactly DGC, no quantizer, no clipping, int32
+        indices, chunks many or all small."""
+        return type(comp) is DGC and comp._codec is None and \
+            float(comp.params["clip_norm"]) <= 0 and _longest(bounds) < 2 ** 31 and _fit(bounds)
+
+    @staticmethod
+    def _keys(comp, name, metas, steps):
+        """Each chunk's two stream keys for its sampled positions at its ``steps``
+        (:func:`~hvd_compress.core.sampling.stream_keys`, all chunks at once; the part
+        without the step kept per tensor)."""
+        seed, purpose = int(comp.params["seed"]), 2  # (PURPOSE_DGC_SAMPLE)
+        held = comp.__dict__.setdefault("_chunk_keys", {})
+        base = held.get((name, len(metas), seed))
+        if base is None:
+            first = sampling.hash32(sampling._Ints, (seed * sampling.GOLDEN + purpose)
+                                    & sampling.MASK32)
+            base = np.asarray([sampling.hash32(sampling._Ints, first ^
+                                               sampling.name_key(m.name)) for m in metas],
+                              np.int64)
+            held[(name, len(metas), seed)] = base
+        key0 = sampling.hash32(NUMPY, base ^ (steps & sampling.MASK32))
+        return key0, sampling.hash32(NUMPY, key0 ^ sampling.GOLDEN)
+
+    @staticmethod
+    def _lowered(thr):
+        """``(p, ADAPT_ROUNDS + 1)`` float32: each threshold, then each lowering by
+        ``LOWER``, with the arithmetic :meth:`DGC.lowered` makes on a float32 scalar
+        (float32 under NumPy 2's rules, float64 under NumPy 1's), each rounded to float32."""
+        dtype = type(np.float32(1) * LOWER)
+        out = np.empty((thr.shape[0], ADAPT_ROUNDS + 1), np.float32)
+        cur = thr.astype(dtype)
+        for r in range(ADAPT_ROUNDS + 1):
+            out[:, r] = cur
+            cur = (cur * LOWER).astype(dtype)
+        return out
+
+    def encode(self, comp, v, name, bounds, metas):
+        """Every chunk of ``v`` (flat float32, host) encoded as ``comp.encode`` would, each
+        chunk's state stepped; None (nothing touched) where the per-chunk calls must run."""
+        B, k = self.B, self.k
+        if not bool(B.all_finite(v)):
+            return None
+        g = B.host_view(v)
+        u, states = self._residuals(comp, name, metas, g.shape[0], v, "u")
+        w, _ = self._residuals(comp, name, metas, g.shape[0], v, "v")
+        finite = comp.__dict__.setdefault("_chunk_finite", {})
+        key = (name, len(metas))
+        if finite.get(key) != (id(u), id(w)):
+            if not (np.isfinite(u).all() and np.isfinite(w).all()):
+                return None
+            finite[key] = (id(u), id(w))
+        steps = np.asarray([st.step for st in states], np.int64)
+        density = {int(t): comp.density(int(t)) for t in np.unique(steps)}
+        if max(density.values()) >= 1.0:
+            return None  # momentum alone: the per-chunk calls
+        starts = _starts(bounds)
+        lengths = np.diff(starts)
+        d = np.asarray([density[int(t)] for t in steps]) if len(density) > 1 else \
+            np.full(len(metas), next(iter(density.values())))
+        ks = np.clip(np.ceil(d * lengths - 1e-9), 1, lengths).astype(np.int64)
+        ratio = float(comp.params["sample_ratio"])
+        plan = {}
+        for pair in set(zip(lengths.tolist(), d.tolist())):
+            s = sample_size(pair[0], pair[1], ratio)
+            plan[pair] = (0, 1) if s == pair[0] else \
+                (s, max(1, min(s, int(np.ceil(pair[1] * s - 1e-9)))))
+        sizes, wants = (np.asarray(c, np.int64) for c in
+                        zip(*[plan[pair] for pair in zip(lengths.tolist(), d.tolist())]))
+        m, nesterov = np.float32(comp.params["momentum"]), bool(comp.params["nesterov"])
+        thr = np.zeros(len(metas), np.float32)
+        if sizes.any():
+            key0, key1 = self._keys(comp, name, metas, steps)
+            at = _segments(sizes)
+            pos = np.empty(int(at[-1]), np.int64)
+            k.seg_stratified(starts, sizes, key0.astype(np.uint64), key1.astype(np.uint64),
+                             at, pos)
+            if k.seg_dgc_thresholds(g, u, w, pos, at, sizes, wants, m, nesterov, thr).any():
+                return None  # an Inf/NaN momentum sampled: the chunks' own way
+        nbytes = 8 * ks
+        offs, out = _laid_out(nbytes)
+        if k.seg_dgc_pack(g, u, w, starts, ks, self._lowered(thr), sizes > 0, m, nesterov,
+                          bool(comp.params["masking"]), out, offs).any():
+            finite.pop(key, None)  # an overflow: checked again next step
+        return self._payloads(out, metas, states, offs, nbytes)
+
+    def aggregate(self, comp, buf, offs, meta, nbytes=None):
+        """The sum, in rank order, of the workers' payloads of ``meta``'s chunk (``nbytes``
+        each: ``k`` from the size, the density being the step's): top-k's."""
+        if nbytes is None:
+            raise ValueError("DGC's chunk path: an owner's sum needs the payloads' size")
+        return TopKChunks.aggregate(self, comp, buf, offs, meta, nbytes)
+
+
 #: the chunk paths, by codec class (a quantizer's) or compressor class (each checks the
 #: class exactly: ``takes``)
-CHUNK_PATHS = ByClass({OneBitCodec: OneBitChunks, TopK: TopKChunks})
+CHUNK_PATHS = ByClass({OneBitCodec: OneBitChunks, TopK: TopKChunks, DGC: DGCChunks})
 
 
 def chunk_path(B, comp):

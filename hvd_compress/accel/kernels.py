@@ -13,6 +13,8 @@ from .kernels_chunks import (
                              ef_sign_sums,
                              onebit_sum,
                              seg_copy,
+                             seg_dgc_pack,
+                             seg_dgc_thresholds,
                              seg_nonfinite,
                              seg_onebit_decode,
                              seg_onebit_pack,
@@ -62,6 +64,7 @@ from .kernels_stochastic import (
                              intsum_words,
                              moments,
                              qsgd_codes,
+                             seg_stratified,
                              stratified,
                              terngrad_pack,
 )
@@ -75,4 +78,5 @@ __all__ = ["threshold_pack", "onebit_pack", "sign_sums", "column_sign_sums", "on
            "inceptionn_widths", "inceptionn_pack", "inceptionn_decode", "intsum_words",
            "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode",
            "seg_nonfinite", "seg_topk_pack", "topk_sum", "seg_topk_decode",
-           "seg_copy", "ef_sign_sums", "ef_onebit_pack"]
+           "seg_copy", "ef_sign_sums", "ef_onebit_pack", "seg_dgc_thresholds", "seg_dgc_pack",
+           "seg_stratified"]

@@ -17,7 +17,9 @@ they and the segments' kernels take the same per-value steps (:func:`_ef_value`,
 Top-k's segments are selected exactly (the k largest magnitudes, ties to the lower
 index: the core's :func:`~hvd_compress.core.sparsifiers.topk_indices` set), so their
 bits depend on no order; a payload is ``k`` int32 indices then ``k`` float32 values,
-read and written through views of the byte buffer at its offset.
+read and written through views of the byte buffer at its offset.  DGC's segments
+(``seg_dgc_thresholds``, ``seg_dgc_pack``) take the same payload and exact selection, after
+each segment's momentum correction, sampled threshold and correction loop.
 """
 
 import numpy as np
@@ -168,7 +170,7 @@ def seg_nonfinite(r, g, starts):
 
 @inline
 def _kth_largest(mags, k):
-    """The ``k``-th largest of ``mags`` (finite, non-negative float32), read-only: a
+    """The ``k``-th largest of ``mags`` (non-negative float32, no NaN), read-only: a
     partition of the values in the histogram bin it falls in and above (the bit patterns
     of non-negative floats order as their values), or of all of them."""
     m = mags.shape[0]
@@ -293,3 +295,120 @@ def seg_copy(src, src_at, sizes, dst, dst_at):
         b = dst_at[s]
         for i in range(sizes[s]):
             dst[b + i] = src[a + i]
+
+
+@inline
+def _dgc_mag(g, u, v, i, m, nesterov):
+    """``|v|`` after DGC's momentum correction at ``i``, the chain's float32 arithmetic
+    (:func:`~.kernels_select.dgc_sample`'s), nothing written."""
+    if nesterov:
+        x = (u[i] + g[i]) * m
+        return abs((v[i] + x) + g[i])
+    return abs(v[i] + (u[i] * m + g[i]))
+
+
+@parallel
+def seg_dgc_thresholds(g, u, v, pos, at, sizes, wants, m, nesterov, thr):
+    """Per segment with ``sizes[s]`` > 0: DGC's sampled threshold before the correction
+    loop, into ``thr[s]`` -- the ``wants[s]``-th largest of the new ``|v|`` at the
+    segment's ``sizes[s]`` sampled positions ``pos[at[s]:]``
+    (:func:`~.kernels_stochastic.seg_stratified`); nothing written to the state.  Returns,
+    per segment, how many sampled magnitudes are not finite."""
+    count = sizes.shape[0]
+    bad = np.zeros(count, np.int64)
+    for s in prange(count):
+        k = sizes[s]
+        if k == 0:
+            continue
+        sample = np.empty(k, np.float32)
+        odd = 0
+        for j in range(k):
+            a = _dgc_mag(g, u, v, pos[at[s] + j], m, nesterov)
+            sample[j] = a
+            odd += np.int64(not (a <= _TOP))
+        bad[s] = odd
+        if odd == 0:
+            thr[s] = _kth_largest(sample, wants[s])
+    return bad
+
+
+@parallel
+def seg_dgc_pack(g, u, v, starts, ks, lowered, sampled, m, nesterov, masking, out, offs):
+    """Per segment: DGC's momentum correction in place (``u = u*m + g; v = v + u``;
+    Nesterov ``u = (u + g)*m; v = (v + u) + g``); where ``sampled[s]``, the correction
+    loop over the thresholds ``lowered[s]`` (the sampled one, then each lowering: the first
+    that at least ``0.8 k`` pass, else the last) -- where at least ``k`` pass, the ``k``
+    largest ``|v|`` (ties to the lower index), else all that pass; not sampled, the ``k``
+    largest.  The payload from ``out[offs[s]]`` on: int32 indices within the segment,
+    increasing, then the float32 values ``v`` (unused slots 0, 0); ``v`` then 0 where sent,
+    and with ``masking`` ``u`` too (``x - x``, as the chain's ``x + -x``, where selected
+    exactly: NaN where an overflow made ``x`` infinite).  Returns, per segment, how many new ``u`` or ``v``
+    are not finite."""
+    count = starts.shape[0] - 1
+    bad = np.zeros(count, np.int64)
+    for s in prange(count):
+        lo, hi, k = starts[s], starts[s + 1], ks[s]
+        n = hi - lo
+        mags = np.empty(n, np.float32)
+        odd = 0
+        for i in range(lo, hi):
+            if nesterov:
+                x = (u[i] + g[i]) * m
+                y = (v[i] + x) + g[i]
+            else:
+                x = u[i] * m + g[i]
+                y = v[i] + x
+            u[i] = x
+            v[i] = y
+            a = abs(y)
+            mags[i - lo] = a
+            odd += np.int64(not (a <= _TOP)) + np.int64(not (abs(x) <= _TOP))
+        bad[s] = odd
+        passed = k
+        t = np.float32(0.0)
+        if sampled[s]:
+            rounds = lowered.shape[1] - 1
+            r = 0
+            while True:
+                t = lowered[s, r]
+                passed = 0
+                for j in range(n):
+                    passed += mags[j] >= t
+                if r == rounds or passed >= 0.8 * k:
+                    break
+                r += 1
+        at = offs[s]
+        idx = out[at:at + 4 * k].view(np.int32)
+        val = out[at + 4 * k:at + 8 * k].view(np.float32)
+        c = 0
+        if passed >= k:  # the k largest (all of them pass where some threshold did)
+            kth = _kth_largest(mags, k)
+            above = 0
+            for j in range(n):
+                above += mags[j] > kth
+            ties = k - above
+            for j in range(n):
+                a = mags[j]
+                take = a > kth
+                if not take and a == kth and ties > 0:
+                    take = True
+                    ties -= 1
+                if take and c < k:
+                    idx[c] = j
+                    c += 1
+        else:
+            for j in range(n):
+                if mags[j] >= t:
+                    idx[c] = j
+                    c += 1
+        for q in range(c):  # (exact: the chain's v + -v and u + -u; sampled: host_select's 0)
+            i = lo + idx[q]
+            y = v[i]
+            val[q] = y
+            v[i] = y - y if not sampled[s] else np.float32(0.0)
+            if masking:
+                u[i] = u[i] - u[i] if not sampled[s] else np.float32(0.0)
+        for q in range(c, k):
+            idx[q] = 0
+            val[q] = 0.0
+    return bad

@@ -177,6 +177,21 @@ def stratified(n, k, key0, key1, indices, sizes):
             sizes[j] = size
 
 @parallel
+def seg_stratified(starts, sizes, key0, key1, at, out):
+    """Per segment ``s`` with ``sizes[s]`` > 0: :func:`stratified`'s ``sizes[s]`` indices
+    of the segment ``[starts[s], starts[s+1])`` under keys ``key0[s]``, ``key1[s]``
+    (uint64), plus ``starts[s]``, into ``out`` from ``at[s]`` on: the sampled positions
+    of every chunk of a tensor (DGC's two-phase chunks, each its own stream)."""
+    for s in prange(sizes.shape[0]):
+        k = sizes[s]
+        lo, n = starts[s], starts[s + 1] - starts[s]
+        for j in range(k):
+            first = (j * n) // k
+            size = ((j + 1) * n) // k - first
+            h = _lowbias32(_lowbias32(np.uint64(j) ^ key0[s]) ^ key1[s])
+            out[at[s] + j] = lo + first + np.int64((h * np.uint64(size)) >> np.uint64(32))
+
+@parallel
 def intsum_words(v, noise, k0, k1, kind, cap, safe, inv, d, m, w, bias, out):
     """Integer sums' codes (:mod:`hvd_compress.core.intsum`) straight into int32 words of
     ``w``-bit lanes: biased codes ``c + 2**(w-1)`` packed, minus ``bias`` (``C``,

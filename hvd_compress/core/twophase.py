@@ -411,8 +411,8 @@ class TwoPhase(Runs):
         sources, sums = None, []
         for i, encs in enumerate(part.encs):
             path = None if part.variable else self._path(comp, got, part.bounds[i])
-            if path is not None:  # the p payloads summed in one call
-                sums.append(path.aggregate(comp, got, np.asarray(starts) + sum(own[:i]), mine[i]))
+            if path is not None:  # the p payloads (own[i] bytes each) summed in one call
+                sums.append(path.aggregate(comp, got, np.add(starts, sum(own[:i])), mine[i], own[i]))
                 stats["decode_calls"] += 1
                 continue
             if sources is None:
