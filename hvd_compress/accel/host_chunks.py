@@ -37,7 +37,7 @@ from ..core.chunkset import Chunks
 from ..core.dgc import ADAPT_ROUNDS, DGC, LOWER, sample_size
 from ..core.onebit import OneBitCodec
 from ..core.quantizers import QuantizerCompressor
-from ..core.sparsifiers import TopK
+from ..core.sparsifiers import PURPOSE_DGC_SAMPLE, TopK, count_for
 from .host import RESULTS, numba_kernels
 from .registry import ByClass, requested
 
@@ -69,6 +69,13 @@ def _starts(bounds) -> np.ndarray:
 def _segments(sizes) -> np.ndarray:
     """:func:`_starts` of segments of ``sizes`` values laid end to end from 0."""
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def _counts(ratio, lengths) -> np.ndarray:
+    """:func:`~hvd_compress.core.sparsifiers.count_for` of chunks of ``lengths`` values at
+    ``ratio`` (one, or one a chunk), element-wise in its float64 arithmetic (int64)."""
+    m = np.asarray(lengths, np.int64)
+    return np.clip(np.ceil(ratio * m - 1e-9), 1, m).astype(np.int64)
 
 
 def _laid_out(nbytes):
@@ -232,8 +239,7 @@ class TopKChunks(_ChunkPath):
     def counts(self, lengths) -> np.ndarray:
         """``k`` of chunks of ``lengths`` values (int64): ``count_for(ratio, m)``'s float64
         arithmetic, element-wise."""
-        m = np.asarray(lengths, np.int64)
-        return np.clip(np.ceil(self.ratio * m - 1e-9), 1, m).astype(np.int64)
+        return _counts(self.ratio, lengths)
 
     # -- the worker's chunks --------------------------------------------------------------
     def encode(self, comp, v, name, bounds, metas):
@@ -304,18 +310,13 @@ class DGCChunks(_ChunkPath):
         """Each chunk's two stream keys for its sampled positions at its ``steps``
         (:func:`~hvd_compress.core.sampling.stream_keys`, all chunks at once; the part
         without the step kept per tensor)."""
-        seed, purpose = int(comp.params["seed"]), 2  # (PURPOSE_DGC_SAMPLE)
+        seed = int(comp.params["seed"])
         held = comp.__dict__.setdefault("_chunk_keys", {})
         base = held.get((name, len(metas), seed))
         if base is None:
-            first = sampling.hash32(sampling._Ints, (seed * sampling.GOLDEN + purpose)
-                                    & sampling.MASK32)
-            base = np.asarray([sampling.hash32(sampling._Ints, first ^
-                                               sampling.name_key(m.name)) for m in metas],
-                              np.int64)
-            held[(name, len(metas), seed)] = base
-        key0 = sampling.hash32(NUMPY, base ^ (steps & sampling.MASK32))
-        return key0, sampling.hash32(NUMPY, key0 ^ sampling.GOLDEN)
+            base = held[(name, len(metas), seed)] = np.asarray(
+                [sampling.name_base(seed, m.name, PURPOSE_DGC_SAMPLE) for m in metas], np.int64)
+        return sampling.step_keys(NUMPY, base, steps & sampling.MASK32)
 
     @staticmethod
     def _lowered(thr):
@@ -353,15 +354,14 @@ class DGCChunks(_ChunkPath):
         lengths = np.diff(starts)
         d = np.asarray([density[int(t)] for t in steps]) if len(density) > 1 else \
             np.full(len(metas), next(iter(density.values())))
-        ks = np.clip(np.ceil(d * lengths - 1e-9), 1, lengths).astype(np.int64)
+        ks = _counts(d, lengths)
         ratio = float(comp.params["sample_ratio"])
-        plan = {}
-        for pair in set(zip(lengths.tolist(), d.tolist())):
-            s = sample_size(pair[0], pair[1], ratio)
-            plan[pair] = (0, 1) if s == pair[0] else \
-                (s, max(1, min(s, int(np.ceil(pair[1] * s - 1e-9)))))
-        sizes, wants = (np.asarray(c, np.int64) for c in
-                        zip(*[plan[pair] for pair in zip(lengths.tolist(), d.tolist())]))
+        pairs = list(zip(lengths.tolist(), d.tolist()))
+        plan = {}  # (length, density): (positions sampled, 0 where exact; the rank wanted)
+        for n, dens in set(pairs):
+            s = sample_size(n, dens, ratio)
+            plan[n, dens] = (0, 1) if s == n else (s, count_for(dens, s))
+        sizes, wants = (np.asarray(c, np.int64) for c in zip(*[plan[q] for q in pairs]))
         m, nesterov = np.float32(comp.params["momentum"]), bool(comp.params["nesterov"])
         thr = np.zeros(len(metas), np.float32)
         if sizes.any():

@@ -196,6 +196,29 @@ def _kth_largest(mags, k):
     return np.partition(cand, c - k)[c - k]
 
 
+@inline
+def _top_indices(mags, k, idx):
+    """The indices (increasing) of the ``k`` largest of ``mags`` (ties to the lower index:
+    the core's :func:`~hvd_compress.core.sparsifiers.topk_indices` set) into ``idx``;
+    returns how many (``k``: the k-th largest is exact)."""
+    kth = _kth_largest(mags, k)
+    above = 0
+    for j in range(mags.shape[0]):
+        above += mags[j] > kth
+    ties = k - above  # the first values equal to the k-th largest, by index
+    c = 0
+    for j in range(mags.shape[0]):
+        a = mags[j]
+        take = a > kth
+        if not take and a == kth and ties > 0:
+            take = True
+            ties -= 1
+        if take and c < k:
+            idx[c] = j
+            c += 1
+    return c
+
+
 @parallel
 def seg_topk_pack(r, g, starts, ks, out, offs):
     """Per segment: ``y = r + g``; its ``ks[s]`` largest ``|y|`` (ties to the lower index)
@@ -204,33 +227,18 @@ def seg_topk_pack(r, g, starts, ks, out, offs):
     feedback's residual: ``y + -y`` is +0).  Every ``y`` finite (:func:`seg_nonfinite`)."""
     for s in prange(starts.shape[0] - 1):
         lo, hi, k = starts[s], starts[s + 1], ks[s]
-        m = hi - lo
-        mags = np.empty(m, np.float32)
+        mags = np.empty(hi - lo, np.float32)
         for i in range(lo, hi):
-            mags[i - lo] = abs(r[i] + g[i])
-        kth = _kth_largest(mags, k)
-        above = 0
-        for j in range(m):
-            above += mags[j] > kth
-        ties = k - above  # the first values equal to the k-th largest, by index
+            y = r[i] + g[i]
+            r[i] = y
+            mags[i - lo] = abs(y)
         at = offs[s]
         idx = out[at:at + 4 * k].view(np.int32)
         val = out[at + 4 * k:at + 8 * k].view(np.float32)
-        c = 0
-        for i in range(lo, hi):
-            y = r[i] + g[i]
-            a = mags[i - lo]
-            take = a > kth
-            if not take and a == kth and ties > 0:
-                take = True
-                ties -= 1
-            if take and c < k:  # (exactly k are: the k-th largest is exact)
-                idx[c] = i - lo
-                val[c] = y
-                c += 1
-                r[i] = 0.0
-            else:
-                r[i] = y
+        for q in range(_top_indices(mags, k, idx)):
+            i = lo + idx[q]
+            val[q] = r[i]
+            r[i] = 0.0
 
 
 @parallel
@@ -382,20 +390,7 @@ def seg_dgc_pack(g, u, v, starts, ks, lowered, sampled, m, nesterov, masking, ou
         val = out[at + 4 * k:at + 8 * k].view(np.float32)
         c = 0
         if passed >= k:  # the k largest (all of them pass where some threshold did)
-            kth = _kth_largest(mags, k)
-            above = 0
-            for j in range(n):
-                above += mags[j] > kth
-            ties = k - above
-            for j in range(n):
-                a = mags[j]
-                take = a > kth
-                if not take and a == kth and ties > 0:
-                    take = True
-                    ties -= 1
-                if take and c < k:
-                    idx[c] = j
-                    c += 1
+            c = _top_indices(mags, k, idx)
         else:
             for j in range(n):
                 if mags[j] >= t:

@@ -49,8 +49,6 @@ __all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF"]
 
 #: the probe collectives' sizes (bytes), each timed :data:`REPEATS` times (the best kept)
 PROBE_BYTES = (1 << 10, 1 << 18, 1 << 22)
-#: inside a node: the same sizes
-NODE_PROBE_BYTES = PROBE_BYTES
 #: the largest probe size runs only where the one before took under this (seconds) on every
 #: rank of the collective's set; else its rows carry :data:`SKIPPED`
 LARGE_PROBE_BELOW_S = 0.05
@@ -296,12 +294,12 @@ class AutoChoice:
                 else 1.0
 
     @staticmethod
-    def _fit(seconds, p: int, sharing: int = 1, sizes=PROBE_BYTES) -> tuple:
+    def _fit(seconds, p: int, sharing: int = 1) -> tuple:
         """``(alpha, seconds per byte)`` of a link from the probes' ``seconds`` (of
-        ``sizes``; :data:`SKIPPED` ones left out) over ``p`` ranks, ``sharing`` such
-        collectives crossing the link at once."""
+        :data:`PROBE_BYTES`; :data:`SKIPPED` ones left out) over ``p`` ranks, ``sharing``
+        such collectives crossing the link at once."""
         rows, i = [], 0
-        for nbytes in sizes:
+        for nbytes in PROBE_BYTES:
             rows.append((2 * (p - 1), sharing * 2 * (p - 1) * nbytes // p, seconds[i]))
             rows.append((p - 1, sharing * (p - 1) * nbytes, seconds[i + 1]))
             i += 2

@@ -292,7 +292,7 @@ class DGC(Sparsifier):
         key0, key1 = stream_keys(B, int(self.params["seed"]), meta.name, step,
                                  PURPOSE_DGC_SAMPLE, like=like)
         pos, _ = stratified_indices(B, meta.numel, s, key0, key1, like=like)
-        return pos, max(1, min(s, math.ceil(density * s - 1e-9)))
+        return pos, count_for(density, s)  # ceil(d*s), in [1, s]
 
     @staticmethod
     def lowered(thr, k: int, count):

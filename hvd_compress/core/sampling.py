@@ -53,6 +53,20 @@ class _Ints:
         return (x * c) & MASK32
 
 
+def name_base(seed: int, name: str, purpose: int) -> int:
+    """The part of :func:`stream_keys` that does not depend on the step (a Python int)."""
+    base = hash32(_Ints, (seed * GOLDEN + purpose) & MASK32)
+    return hash32(_Ints, base ^ name_key(name))
+
+
+def step_keys(ops, base, step, golden=GOLDEN):
+    """:func:`stream_keys` from :func:`name_base`'s ``base`` and ``step`` (masked to 32
+    bits), in ``ops``' arithmetic: Python ints, or a backend's arrays (one key pair per
+    element where ``base`` and ``step`` are arrays)."""
+    key0 = hash32(ops, ops.bit_xor(base, step))
+    return key0, hash32(ops, ops.bit_xor(key0, golden))
+
+
 def stream_keys(B, seed: int, name: str, step, purpose: int, like=None):
     """Two 0-d int64 keys for the stream of (seed, tensor name, step, purpose).
 
@@ -61,18 +75,13 @@ def stream_keys(B, seed: int, name: str, step, purpose: int, like=None):
     does not depend on the step is computed on Python ints (:class:`_Ints`); so is
     the rest when the step is a Python int, the keys then made arrays.
     """
-    base = hash32(_Ints, (seed * GOLDEN + purpose) & MASK32)
-    base = hash32(_Ints, base ^ name_key(name))
+    base = name_base(seed, name, purpose)
     if isinstance(step, int):
-        ops, golden, step = _Ints, GOLDEN, step & MASK32
-    else:
-        ops, golden = B, B.scalar(GOLDEN, "int64", like=like)
-        base, step = B.scalar(base, "int64", like=like), B.bit_and(B.cast(step, "int64"), MASK32)
-    key0 = hash32(ops, ops.bit_xor(base, step))
-    key1 = hash32(ops, ops.bit_xor(key0, golden))
-    if ops is _Ints:
+        key0, key1 = step_keys(_Ints, base, step & MASK32)
         return B.scalar(key0, "int64", like=like), B.scalar(key1, "int64", like=like)
-    return key0, key1
+    return step_keys(B, B.scalar(base, "int64", like=like),
+                     B.bit_and(B.cast(step, "int64"), MASK32),
+                     B.scalar(GOLDEN, "int64", like=like))
 
 
 def hash_stream(B, key0, key1, n: int, like=None):
