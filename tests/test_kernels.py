@@ -320,6 +320,40 @@ def test_non_finite_steps_take_the_reference_path(spec, bad, backend, monkeypatc
     assert np.isnan(nan_step).any()  # the bad step went the non-finite way
 
 
+@pytest.mark.parametrize("backend", [NUMPY, TorchBackend()], ids=["numpy", "torch"])
+def test_topk_steps_with_a_sampled_cut_match_the_chain(backend, monkeypatch):
+    """Top-k with error feedback where a sampled cut runs (k in the thousands): the two
+    passes over ``residual + g`` (``ef_count``, then ``ef_add_gather``) on normal steps,
+    and the other ways on a sparse first step (the cut at 0: far more than k pass), a
+    NaN step (nothing touched) and an overflow of the sum (added and undone): payloads,
+    decoded values and the residual are the chain's after every step."""
+    n = 300_000  # k = 3,000 at 1%
+    rng = np.random.default_rng(11)
+    sparse = np.zeros(n, np.float32)
+    sparse[rng.choice(n, 1000, replace=False)] = rng.standard_normal(1000)
+    xs = [sparse] + [(rng.standard_normal(n) * 1e-2).astype(np.float32) for _ in range(5)]
+    xs[3][5] = np.nan
+    xs[5][7] = 3e38
+    gathers = []
+    watched = kernels.ef_add_gather
+    monkeypatch.setattr(kernels, "ef_add_gather", lambda *a: gathers.append(1) or watched(*a))
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setenv("HVD_COMPRESS_FUSED", "1" if fused else "0")
+        comp, seen = build("topk:ratio=0.01", backend), []
+        for step, x in enumerate(xs):
+            if step == 5:  # a residual that the sum overflows
+                comp.states["w"]["residual"][7] = 3e38
+            with np.errstate(over="ignore", invalid="ignore"):
+                enc = comp.encode(x if backend is NUMPY else torch.from_numpy(x), "w")
+                out = comp.aggregate([enc.payload], enc)
+            seen += [np.asarray(backend.to_numpy(v)).tobytes()
+                     for v in (enc.payload, out, comp.states["w"]["residual"])]
+        runs.append(seen)
+    assert runs[0] == runs[1]
+    assert len(gathers) == 3  # steps 1, 2 and 4 took the two passes
+
+
 @pytest.mark.parametrize("scale", [1.0, 0.37, 1e-30])
 def test_start_table_counts_exactly_like_a_binary_search(scale):
     """The 16-bit prefix table the 8-bit and SketchML kernels count on from gives the

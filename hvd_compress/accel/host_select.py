@@ -94,32 +94,39 @@ def _adaq(k, B, comp, v, noise, ef):
 def _topk(k, B, comp, g, residual, noise, noise_source):
     """Top-k's whole step and payload (indices, then values): the k largest magnitudes,
     ties to the lower index, and their values.  A cut a little below the k-th largest
-    is read from a strided sample of ``|g + residual|`` (:func:`_sample_cut`); the
-    pass that adds ``g`` into the residual (without error feedback: a read of ``g``)
-    counts the values at or above it and the non-finite ones; one more pass gathers
-    those at or above it, and the k largest of them are the top-k
-    (:func:`_k_largest`).  Where fewer than k pass, or far more, the top-k comes from
-    :func:`_top_by_bits`.  Non-finite: ``g`` is checked before the sum, an overflow of
-    the sum undone as the core's host path does (:func:`ef_sum_host`).  The values
-    sent leave the residual (0, as the chain's ``v + -v``)."""
+    is read from a strided sample of ``|g + residual|`` (:func:`_sample_cut`); one pass
+    counts the values at or above it and the non-finite ones, reading ``y = residual +
+    g`` without storing it (without error feedback: ``g``); one more pass gathers those
+    at or above it (with error feedback, writing the residual ``y``), and the k largest
+    of them are the top-k (:func:`_k_largest`).  Where fewer than k pass, or far more,
+    the top-k comes from :func:`_top_by_bits`.  Non-finite: nothing is touched where
+    ``g`` is not finite; an overflow of the sum is added and undone, as the core's host
+    path does (:func:`ef_sum_host`).  The values sent leave the residual (0, as the
+    chain's ``v + -v``)."""
     gh = B.host_view(g)
     n, ef = gh.shape[0], residual is not None
     kk, itype, chunks = comp.k_for(comp.meta_for(g)), index_dtype(n), _select_chunks(n)
-    if ef and not bool(B.all_finite(g)):
-        return None, residual, False
     vh = B.host_view(residual) if ef else gh
     t = _sample_cut(gh, vh if ef else None, kk)
-    counts, bad = k.add_count(vh, gh, t, ef, chunks)
+    added = ef and not np.isfinite(t)  # no cut (a small tensor): the sum written at once
+    if added and not bool(B.all_finite(g)):
+        return None, residual, False
+    counts, bad = k.ef_count(vh, gh, t, chunks) if ef and not added else \
+        k.add_count(vh, gh, t, ef, chunks)
     if bad.any():
-        if ef:  # float32 overflow of the sum: undone, a non-finite step
+        if ef and (added or bool(B.all_finite(g))):  # float32 overflow of the sum: undone
+            if not added:
+                k.add_count(vh, gh, t, True, chunks)
             B.isub(residual, g)
         return None, residual, False
     passed = int(counts.sum())
     if kk <= passed <= _most_gathered(n, kk):
-        cand, vals = _gather_pass(k, vh, t, counts, itype)
+        cand, vals = _gather_pass(k, vh, gh if ef and not added else None, t, counts, itype)
         keep = _k_largest(vals, kk)
         idx, values = cand[keep], vals[keep]
     else:
+        if ef and not added:  # the sum written, then selected
+            k.add_count(vh, gh, t, True, chunks)
         idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
         values = vh[idx]
     if ef:
@@ -145,11 +152,17 @@ def _room(n, kk, chunks):
     return min(-(-n // chunks), _most_gathered(n, kk))
 
 
-def _gather_pass(k, vh, t, counts, itype):
+def _gather_pass(k, vh, gh, t, counts, itype):
     """The indices of the values ``|v| >= t`` (``counts`` per stretch), in index order,
-    and those values, by one pass (:func:`~.kernels_select.at_least`)."""
+    and those values, by one pass (:func:`~.kernels_select.at_least`); with ``gh``, of
+    ``v = vh + gh``, written into ``vh`` in that pass (:func:`~.kernels_chunks.ef_add_gather`:
+    error feedback's sum)."""
     cand, vals = np.empty(int(counts.sum()), itype), np.empty(int(counts.sum()), np.float32)
-    k.at_least(vh, np.float32(t), np.cumsum(counts) - counts, cand, vals, counts.shape[0])
+    starts, t = np.cumsum(counts) - counts, np.float32(t)
+    if gh is None:
+        k.at_least(vh, t, starts, cand, vals, counts.shape[0])
+    else:
+        k.ef_add_gather(vh, gh, t, starts, cand, vals, counts.shape[0])
     return cand, vals
 
 
@@ -237,7 +250,7 @@ def _dgc(k, B, comp, g, st, meta):
             parts = [slice(c * room, c * room + int(counts[c, 2])) for c in range(chunks)]
             idx, vals = np.concatenate([cand[p] for p in parts]), np.concatenate([vals[p] for p in parts])
         else:  # the loop lowered the threshold: one more pass
-            idx, vals = _gather_pass(k, vh, t, per_chunk(t), itype)
+            idx, vals = _gather_pass(k, vh, None, t, per_chunk(t), itype)
         if passed >= kk:  # the k largest of them, ties to the lower index
             idx = idx[_k_largest(vals, kk)]
     got = idx.shape[0]

@@ -9,6 +9,8 @@ the kernels as attributes of this module, so a test may watch one by replacing i
 """
 
 from .kernels_chunks import (
+                             ef_add_gather,
+                             ef_count,
                              ef_onebit_pack,
                              ef_sign_sums,
                              onebit_sum,
@@ -79,4 +81,4 @@ __all__ = ["threshold_pack", "onebit_pack", "sign_sums", "column_sign_sums", "on
            "intsum_lanes", "seg_sign_sums", "seg_onebit_pack", "onebit_sum", "seg_onebit_decode",
            "seg_nonfinite", "seg_topk_pack", "topk_sum", "seg_topk_decode",
            "seg_copy", "ef_sign_sums", "ef_onebit_pack", "seg_dgc_thresholds", "seg_dgc_pack",
-           "seg_stratified"]
+           "seg_stratified", "ef_count", "ef_add_gather"]

@@ -9,10 +9,12 @@ values.  These kernels take every chunk of a tensor at once: segment ``s`` is
 the serial kernels of :mod:`.kernels_signs` do one chunk (so their bits).  Payloads are
 read and written at byte offsets in one buffer (a received row, an allgather's table).
 
-1-bit's error-feedback passes over one whole tensor (``ef_sign_sums``, ``ef_onebit_pack``:
-threads over its values, the reduction of :func:`~.kernels_signs.sign_sums`) are here too:
-they and the segments' kernels take the same per-value steps (:func:`_ef_value`,
-:func:`_ef_byte`), and a kernel module keeps the helpers it inlines (:mod:`.jit`).
+The error-feedback passes over one whole tensor are here too -- 1-bit's
+(``ef_sign_sums``, ``ef_onebit_pack``: threads over its values, the reduction of
+:func:`~.kernels_signs.sign_sums`) and top-k's (``ef_count``, ``ef_add_gather``: threads
+over fixed stretches) -- as they and the segments' kernels take the same per-value steps
+(:func:`_ef_value`, :func:`_ef_byte`), and a kernel module keeps the helpers it inlines
+(:mod:`.jit`).
 
 Top-k's segments are selected exactly (the k largest magnitudes, ties to the lower
 index: the core's :func:`~hvd_compress.core.sparsifiers.topk_indices` set), so their
@@ -83,6 +85,59 @@ def ef_onebit_pack(r, g, pos, neg, out):
     by_sign = np.asarray([neg, pos], np.float32)
     for q in prange(out.shape[0]):
         out[q] = _ef_byte(r, g, q * 8, r.shape[0], by_sign)
+
+
+@parallel
+def ef_count(r, g, t, chunks):
+    """Top-k's first pass with error feedback: per stretch of ``y = r + g`` (float32, not
+    stored; ``chunks`` stretches, fixed by the size), how many ``|y| >= t`` and how many
+    ``y`` are not finite (int64 each; then nothing is touched)."""
+    n = g.shape[0]
+    size = (n + chunks - 1) // chunks
+    counts = np.zeros(chunks, np.int64)
+    bad = np.zeros(chunks, np.int64)
+    for c in prange(chunks):
+        lo, hi = c * size, min(n, (c + 1) * size)
+        rs, gs = r[lo:hi], g[lo:hi]  # (a slice's loop vectorises; one over lo..hi did not)
+        got = 0
+        odd = 0
+        for i in range(hi - lo):
+            y, o = _ef_value(rs, gs, i)
+            got += np.int64(abs(y) >= t)
+            odd += o
+        counts[c] = got
+        bad[c] = odd
+    return counts, bad
+
+
+_GATHER_BLOCK = 256  # values whose candidates are staged before they are copied out
+
+
+@parallel
+def ef_add_gather(r, g, t, starts, out, vals, chunks):
+    """Top-k's second pass (after :func:`ef_count`): ``r = r + g`` written, and the
+    positions (increasing) of ``|r| >= t`` and their values, each stretch's from
+    ``starts[stretch]`` on into ``out`` and ``vals``.  Without a branch: every value is
+    written to a small staging buffer, and its slot kept only where it passes."""
+    n = g.shape[0]
+    size = (n + chunks - 1) // chunks
+    for c in prange(chunks):
+        lo, hi = c * size, min(n, (c + 1) * size)
+        rs, gs = r[lo:hi], g[lo:hi]
+        at = starts[c]
+        where = np.empty(_GATHER_BLOCK + 1, out.dtype)
+        what = np.empty(_GATHER_BLOCK + 1, np.float32)
+        for b in range(0, hi - lo, _GATHER_BLOCK):
+            h = 0
+            for i in range(b, min(hi - lo, b + _GATHER_BLOCK)):
+                y = rs[i] + gs[i]
+                rs[i] = y
+                where[h] = lo + i
+                what[h] = y
+                h += np.int64(abs(y) >= t)
+            out[at:at + h] = where[:h]
+            vals[at:at + h] = what[:h]
+            at += h
 
 
 @parallel
