@@ -147,7 +147,8 @@ def test_resume_keys_rows_by_optimizer_and_the_table_times_the_target_loss(monke
     assert not (tmp_path / "accuracy_curves.png").exists()
     # a row from before the optimizer column is keyed "" (not an lm row of this version)
     old = {k: v for k, v in rows[0].items() if k != "optimizer"}
-    assert cmp.run_key(old) != cmp.run_key(rows[0]) and cmp.run_key(old)[-1] == ""
+    assert cmp.run_key(old) != cmp.run_key(rows[0])
+    assert cmp.run_key(old)[cmp.RUN_KEYS.index("optimizer")] == ""
     assert report.best_loss(dict(rows[0], curve="")) == 2.2  # no curve: its last loss
 
 

@@ -100,6 +100,7 @@ from .plan import (
     mode_of,
     nodes_of,
     plan_runs,
+    repeat_of,
     run_key,
     run_modes,
     run_name,
@@ -118,6 +119,7 @@ from .predict import (
     time_to_target_lines,
     variant,
 )
+from .repeats import medians
 from .report import (
     ACCURACY,
     LOSS,
@@ -278,6 +280,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for results and plots")
     ap.add_argument("--resume", action="store_true",
                     help="keep the successful runs already in DIR/results.csv; run the rest")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run the whole matrix N times, each time after the last; results.csv "
+                         "keeps every run, and the tables, plots and --predict take each "
+                         "setting's median, column by column (default 1)")
     ap.add_argument("--predict", action="store_true",
                     help="fit the cost model and write DIR/prediction.md")
     ap.add_argument("--alpha-us", type=float, default=None, metavar="US",
@@ -406,6 +412,8 @@ def main(argv=None) -> int:
         netcap.parse_rate(args.local_bandwidth)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.repeat < 1:
+        ap.error(f"--repeat must be 1 or more, got {args.repeat}")
     if args.alpha_us is not None and not (math.isfinite(args.alpha_us) and args.alpha_us >= 0):
         ap.error(f"--alpha-us must be a number >= 0, got {args.alpha_us}")
     if args.example == "cifar10" and (args.example_args is None or "--data-dir" not in args.example_args):
@@ -522,8 +530,9 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     rows.sort(key=lambda r: order.get(run_key(r), len(order)))
     add_targets(rows, target, metric)
     write_csv(csv_path, rows)
-    write_markdown(out / "results.md", rows, target, args.stop_at_target, metric)
-    here = [r for r in rows if device_of(r) == (args.device or "cpu")]  # (not another device's)
+    shown, note = _shown(rows, args.repeat)
+    write_markdown(out / "results.md", shown, target, args.stop_at_target, metric, note)
+    here = [r for r in shown if device_of(r) == (args.device or "cpu")]  # (not another device's)
     files = [str(csv_path), str(out / "results.md")] + plot(out, here, target, metric)
     print((out / "results.md").read_text(), flush=True)
     if args.predict:
@@ -537,6 +546,22 @@ def _matrix(args, out: Path, state: dict, reaper: bool) -> int:
     if failed:
         print(f"compare: {failed} run(s) failed; see the status column and their logs", flush=True)
     return 1 if failed == len(todo) and todo else 0
+
+def _shown(rows: list, repeat: int) -> tuple[list, str]:
+    """The rows the tables, plots and prediction take, and what results.md says of them:
+    with repetitions (``--repeat``, or a resumed folder that holds them), each setting's
+    medians (:func:`.repeats.medians`)."""
+    if repeat < 2 and all(repeat_of(r) == 1 for r in rows):
+        return rows, ""
+    shown = medians(rows)
+    fewer = sorted({f"{method(r)} np {r['np']} {r['bandwidth']}" for r in shown
+                    if r.get("status") == "ok" and int(r.get("repeats", 1)) < repeat})
+    note = (f"Each row is the median of its setting's successful runs, column by column "
+            f"(`--repeat {repeat}`; every run is a row of results.csv).")
+    if fewer:
+        note += " Fewer than " + str(repeat) + " succeeded for: " + "; ".join(fewer) + "."
+    return shown, note
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,7 +49,7 @@ DEFAULT_EXAMPLE_ARGS = {
     "lm": "--steps 600 --eval-every 50",
 }
 RUN_KEYS = ("framework", "example", "compression", "np", "bandwidth", "latency", "mode", "nodes",
-            "device", "optimizer")
+            "device", "optimizer", "repeat")
 #: results.csv's columns (:class:`~hvd_compress.tools.runrow.RunRow`'s fields): the examples'
 #: summary keys, then what compare adds (new ones are appended, so that the older columns
 #: keep their places)
@@ -246,14 +246,22 @@ def plan_runs(args, capped_ok: bool) -> list[RunRow]:
         add(getattr(args, "adam_compression", None) or ADAM_COMPRESSION, ADAM_EXCHANGE, force=True)
         for run in runs[first:]:
             run.optimizer = name
-    return runs
+    for run in runs:
+        run.repeat = 1
+    times = int(getattr(args, "repeat", 1) or 1)  # the whole matrix again, each time after the last
+    return runs + [RunRow.of(dict(run.items(), repeat=k)) for k in range(2, times + 1) for run in runs]
+
+
+def repeat_of(row: dict) -> int:
+    """Which repetition of its run a row is (``--repeat``; rows written before: 1)."""
+    return int(row.get("repeat") or 1)
 
 
 def run_key(row: dict) -> tuple:
     """What tells runs apart (:data:`RUN_KEYS`), a resumed matrix's rows too: a column its
     results.csv lacked reads as its value then (sync, one node, cpu)."""
     of = {"mode": mode_of, "nodes": lambda r: str(nodes_of(r)), "device": device_of,
-          "optimizer": optimizer_of}
+          "optimizer": optimizer_of, "repeat": lambda r: str(repeat_of(r))}
     return tuple(of[k](row) if k in of else str(row.get(k, "")) for k in RUN_KEYS)
 
 
@@ -268,8 +276,9 @@ def run_name(run: dict) -> str:
     device = "" if device_of(run) == "cpu" else "_" + device_of(run)
     opt = optimizer_of(run)
     opt = f"_{_safe(opt)}" if opt and opt != OPTIMIZERS.get(run.get("example"), ("",))[0] else ""
+    again = f"_r{repeat_of(run)}" if repeat_of(run) > 1 else ""
     return (f"{run['framework']}_{run['example']}{opt}_{_safe(run['compression'])}{mode}_np{run['np']}"
-            f"{nodes}_{run['bandwidth']}{lat}{device}")
+            f"{nodes}_{run['bandwidth']}{lat}{device}{again}")
 
 
 def specs_of(text: str) -> list:

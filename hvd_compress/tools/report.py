@@ -267,13 +267,14 @@ def target_lines(rows: list[dict], target: float, metric: str = ACCURACY) -> lis
 
 
 def write_markdown(path: Path, rows: list[dict], target: float | None = None,
-                   stopped: bool = False, metric: str = ACCURACY) -> None:
+                   stopped: bool = False, metric: str = ACCURACY, note: str = "") -> None:
     """results.md: the table (a mode column when some run is not sync, an optimizer column
     when the example has a choice, a device column when some run is not on the CPU; the
     language model's in tokens/s with its validation loss; with a target, the time and
     epochs (steps) to it, or "missed" and the best accuracy (loss) reached), then the best
     method per setting and, with a target, the fastest to it; ``stopped``: the runs
-    ended at the target (``--stop-at-target``), which the heading then says."""
+    ended at the target (``--stop-at-target``), which the heading then says; ``note``: a
+    paragraph put first (what the rows are, where they are not single runs)."""
     rows = [RunRow.of(r) for r in rows]
     sp = speedups(rows)
     modes = any(mode_of(r) != SYNC for r in rows)
@@ -331,7 +332,7 @@ def write_markdown(path: Path, rows: list[dict], target: float | None = None,
     bl = best_lines(rows) + (target_lines(rows, target, metric) if target is not None else [])
     if bl:
         text += "\n" + "\n".join(f"- {line}" for line in bl) + "\n"
-    path.write_text(text)
+    path.write_text((note + "\n\n" if note else "") + text)
 
 
 def plot(out: Path, rows: list[dict], target: float | None = None, metric: str = ACCURACY) -> list[str]:

@@ -86,6 +86,7 @@ class RunRow(MutableMapping):
     encode_calls_per_step: float = ABSENT
     decode_calls_per_step: float = ABSENT
     tensors_per_step: float = ABSENT
+    repeat: int = ABSENT  # --repeat: which of the run's repetitions (rows written before: 1)
     #: keys outside :data:`COLUMNS`, as they came
     others: dict = field(default_factory=dict)
 
