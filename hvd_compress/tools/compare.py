@@ -551,7 +551,8 @@ def _shown(rows: list, repeat: int) -> tuple[list, str]:
     """The rows the tables, plots and prediction take, and what results.md says of them:
     with repetitions (``--repeat``, or a resumed folder that holds them), each setting's
     medians (:func:`.repeats.medians`)."""
-    if repeat < 2 and all(repeat_of(r) == 1 for r in rows):
+    repeat = max([repeat] + [repeat_of(r) for r in rows])
+    if repeat < 2:
         return rows, ""
     shown = medians(rows)
     fewer = sorted({f"{method(r)} np {r['np']} {r['bandwidth']}" for r in shown
