@@ -96,7 +96,7 @@ ADDED_COLUMNS = ["bandwidth", "latency", "status", "step_ms", "collectives_per_s
 LATER_COLUMNS = ["hosts", "link_bandwidth", "exchange", "wire_in_per_step", "wire_out_per_step",
                  "device", "optimizer", "tokens_per_sec", "val_loss", "best_loss", "target_loss",
                  "steps_to_target", "encode_calls_per_step", "decode_calls_per_step",
-                 "tensors_per_step"]
+                 "tensors_per_step", "repeat"]
 PLANNED = {"framework": "torch", "example": "digits", "compression": "topk:ratio=0.01", "np": 2,
            "bandwidth": "1gbit", "latency": "", "mode": "sync", "nodes": 1}
 
@@ -136,7 +136,7 @@ def test_planned_runs_are_run_rows_as_the_dicts_were():
     runs = cmp.plan_runs(args, capped_ok=True)
     assert all(type(r) is RunRow for r in runs)
     base = {"framework": "torch", "example": "digits", "compression": "none", "latency": "",
-            "mode": "sync", "device": "cpu"}
+            "mode": "sync", "device": "cpu", "repeat": 1}
     assert runs == [dict(base, np=1, bandwidth="uncapped", nodes=1),
                     dict(base, np=2, bandwidth="uncapped", nodes=1),
                     dict(base, np=2, bandwidth="1gbit", nodes=1)]
