@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 
 from .plan import RUN_KEYS, repeat_of, run_key
+from .report import number, ok_rows
 from .runrow import RunRow
 
 __all__ = ["TIMED", "medians"]
@@ -24,14 +25,6 @@ TIMED = ("images_per_sec", "images_per_sec_per_worker", "compute_ms", "encode_ms
          "decode_ms", "step_ms", "wall_s", "tokens_per_sec", "time_to_target_s", "test_accuracy",
          "best_accuracy", "val_loss", "best_loss")
 _REPEAT = RUN_KEYS.index("repeat")
-
-
-def _number(value):
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if x == x else None  # (NaN: not a number to take a median of)
 
 
 def _config(row: dict) -> tuple:
@@ -51,18 +44,18 @@ def medians(rows: list[dict]) -> list[RunRow]:
         groups.setdefault(_config(r), []).append(r)
     out = []
     for group in groups.values():
-        ok = [r for r in group if r.get("status") == "ok"]
+        ok = ok_rows(group)
         if not ok:
             out.extend(RunRow.of(r) for r in group)
             continue
         if len(ok) == 1:
             out.append(RunRow.of(ok[0]))
             continue
-        ok.sort(key=lambda r: (_number(r.get("step_ms")) is None, _number(r.get("step_ms")) or 0.0,
+        ok.sort(key=lambda r: (number(r, "step_ms") is None, number(r, "step_ms") or 0.0,
                                repeat_of(r)))
         row = RunRow.of(dict(ok[(len(ok) - 1) // 2].items()))
         for col in TIMED:
-            values = [_number(r.get(col)) for r in ok]
+            values = [number(r, col) for r in ok]
             if all(v is not None for v in values):
                 row[col] = statistics.median(values)
         row["repeats"] = len(ok)
