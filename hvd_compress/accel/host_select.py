@@ -108,19 +108,24 @@ def _topk(k, B, comp, g, residual, noise, noise_source):
     kk, itype, chunks = comp.k_for(comp.meta_for(g)), index_dtype(n), _select_chunks(n)
     vh = B.host_view(residual) if ef else gh
     t = _sample_cut(gh, vh if ef else None, kk)
-    counts, bad = k.ef_count(vh, gh, t, chunks) if ef else k.add_count(gh, gh, t, False, chunks)
+    added = ef and not np.isfinite(t)  # no cut (a small tensor): the sum written at once
+    if added and not bool(B.all_finite(g)):
+        return None, residual, False
+    counts, bad = k.ef_count(vh, gh, t, chunks) if ef and not added else \
+        k.add_count(vh, gh, t, ef, chunks)
     if bad.any():
-        if ef and bool(B.all_finite(g)):  # float32 overflow of the sum: added and undone
-            k.add_count(vh, gh, t, True, chunks)
+        if ef and (added or bool(B.all_finite(g))):  # float32 overflow of the sum: undone
+            if not added:
+                k.add_count(vh, gh, t, True, chunks)
             B.isub(residual, g)
         return None, residual, False
     passed = int(counts.sum())
     if kk <= passed <= _most_gathered(n, kk):
-        cand, vals = _gather_pass(k, vh, gh if ef else None, t, counts, itype)
+        cand, vals = _gather_pass(k, vh, gh if ef and not added else None, t, counts, itype)
         keep = _k_largest(vals, kk)
         idx, values = cand[keep], vals[keep]
     else:
-        if ef:  # the sum written, then selected
+        if ef and not added:  # the sum written, then selected
             k.add_count(vh, gh, t, True, chunks)
         idx, _ = _top_by_bits(k, vh, lambda sizes: [kk, 0], False, itype)
         values = vh[idx]
