@@ -11,13 +11,17 @@
 #    hvd-compress-compare --device cuda --np 1 2, then the other CUDA tests until the end.
 # 3. Lane B, the CPU, on cores 4-15: hvd-compress-compare --np $NODES_NP --nodes $NODES_N
 #    over $NODES_BANDWIDTHS (capped links need `ip` and `tc`: carry them with
-#    ../shared/tools/carry-iproute2.sh .devcarry/ipr), then --predict.
+#    ../shared/tools/carry-iproute2.sh .devcarry/ipr), then --predict; or several matrices
+#    one after the other ($NODES_MATRICES).
 #
 # Settings (environment): LIMIT seconds from the start after which everything is stopped
 # (default 540; leave the machine's start and the transfers room in the call's limit),
 # SDIST (default .devcarry/horovod-0.28.1.tar.gz), IPR (default .devcarry/ipr), NODES_NP
 # (4), NODES_N (2), NODES_BANDWIDTHS ("200mbit 1gbit uncapped"), NODES_COMPRESSION
 # ("topk:ratio=0.01 onebit dgc:ratio=0.001"), NODES_EXCHANGE ("two-phase auto"),
+# NODES_MATRICES (lane B's matrices in turn, a line each: "np|nodes|bandwidths|specs|
+# exchanges"; default the one of the five settings before), NODES_PREDICT (1: --predict
+# after each matrix that finished; 0: none, fit the rows later where you are),
 # NODES_EXAMPLE_ARGS (the synthetic model of docs/results/two-phase.md, 4 steps), LANES
 # ("a b"), OUT (default ./device-out), DRY_RUN=1 (print the commands, run nothing).
 # Results: $OUT/session.log (the timeline), triton-cuda.log, bench-cuda-1.txt and -2,
@@ -41,6 +45,8 @@ NODES_N=${NODES_N:-2}
 NODES_BANDWIDTHS=${NODES_BANDWIDTHS:-200mbit 1gbit uncapped}
 NODES_COMPRESSION=${NODES_COMPRESSION:-topk:ratio=0.01 onebit dgc:ratio=0.001}
 NODES_EXCHANGE=${NODES_EXCHANGE:-two-phase auto}
+NODES_MATRICES=${NODES_MATRICES:-"$NODES_NP|$NODES_N|$NODES_BANDWIDTHS|$NODES_COMPRESSION|$NODES_EXCHANGE"}
+NODES_PREDICT=${NODES_PREDICT:-1}
 NODES_EXAMPLE_ARGS=${NODES_EXAMPLE_ARGS:---width 64 --blocks 1 1 1 --num-classes 80000 --image-size 8 --batch-size 8 --num-warmup-batches 1 --num-iters 1 --num-batches-per-iter 3}
 LANES=${LANES:-a b}
 PY=${PYTHON:-python3}
@@ -99,19 +105,25 @@ lane_a() {
 lane_b() {
     built || { say "B: no Horovod: $(tail -3 "$WORK/build.log")"; return; }
     export PYTHONPATH=$SITE:$ROOT
-    say "B: hvd-compress-compare --np $NODES_NP --nodes $NODES_N --bandwidth $NODES_BANDWIDTHS"
-    # shellcheck disable=SC2086  # the lists split into words
-    run taskset -c 4-15 timeout -s INT "$(within 25)" "$PY" -m hvd_compress.tools.compare --device cpu \
-        --np "$NODES_NP" --nodes "$NODES_N" --bandwidth $NODES_BANDWIDTHS \
-        --compression $NODES_COMPRESSION --exchange $NODES_EXCHANGE \
-        --example-args "$NODES_EXAMPLE_ARGS" --out "$WORK/compare-nodes" --timeout 100 --quiet \
-        >"$WORK/compare-nodes.log" 2>&1
-    say "B: rc=$?; the cost model"
-    # shellcheck disable=SC2086
-    run timeout "$(within 5)" "$PY" -m hvd_compress.tools.compare --device cpu --np "$NODES_NP" \
-        --nodes "$NODES_N" --bandwidth $NODES_BANDWIDTHS --compression $NODES_COMPRESSION \
-        --exchange $NODES_EXCHANGE --example-args "$NODES_EXAMPLE_ARGS" --out "$WORK/compare-nodes" \
-        --resume --predict --quiet >>"$WORK/compare-nodes.log" 2>&1
+    local i=0 np n bands specs exch rc
+    while IFS='|' read -r np n bands specs exch; do
+        [ -n "${np// /}" ] || continue
+        i=$((i + 1))
+        # shellcheck disable=SC2206  # the lists split into words
+        local matrix=(--device cpu --np $np --nodes $n --bandwidth $bands --compression $specs)
+        # shellcheck disable=SC2206
+        [ -n "${exch// /}" ] && matrix+=(--exchange $exch)
+        matrix+=(--example-args "$NODES_EXAMPLE_ARGS" --out "$WORK/compare-nodes-$i" --quiet)
+        say "B$i: hvd-compress-compare ${matrix[*]:0:$((${#matrix[@]} - 5))}"
+        # stdin from /dev/null: the runs must not read the rest of the matrices' lines
+        run taskset -c 4-15 timeout -s INT "$(within 25)" "$PY" -m hvd_compress.tools.compare \
+            "${matrix[@]}" --timeout 100 </dev/null >>"$WORK/compare-nodes.log" 2>&1
+        rc=$?
+        say "B$i: rc=$rc"
+        [ "$rc" = 0 ] && [ "$NODES_PREDICT" = 1 ] && \
+            run timeout "$(within 5)" "$PY" -m hvd_compress.tools.compare "${matrix[@]}" \
+                --resume --predict </dev/null >>"$WORK/compare-nodes.log" 2>&1
+    done <<<"$NODES_MATRICES"
 }
 
 pids=()
@@ -121,8 +133,9 @@ for lane in $LANES; do
 done
 wait "${pids[@]}"
 say "packing"
-for d in compare-gpu compare-nodes; do
-    [ -f "$WORK/$d/results.md" ] && cp "$WORK/$d/results.md" "$OUT/$d.md"
+[ -f "$WORK/compare-gpu/results.md" ] && cp "$WORK/compare-gpu/results.md" "$OUT/compare-gpu.md"
+for d in "$WORK"/compare-nodes-*; do  # every matrix's table in one file
+    [ -f "$d/results.md" ] && { echo "# ${d##*/}"; cat "$d/results.md"; echo; } >>"$OUT/compare-nodes.md"
 done
 tar czf "$OUT/results.tgz" -C "$WORK" --exclude='*.png' . 2>>"$OUT/session.log"
 say "done"
