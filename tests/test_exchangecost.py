@@ -200,7 +200,8 @@ def test_the_hierarchy_is_refused_where_slower():
         got = xc.choose([HIERARCHICAL, ALLGATHER], N, 16, 8, topk, nodes,
                         scale={HIERARCHICAL: under * flat_s / hier_s})
         assert got.exchange == chosen, (under, got.reason)
-        assert ("must be 10% cheaper" in got.reason) == (chosen == ALLGATHER), got.reason
+        assert (f"must be {xc.HIERARCHY_MARGIN:.0%} cheaper" in got.reason) == \
+            (chosen == ALLGATHER), got.reason
 
 
 def test_link_from_timings():
