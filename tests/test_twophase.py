@@ -465,6 +465,14 @@ def test_auto_times_each_exchange_end_to_end_and_scales_the_model(slow, spec):
         assert c.scale == choices[0].scale and c.plan() == choices[0].plan()
     slowed = [e for e in scale if e.startswith(slow)]
     assert min(scale[e] for e in slowed) > max(scale[e] for e in scale if e not in slowed)
+    # a hierarchy whose probe ran slower than a flat exchange's is refused outright (here on
+    # simulated ranks its two more collectives make it slower unslowed too)
+    refused = choices[0].refused[key]
+    for exchange, (t, flat, t_flat) in refused.items():
+        assert exchange.startswith("hierarchical") and t >= t_flat and flat in scale
+        assert not flat.startswith("hierarchical")
+    if slow == "hierarchical":
+        assert set(refused) == {"hierarchical", "hierarchical+two-phase"}, refused
     for name, (exchange, why) in choices[0].plan().items():
         assert not exchange.startswith(slow), (name, why)
         assert "timed/modelled" in why
@@ -491,6 +499,37 @@ def test_auto_prices_an_untimed_exchange_by_the_largest_factor_timed():
                                            "hierarchical": 3.0, "hierarchical+two-phase": 3.0}
     got = choice.choose("w", (64, 50), comp)
     assert "two-phase 3" in got.reason
+
+
+def test_auto_refuses_a_hierarchy_whose_probe_ran_slower(monkeypatch):
+    """Priced far under every flat exchange (links slow between nodes, fast inside, no
+    margin), a hierarchical exchange is still refused where its end-to-end probe ran no
+    faster than the fastest flat one's, and the plan says so; where it ran faster, it is
+    chosen.  (On 2 cores its factor of 1 beside the flat exchanges' 3-8 priced it 7x under
+    the allgather for DGC's 20M-value tensor, and the step ran at 0.40x.)"""
+    from hvd_compress.core import exchangecost as costs
+    from hvd_compress.core.autoexchange import AutoChoice
+    monkeypatch.setattr(costs, "HIERARCHY_MARGIN", 0.0)
+    comp = build("topk:ratio=0.1", rank=0, world_size=4)
+    key, shape = str(comp.spec), (64, 50)
+    engines = {"flat", "two-phase", "hierarchical", "hierarchical+two-phase"}
+    links = costs.Links(1e-6, 1e-3, 1e-7, 1e-9)
+    runs = [(key, e, shape) for e in ("allgather", "two-phase", "hierarchical",
+                                      "hierarchical+two-phase")]
+    for times, want in (([0.010, 0.020, 0.011, 0.030], "two-phase"),
+                        ([0.010, 0.020, 0.009, 0.030], "hierarchical")):
+        choice = AutoChoice(4, 2, engines, world=None, links=links)
+        assert choice.choose("w", shape, comp).exchange.startswith("hierarchical")  # the model
+        choice = AutoChoice(4, 2, engines, world=None, links=links)
+        choice._refuse(runs, times)
+        got = choice.choose("w", shape, comp)
+        assert got.exchange == want, got.reason
+        assert "hierarchical+two-phase refused (its probe 30 ms, allgather 10 ms)" in got.reason
+        assert ("hierarchical refused (its probe 11 ms" in got.reason) == (want == "two-phase")
+        priced = {"allgather", "two-phase"} | ({want} if want == "hierarchical" else set())
+        assert set(got.costs) == priced, got.costs
+    choice.resize(8)
+    assert choice.refused == {}
 
 
 @pytest.mark.parametrize("spec", ["topk:ratio=0.2", "onebit", "signsgd", "qsgd:levels=4",

@@ -21,9 +21,10 @@ exceeds the model's figure, that exchange's prices are raised by the ratio (what
 leaves out -- the engines' own copies and waits, collectives that do not overlap, message
 sizes the probes missed -- counts: on 16 cores at 200 Mbit/s the model chose the hierarchy
 where it ran at half the speed of the best exchange); an exchange left untimed takes the
-largest factor timed. Never lowered: a probe that ran faster than modelled (collectives
-overlapping, a quiet moment on shared cores) promises nothing for the step, and on 2
-shared cores such ratios picked the slower exchange. The links' latency and seconds per
+largest factor timed; a hierarchical exchange whose probe ran no faster than the fastest
+flat exchange's is refused for that compressor. Never lowered: a probe that ran faster
+than modelled (collectives overlapping, a quiet moment on shared cores) promises nothing
+for the step, and on 2 shared cores such ratios picked the slower exchange. The links' latency and seconds per
 byte follow by least squares (:func:`.exchangecost.link_from_timings`), and
 :func:`.exchangecost.choose` prices every exchange a tensor can take and keeps the
 cheapest: a hierarchy only where the measurement says it is cheaper.
@@ -162,6 +163,7 @@ class AutoChoice:
         self._given = links  # (None: measured)
         self._known = {} if known is None else known
         self.p, self.rates, self.scale, self.choices = None, {}, {}, {}
+        self.refused = {}
         if p is not None:
             self._set_world(int(p))
 
@@ -171,9 +173,12 @@ class AutoChoice:
         if known.get("world") != (p, self.per_node, links):
             known.clear()
             known.update(world=(p, self.per_node, links), links=links, rates={}, scale={},
-                         choices={})
+                         refused={}, choices={})
         self.rates = known["rates"]      # spec text -> encode, decode per value, per call
         self.scale = known["scale"]      # spec text -> {exchange: timed / modelled seconds}
+        #: spec text -> {hierarchical exchange: (its probe's seconds, the fastest flat
+        #: exchange, that one's seconds)}: those whose probe ran no faster than a flat one
+        self.refused = known.setdefault("refused", {})
         self.choices = known["choices"]  # (tensor name, shape) -> Choice
 
     @property
@@ -192,6 +197,7 @@ class AutoChoice:
         self.choices.clear()
         self.rates.clear()
         self.scale.clear()
+        self.refused.clear()
         self.links = self._given
         self._known["measured"] = False
         self._known["world"] = (self.p, self.per_node, self._given)
@@ -292,6 +298,25 @@ class AutoChoice:
                                     .get(exchange, False))
             self.scale.setdefault(key, {})[exchange] = max(1.0, t / modelled) if modelled > 0 \
                 else 1.0
+        self._refuse(runs, times)
+
+    def _refuse(self, runs, times) -> None:
+        """Refuse, per spec, every hierarchical exchange whose probe ran no faster than the
+        fastest flat exchange's: the hierarchy is never chosen where measured slower.  Its
+        price extrapolates the probe by a factor, and a factor of 1 (its model, with the
+        latency inside a node that the fit found, above what it took) beside the flat
+        exchanges' 3-8 priced it under them: on 2 cores DGC's 20M-value tensor went through
+        the hierarchy, priced 7x under the allgather, and the step ran at 0.40x."""
+        timed: dict = {}
+        for (key, exchange, _), t in zip(runs, times):
+            timed.setdefault(key, {})[exchange] = t
+        for key, ts in timed.items():
+            flat = {e: t for e, t in ts.items() if not costs.is_hierarchical(e)}
+            if not flat:
+                continue
+            best = min(flat, key=lambda e: (flat[e], costs.EXCHANGES.index(e)))
+            self.refused[key] = {e: (t, best, flat[best]) for e, t in ts.items()
+                                 if costs.is_hierarchical(e) and t >= flat[best]}
 
     @staticmethod
     def _fit(seconds, p: int, sharing: int = 1) -> tuple:
@@ -342,16 +367,22 @@ class AutoChoice:
         got = self.choices.get(key)
         if got is not None:
             return got
-        allowed = self.allowed(comp, shape)
+        refused = self.refused.get(str(comp.spec), {})
+        allowed = [e for e in self.allowed(comp, shape) if e not in refused]
         n = _numel(shape)
         if len(allowed) == 1 or self.p <= 1:
-            got = costs.Choice(allowed[0], {}, f"{allowed[0]}: the only exchange it can take")
+            got = costs.Choice(allowed[0], {}, f"{allowed[0]}: the only exchange it can take"
+                               if not refused else f"{allowed[0]}: the only one left")
         else:
             got = costs.choose(allowed, n, self.p, self.per_node, self._payload(comp, name, shape),
                                self._links(str(comp.spec)), summable=bool(comp.summable),
                                integer_sum=bool(getattr(comp, "integer_sum", False)),
                                scale=self._scale(str(comp.spec), allowed),
                                chunk_paths=self._chunk_paths(comp, n))
+        if refused:
+            got = costs.Choice(got.exchange, got.costs, got.reason + "; " + "; ".join(
+                f"{e} refused (its probe {t * 1e3:.3g} ms, {flat} {tf * 1e3:.3g} ms)"
+                for e, (t, flat, tf) in refused.items()))
         self.choices[key] = got
         return got
 
