@@ -24,8 +24,8 @@ where it ran at half the speed of the best exchange); an exchange left untimed t
 largest factor timed; a hierarchical exchange whose probe ran no faster than the fastest
 flat exchange's is refused for that compressor. Never lowered: a probe that ran faster
 than modelled (collectives overlapping, a quiet moment on shared cores) promises nothing
-for the step, and on 2 shared cores such ratios picked the slower exchange. The links' latency and seconds per
-byte follow by least squares (:func:`.exchangecost.link_from_timings`), and
+for the step, and on 2 shared cores such ratios picked the slower exchange. The links'
+latency and seconds per byte follow by least squares (:func:`.exchangecost.link_from_timings`), and
 :func:`.exchangecost.choose` prices every exchange a tensor can take and keeps the
 cheapest: a hierarchy only where the measurement says it is cheaper.
 :meth:`AutoChoice.plan` says which and why, per tensor.
