@@ -9,8 +9,8 @@
 # 2. Lane A, the GPU, on cores 0-3: the Triton kernels' CUDA tests (HVD_COMPRESS_TRITON=all:
 #    also the kernels that stay off by default), bench_kernels.py --device cuda twice,
 #    hvd-compress-compare --device cuda --np 1 2, then the other CUDA tests until the end.
-# 3. Lane B, the CPU, on cores 4-15: hvd-compress-compare --np $NODES_NP --nodes $NODES_N
-#    over $NODES_BANDWIDTHS (capped links need `ip` and `tc`: carry them with
+# 3. Lane B, the CPU, on cores 4-15 (B_CORES): hvd-compress-compare --np $NODES_NP
+#    --nodes $NODES_N over $NODES_BANDWIDTHS (capped links need `ip` and `tc`: carry them with
 #    ../shared/tools/carry-iproute2.sh .devcarry/ipr), then --predict; or several matrices
 #    one after the other ($NODES_MATRICES).
 #
@@ -23,7 +23,10 @@
 # exchanges"; default the one of the five settings before), NODES_PREDICT (1: --predict
 # after each matrix that finished; 0: none, fit the rows later where you are),
 # NODES_EXAMPLE_ARGS (the synthetic model of docs/results/two-phase.md, 4 steps), LANES
-# ("a b"), OUT (default ./device-out), DRY_RUN=1 (print the commands, run nothing).
+# ("a b"; "b" alone: lane B on every core, B_CORES), OUT (default ./device-out), DRY_RUN=1
+# (print the commands, run nothing).
+# A second call on the warm machine (within its 30 s) finds the first call's Horovod in
+# /tmp and skips the build: LANES=b there gives lane B the whole call.
 # Results: $OUT/session.log (the timeline), triton-cuda.log, bench-cuda-1.txt and -2,
 # cuda-tests.log, compare-gpu.md, compare-nodes.md and results.tgz (every folder and log,
 # the cost model's prediction.md): 8 files, what a device call brings back at most.
@@ -49,6 +52,7 @@ NODES_MATRICES=${NODES_MATRICES:-"$NODES_NP|$NODES_N|$NODES_BANDWIDTHS|$NODES_CO
 NODES_PREDICT=${NODES_PREDICT:-1}
 NODES_EXAMPLE_ARGS=${NODES_EXAMPLE_ARGS:---width 64 --blocks 1 1 1 --num-classes 80000 --image-size 8 --batch-size 8 --num-warmup-batches 1 --num-iters 1 --num-batches-per-iter 3}
 LANES=${LANES:-a b}
+case " $LANES " in *" a "*) B_CORES=${B_CORES:-4-15} ;; *) B_CORES=${B_CORES:-0-15} ;; esac
 PY=${PYTHON:-python3}
 SITE=/tmp/hvd-gpu-site
 WORK=$(mktemp -d)
@@ -67,10 +71,16 @@ if [ -z "${DRY_RUN:-}" ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/session.log" 2>&1
     "$PY" -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/session.log" 2>&1
 fi
-say "Horovod (Gloo + CUDA) on all cores"
-( run env OUT="$WORK/gpu-check" GPU_CHECK_NCCL=0 GPU_CHECK_BUILD_ONLY=1 HVD_GPU_SITE=$SITE \
-      bash scripts/gpu_check.sh "$SDIST" >"$WORK/build.log" 2>&1
-  echo "build rc=$?" >>"$WORK/build.log"; touch "$WORK/build.done" ) &
+if [ -z "${DRY_RUN:-}" ] && PYTHONPATH=$SITE "$PY" -c "import horovod.torch" 2>/dev/null; then
+    # a second call on the warm machine: /tmp kept the last call's Horovod
+    say "Horovod already in $SITE (a warm machine): no build"
+    echo "build rc=0 (kept)" >"$WORK/build.log"; touch "$WORK/build.done"
+else
+    say "Horovod (Gloo + CUDA) on all cores"
+    ( run env OUT="$WORK/gpu-check" GPU_CHECK_NCCL=0 GPU_CHECK_BUILD_ONLY=1 HVD_GPU_SITE=$SITE \
+          bash scripts/gpu_check.sh "$SDIST" >"$WORK/build.log" 2>&1
+      echo "build rc=$?" >>"$WORK/build.log"; touch "$WORK/build.done" ) &
+fi
 built() {  # waits for the build (or the deadline); whether Horovod is there
     while [ ! -f "$WORK/build.done" ] && [ "$(left)" -gt 20 ]; do sleep 2; done
     grep -q "build rc=0" "$WORK/build.log"
@@ -116,7 +126,7 @@ lane_b() {
         matrix+=(--example-args "$NODES_EXAMPLE_ARGS" --out "$WORK/compare-nodes-$i" --quiet)
         say "B$i: hvd-compress-compare ${matrix[*]:0:$((${#matrix[@]} - 5))}"
         # stdin from /dev/null: the runs must not read the rest of the matrices' lines
-        run taskset -c 4-15 timeout -s INT "$(within 25)" "$PY" -m hvd_compress.tools.compare \
+        run taskset -c "$B_CORES" timeout -s INT "$(within 25)" "$PY" -m hvd_compress.tools.compare \
             "${matrix[@]}" --timeout 100 </dev/null >>"$WORK/compare-nodes.log" 2>&1
         rc=$?
         say "B$i: rc=$rc"
