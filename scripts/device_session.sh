@@ -144,6 +144,7 @@ done
 wait "${pids[@]}"
 say "packing"
 [ -f "$WORK/compare-gpu/results.md" ] && cp "$WORK/compare-gpu/results.md" "$OUT/compare-gpu.md"
+rm -f "$OUT/compare-nodes.md"  # (an OUT kept from a call before: its tables go)
 for d in "$WORK"/compare-nodes-*; do  # every matrix's table in one file
     [ -f "$d/results.md" ] && { echo "# ${d##*/}"; cat "$d/results.md"; echo; } >>"$OUT/compare-nodes.md"
 done

@@ -27,7 +27,8 @@ than modelled (collectives overlapping, a quiet moment on shared cores) promises
 for the step, and on 2 shared cores such ratios picked the slower exchange. The links'
 latency and seconds per byte follow by least squares (:func:`.exchangecost.link_from_timings`), and
 :func:`.exchangecost.choose` prices every exchange a tensor can take and keeps the
-cheapest: a hierarchy only where the measurement says it is cheaper.
+cheapest: a hierarchy only where priced at most 30% of the best flat exchange
+(:data:`.exchangecost.HIERARCHY_MARGIN`) and not refused by its probe.
 :meth:`AutoChoice.plan` says which and why, per tensor.
 
 ``links=`` (a :class:`~.exchangecost.Links`) skips the measurement (tests, or a user who
@@ -163,7 +164,7 @@ class AutoChoice:
         self._given = links  # (None: measured)
         self._known = {} if known is None else known
         self.p, self.rates, self.scale, self.choices = None, {}, {}, {}
-        self.refused = {}
+        self.probed = {}
         if p is not None:
             self._set_world(int(p))
 
@@ -173,12 +174,11 @@ class AutoChoice:
         if known.get("world") != (p, self.per_node, links):
             known.clear()
             known.update(world=(p, self.per_node, links), links=links, rates={}, scale={},
-                         refused={}, choices={})
+                         probed={}, choices={})
         self.rates = known["rates"]      # spec text -> encode, decode per value, per call
         self.scale = known["scale"]      # spec text -> {exchange: timed / modelled seconds}
-        #: spec text -> {hierarchical exchange: (its probe's seconds, the fastest flat
-        #: exchange, that one's seconds)}: those whose probe ran no faster than a flat one
-        self.refused = known.setdefault("refused", {})
+        #: spec text -> {exchange: its end-to-end probe's seconds (the slowest rank's)}
+        self.probed = known.setdefault("probed", {})
         self.choices = known["choices"]  # (tensor name, shape) -> Choice
 
     @property
@@ -197,7 +197,7 @@ class AutoChoice:
         self.choices.clear()
         self.rates.clear()
         self.scale.clear()
-        self.refused.clear()
+        self.probed.clear()
         self.links = self._given
         self._known["measured"] = False
         self._known["world"] = (self.p, self.per_node, self._given)
@@ -257,8 +257,8 @@ class AutoChoice:
     def _calibrate(self, specs, B, like, largest: int) -> None:
         """Run every exchange each spec can take on a probe tensor of up to ``largest``
         values (:data:`CODEC_LARGE`), best of two after a first run (plans agreed, kernels
-        compiled); keep the slowest rank's time over the model's, per exchange, where above
-        1."""
+        compiled); keep the slowest rank's time (:attr:`probed`) and its ratio to the model's,
+        per exchange, where above 1."""
         from .registry import build
         m = max(CODEC_LARGE[0], min(CODEC_LARGE[1], largest))
         # a vector and a matrix of about m values: some compressors send vectors whole (DGC),
@@ -298,25 +298,20 @@ class AutoChoice:
                                     .get(exchange, False))
             self.scale.setdefault(key, {})[exchange] = max(1.0, t / modelled) if modelled > 0 \
                 else 1.0
-        self._refuse(runs, times)
+            self.probed.setdefault(key, {})[exchange] = t
 
-    def _refuse(self, runs, times) -> None:
-        """Refuse, per spec, every hierarchical exchange whose probe ran no faster than the
-        fastest flat exchange's: the hierarchy is never chosen where measured slower.  Its
-        price extrapolates the probe by a factor, and a factor of 1 (its model, with the
-        latency inside a node that the fit found, above what it took) beside the flat
-        exchanges' 3-8 priced it under them: on 2 cores DGC's 20M-value tensor went through
-        the hierarchy, priced 7x under the allgather, and the step ran at 0.40x."""
-        timed: dict = {}
-        for (key, exchange, _), t in zip(runs, times):
-            timed.setdefault(key, {})[exchange] = t
-        for key, ts in timed.items():
-            flat = {e: t for e, t in ts.items() if not costs.is_hierarchical(e)}
-            if not flat:
-                continue
-            best = min(flat, key=lambda e: (flat[e], costs.EXCHANGES.index(e)))
-            self.refused[key] = {e: (t, best, flat[best]) for e, t in ts.items()
-                                 if costs.is_hierarchical(e) and t >= flat[best]}
+    def refused(self, spec: str, allowed) -> dict:
+        """``{hierarchical exchange: (its probe's seconds, the fastest flat exchange, that
+        one's)}`` for those of ``allowed`` whose probe ran no faster than the fastest flat
+        one of ``allowed``: a hierarchy is never chosen where measured slower (its price,
+        the probe scaled by a factor, can say otherwise: docs/results/two-phase.md)."""
+        timed = self.probed.get(spec) or {}
+        flat = {e: timed[e] for e in allowed if e in timed and not costs.is_hierarchical(e)}
+        if not flat:
+            return {}
+        best = min(flat, key=lambda e: (flat[e], costs.EXCHANGES.index(e)))
+        return {e: (timed[e], best, flat[best]) for e in allowed
+                if costs.is_hierarchical(e) and e in timed and timed[e] >= flat[best]}
 
     @staticmethod
     def _fit(seconds, p: int, sharing: int = 1) -> tuple:
@@ -367,12 +362,13 @@ class AutoChoice:
         got = self.choices.get(key)
         if got is not None:
             return got
-        refused = self.refused.get(str(comp.spec), {})
-        allowed = [e for e in self.allowed(comp, shape) if e not in refused]
+        can = self.allowed(comp, shape)
+        refused = self.refused(str(comp.spec), can)
+        allowed = [e for e in can if e not in refused]
         n = _numel(shape)
         if len(allowed) == 1 or self.p <= 1:
-            got = costs.Choice(allowed[0], {}, f"{allowed[0]}: the only exchange it can take"
-                               if not refused else f"{allowed[0]}: the only one left")
+            why = "the only one left" if refused else "the only exchange it can take"
+            got = costs.Choice(allowed[0], {}, f"{allowed[0]}: {why}")
         else:
             got = costs.choose(allowed, n, self.p, self.per_node, self._payload(comp, name, shape),
                                self._links(str(comp.spec)), summable=bool(comp.summable),

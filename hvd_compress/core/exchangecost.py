@@ -50,9 +50,9 @@ EXCHANGES = (ALLREDUCE, ALLGATHER, TWO_PHASE, HIERARCHICAL, HIERARCHICAL_TWO_PHA
 #: under the allgather, and with it alone hierarchical the step ran at 0.65x; the
 #: hierarchy was 0.30-0.70x the best fixed exchange in every cell measured but one
 #: (1-bit at 8 workers: 1.5x the allgather, 0.68x two-phase).  On 2 cores DGC's
-#: hierarchical+two-phase priced 2% under the allgather ran at 0.37x.  It stays a
-#: candidate where the model gives it a 3x lead or more (dense or large payloads among
-#: many nodes)
+#: hierarchical+two-phase priced 2% under the allgather ran at 0.37x.  The model alone
+#: prices it that low only with many workers a node (a top-k tensor at nodes of 8: 0.27x;
+#: at 2 a node 0.68-0.70x; integer sums 0.35-0.69x their allreduce, so they keep it)
 HIERARCHY_MARGIN = 0.7
 
 
