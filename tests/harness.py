@@ -67,6 +67,9 @@ def _env(outdir: str, extra: dict | None) -> dict:
     # numba's too: a 2-thread pool's wake-up costs milliseconds per kernel call on small
     # tensors when the ranks share the cores (tests/conftest.py: one_numba_thread)
     env.setdefault("NUMBA_NUM_THREADS", "1")
+    # Gloo waits 30 s for a peer by default: a rank's first numba compiles on the shared
+    # cores outlasted that (a recv time-out aborted three launches of one CI run)
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
     # the exchange the workers' references define (a test of "auto" sets it empty)
     env.setdefault("HVD_COMPRESS_EXCHANGE", "allgather")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -568,3 +568,20 @@ def test_examples_accept_the_mapping_form_and_check_each_of_its_specs(capsys):
     assert stop.value.code == 2 and "one-round compressor" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ap.parse_args(["--compression", "powersgd:rank=2", "--delay", "1"])
+
+
+def test_runs_wait_for_gloo_longer_than_its_default(monkeypatch, tmp_path):
+    """Every run inherits HOROVOD_GLOO_TIMEOUT_SECONDS=120 unless it is set (Gloo's 30 s
+    aborted runs whose ranks waited on one rank's first kernel compiles)."""
+    from hvd_compress.tools import compare
+    key, seen = "HOROVOD_GLOO_TIMEOUT_SECONDS", []
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != key})
+
+    def fake(args, run, out):
+        seen.append(os.environ.get(key))
+        return dict(run, status="ok", images_per_sec=1.0, step_ms=1.0, log="x", steps=1)
+    monkeypatch.setattr(compare, "execute", fake)
+    base = ["--compression", "none", "--np", "1", "--bandwidth", "uncapped", "--quiet"]
+    assert compare.main(["--out", str(tmp_path / "a"), *base]) == 0 and seen == ["120"]
+    os.environ[key] = "45"  # the user's own stays
+    assert compare.main(["--out", str(tmp_path / "b"), *base]) == 0 and seen == ["120", "45"]

@@ -142,7 +142,7 @@ from .report import (
     write_csv,
     write_markdown,
 )
-from .run import example_command, examples_dir, execute, horovodrun
+from .run import GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_S, example_command, examples_dir, execute, horovodrun
 
 DEFAULT_BANDWIDTHS = [UNCAPPED, "1gbit", "200mbit"]
 
@@ -458,6 +458,7 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault(GLOO_TIMEOUT_ENV, str(GLOO_TIMEOUT_S))  # (every run inherits it)
     with stopping.stop_signals():  # from here on, a stop signal ends the whole matrix
         before = set(stopping.children(os.getpid()))  # (not ours to kill or reap)
         state = {"done": 0, "total": 0, "rows": None, "before": before}

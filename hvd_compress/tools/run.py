@@ -32,6 +32,10 @@ from .plan import (
 from .runrow import RunRow
 
 TOOLS_DIR = Path(__file__).resolve().parent
+#: how long Gloo waits for a peer in every run, unless the environment says
+#: (``HOROVOD_GLOO_TIMEOUT_SECONDS``; Horovod's default is 30 s): on shared cores one
+#: rank's first kernel compiles kept the others waiting past 30 s, and the run aborted
+GLOO_TIMEOUT_ENV, GLOO_TIMEOUT_S = "HOROVOD_GLOO_TIMEOUT_SECONDS", 120
 
 
 def examples_dir(framework: str, tools_dir: Path | None = None) -> Path:
