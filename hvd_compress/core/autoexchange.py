@@ -22,13 +22,14 @@ leaves out -- the engines' own copies and waits, collectives that do not overlap
 sizes the probes missed -- counts: on 16 cores at 200 Mbit/s the model chose the hierarchy
 where it ran at half the speed of the best exchange); an exchange left untimed takes the
 largest factor timed; a hierarchical exchange whose probe ran no faster than the fastest
-flat exchange's is refused for that compressor. Never lowered: a probe that ran faster
-than modelled (collectives overlapping, a quiet moment on shared cores) promises nothing
-for the step, and on 2 shared cores such ratios picked the slower exchange. The links'
-latency and seconds per byte follow by least squares (:func:`.exchangecost.link_from_timings`), and
-:func:`.exchangecost.choose` prices every exchange a tensor can take and keeps the
-cheapest: a hierarchy only where priced at most 30% of the best flat exchange
-(:data:`.exchangecost.HIERARCHY_MARGIN`) and not refused by its probe.
+flat exchange a tensor can take is refused for that tensor (:meth:`AutoChoice.refused`).
+Never lowered: a probe that ran faster than modelled (collectives overlapping, a quiet
+moment on shared cores) promises nothing for the step, and on 2 shared cores such ratios
+picked the slower exchange. The links' latency and seconds per byte follow by least
+squares (:func:`.exchangecost.link_from_timings`), and :func:`.exchangecost.choose`
+prices every exchange a tensor can take and keeps the cheapest: a hierarchy only where
+priced at most 30% of the best flat exchange (:data:`.exchangecost.HIERARCHY_MARGIN`) and
+not refused by its probe.
 :meth:`AutoChoice.plan` says which and why, per tensor.
 
 ``links=`` (a :class:`~.exchangecost.Links`) skips the measurement (tests, or a user who
