@@ -27,7 +27,10 @@ __all__ = ["Mirror", "chunk_ms", "PROBE_SHAPE", "WORKERS"]
 PROBE_SHAPE = (256, 64)
 #: the worker counts timed (the line through both)
 WORKERS = (16, 256)
-REPEATS = 3
+#: steps timed at each worker count (the best kept): 1-bit's chunk path grows about 1 us a
+#: worker over a step of 1-2 ms, and the best of 3 put its slope at -1.6 to 3.1 us (1 of 20
+#: at or under 0, which a CI run's test caught); the best of 10 at 0.75-1.4 us (20 of 20)
+REPEATS = 10
 _CACHE: dict = {}
 
 
