@@ -215,6 +215,27 @@ def test_link_from_timings():
         xc.link_from_timings([])
 
 
+def test_link_fit_keeps_the_message_step_under_noise_that_grows_with_the_time():
+    """auto's probes (1 KiB, 256 KiB, 4 MiB; an allreduce and an allgather each, 2 ranks a
+    cross set) at 200 Mbit/s with 0.2 ms a message step, each time off by up to 10% either
+    way: fitted on relative errors, the message step comes out within a factor 1.5 and
+    every probe's time within 15%, in 200 draws.  (Fitted on the seconds themselves, a
+    few ms of noise on the 4 MiB probes decided the 0.2 ms: 0 s in 78 draws of the 200,
+    within the factor 1.5 in 14.)"""
+    alpha, beta, p = 2e-4, 4e-8, 2
+    rows = []
+    for nbytes in (1 << 10, 1 << 18, 1 << 22):
+        rows += [(2 * (p - 1), 2 * (p - 1) * nbytes // p), (p - 1, (p - 1) * nbytes)]
+    rng = np.random.default_rng(38)
+    for _ in range(200):
+        timed = [(a, b, (a * alpha + b * beta) * rng.uniform(0.9, 1.1)) for a, b in rows]
+        got_a, got_b = xc.link_from_timings(timed)
+        assert alpha / 1.5 <= got_a <= alpha * 1.5, (got_a, timed)
+        assert got_b == pytest.approx(beta, rel=0.15)
+        for a, b, t in timed:
+            assert a * got_a + b * got_b == pytest.approx(t, rel=0.15)
+
+
 @pytest.mark.parametrize("spec", ["topk:ratio=0.01", "onebit", "signsgd", "terngrad", "qsgd:levels=4"])
 def test_the_two_phase_engines_account_is_the_formula(spec):
     """The two-phase engine (hvd_compress.core.twophase) on simulated ranks: every rank's

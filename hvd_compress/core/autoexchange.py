@@ -26,7 +26,8 @@ flat exchange a tensor can take is refused for that tensor (:meth:`AutoChoice.re
 Never lowered: a probe that ran faster than modelled (collectives overlapping, a quiet
 moment on shared cores) promises nothing for the step, and on 2 shared cores such ratios
 picked the slower exchange. The links' latency and seconds per byte follow by least
-squares (:func:`.exchangecost.link_from_timings`), and :func:`.exchangecost.choose`
+squares on relative errors (:func:`.exchangecost.link_from_timings`: the small probes
+price the message step), and :func:`.exchangecost.choose`
 prices every exchange a tensor can take and keeps the cheapest: a hierarchy only where
 priced at most 30% of the best flat exchange (:data:`.exchangecost.HIERARCHY_MARGIN`) and
 not refused by its probe.
