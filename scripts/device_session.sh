@@ -20,7 +20,10 @@
 # (4), NODES_N (2), NODES_BANDWIDTHS ("200mbit 1gbit uncapped"), NODES_COMPRESSION
 # ("topk:ratio=0.01 onebit dgc:ratio=0.001"), NODES_EXCHANGE ("two-phase auto"),
 # NODES_MATRICES (lane B's matrices in turn, a line each: "np|nodes|bandwidths|specs|
-# exchanges"; default the one of the five settings before), NODES_PREDICT (1: --predict
+# exchanges", then optionally "|more compare arguments|the example's arguments", e.g.
+# "4|2|200mbit|none|auto|--example lm --optimizer adamw onebit-adam --diloco 50 --modes-for
+# none --target-loss 2.5|--steps 300 --freeze-step 40 --d-model 64 --layers 2 --batch-size
+# 8"; default the one of the five settings before), NODES_PREDICT (1: --predict
 # after each matrix that finished; 0: none, fit the rows later where you are),
 # NODES_EXAMPLE_ARGS (the synthetic model of docs/results/two-phase.md, 4 steps), LANES
 # ("a b"; "b" alone: lane B on every core, B_CORES), OUT (default ./device-out), DRY_RUN=1
@@ -115,15 +118,18 @@ lane_a() {
 lane_b() {
     built || { say "B: no Horovod: $(tail -3 "$WORK/build.log")"; return; }
     export PYTHONPATH=$SITE:$ROOT
-    local i=0 np n bands specs exch rc
-    while IFS='|' read -r np n bands specs exch; do
+    local i=0 np n bands specs exch extra eargs rc
+    while IFS='|' read -r np n bands specs exch extra eargs; do
         [ -n "${np// /}" ] || continue
         i=$((i + 1))
         # shellcheck disable=SC2206  # the lists split into words
         local matrix=(--device cpu --np $np --nodes $n --bandwidth $bands --compression $specs)
         # shellcheck disable=SC2206
         [ -n "${exch// /}" ] && matrix+=(--exchange $exch)
-        matrix+=(--example-args "$NODES_EXAMPLE_ARGS" --out "$WORK/compare-nodes-$i" --quiet)
+        # shellcheck disable=SC2206
+        [ -n "${extra// /}" ] && matrix+=($extra)
+        [ -n "${eargs// /}" ] || eargs=$NODES_EXAMPLE_ARGS
+        matrix+=(--example-args "$eargs" --out "$WORK/compare-nodes-$i" --quiet)
         say "B$i: hvd-compress-compare ${matrix[*]:0:$((${#matrix[@]} - 5))}"
         # stdin from /dev/null: the runs must not read the rest of the matrices' lines
         run taskset -c "$B_CORES" timeout -s INT "$(within 25)" "$PY" -m hvd_compress.tools.compare \

@@ -86,3 +86,29 @@ def test_device_session_plans_both_lanes_within_its_deadline(tmp_path):
     assert any(n.endswith("build.log") for n in names), names
     timeouts = [int(t) for t in re.findall(r"timeout (?:-s INT )?(\d+)", logged)]
     assert len(timeouts) >= 2 and all(0 < t <= 300 for t in timeouts), timeouts
+
+
+def test_device_session_runs_each_matrix_line_with_its_own_arguments(tmp_path):
+    """NODES_MATRICES: a line a matrix, in turn; a line's optional sixth and seventh fields
+    are more compare arguments and the example's own (the language model's matrix), the
+    others keep NODES_EXAMPLE_ARGS."""
+    out = tmp_path / "out"
+    lines = ("8|4|200mbit|topk:ratio=0.01|two-phase\n"
+             "4|2|200mbit|none|  |--example lm --optimizer adamw onebit-adam --diloco 50|"
+             "--steps 300 --freeze-step 40")
+    env = {**os.environ, "DRY_RUN": "1", "LIMIT": "300", "OUT": str(out), "LANES": "b",
+           "NODES_MATRICES": lines, "NODES_EXAMPLE_ARGS": "--width 64"}
+    res = subprocess.run(["bash", str(REPO / "scripts" / "device_session.sh")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    with tarfile.open(out / "results.tgz") as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("compare-nodes.log"))
+        ran = [ln for ln in tar.extractfile(member).read().decode().splitlines()
+               if "hvd_compress.tools.compare" in ln and "--resume" not in ln]
+    assert len(ran) == 2, ran
+    assert "--np 8 --nodes 4" in ran[0] and "--exchange two-phase" in ran[0]
+    assert "--example-args --width 64 " in ran[0] and "--example lm" not in ran[0]
+    assert "--np 4 --nodes 2" in ran[1] and "--exchange" not in ran[1]
+    assert "--example lm --optimizer adamw onebit-adam --diloco 50" in ran[1]
+    assert "--example-args --steps 300 --freeze-step 40 " in ran[1]
+    assert "taskset -c 0-15" in ran[0]  # lane B alone: every core
