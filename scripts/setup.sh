@@ -11,7 +11,7 @@
 # 3. Horovod 0.28.1 built from its PyPI sdist with PyTorch, TensorFlow, MPI
 #    and Gloo, with the source fixes in scripts/horovod_fixes.sh; the built
 #    wheel is cached under ~/.cache/hvd-compress/ keyed by versions and fixes
-# 4. this package, editable, with its dev extras
+# 4. this package, editable, with its dev extras and the tests' oracles (torchft)
 # 5. `horovodrun --check-build`, which must list PyTorch, TensorFlow, MPI, Gloo
 #
 # Idempotent: a second run with nothing changed reuses the venv and the cached
@@ -203,8 +203,8 @@ $(tail -30 "$log")"
 fi
 
 # ---------------------------------------------------------------------------
-step "4/5 hvd-compress (editable, with dev extras; its fused TensorFlow ops)"
-"${PIP[@]}" install --no-build-isolation -e "$ROOT[dev]" >"$LOGDIR/pip-package.log" 2>&1 \
+step "4/5 hvd-compress (editable, with dev and oracles extras; its fused TensorFlow ops)"
+"${PIP[@]}" install --no-build-isolation -e "$ROOT[dev,oracles]" >"$LOGDIR/pip-package.log" 2>&1 \
     || die "pip install -e failed, see $LOGDIR/pip-package.log"
 "$PY" -c "import horovod.torch, horovod.tensorflow, mpi4py, hvd_compress; print('hvd_compress', hvd_compress.__version__)" \
     2>"$LOGDIR/import.log" || die "imports failed, see $LOGDIR/import.log"
