@@ -141,3 +141,75 @@ def resume(spec="topk:ratio=0.25", size=3, period=4, fragments=2, steps=11, cut=
                "momenta": sorted(saved["outer"]["momenta"]), "anchors": sorted(saved["anchors"])}
     hvd.barrier()
     return out
+
+
+def torchft_run(period=4, fragments=2, steps=12):
+    """Every rank of the np 3 launch: our DiLoCo (``none``, AdamW inside) and torchft's
+    ``DiLoCo`` on the same model and each rank's own data, torchft's manager a stand-in
+    whose allreduce is Horovod's average over the ranks (what torchft's own manager
+    returns: the sum over the replicas divided by their number) and whose step counter
+    moves at each commit.  Per step both models' parameters; None where torchft is not
+    installed."""
+    hvd, _ = init_with_pair()
+    try:
+        from torchft import local_sgd
+        from torchft.manager import Manager
+        from torchft.work import _DummyWork
+    except ImportError:
+        hvd.barrier()
+        return None
+    from unittest.mock import create_autospec
+
+    import hvd_compress.torch as hc
+    rank = hvd.rank()
+    ours = _model()
+    opt = hc.DistributedOptimizer(torch.optim.AdamW(ours.parameters(), lr=0.01,
+                                                    weight_decay=0.1),
+                                  named_parameters=ours.named_parameters(),
+                                  backward_passes_per_step=period, local_sgd=True,
+                                  outer_lr=0.7, outer_momentum=0.9, fragments=fragments,
+                                  min_numel=0)
+    names = opt._parameter_names
+    theirs = _model()
+    by_name = dict(theirs.named_parameters())
+    parts = []
+    for run in opt._local.fragments:  # torchft's fragments: modules holding ours
+        part = torch.nn.Module()
+        for i, p in enumerate(run):
+            part.register_parameter(f"p{i}", by_name[names[p]])
+        parts.append(part)
+    manager = create_autospec(Manager)
+    manager._use_async_quorum = False
+    manager._rank0_synchronization_only = False
+    manager.errored.return_value = None
+    manager.num_participants.return_value = hvd.size()
+
+    calls = [0]
+
+    def allreduce(t, should_quantize=False):  # named: the launch's earlier bodies ran
+        calls[0] += 1                         # unnamed collectives on some ranks only
+        hvd.allreduce_(t, op=hvd.Average, name=f"torchft.{calls[0]}")
+        return _DummyWork(t)
+    manager.allreduce.side_effect = allreduce
+    commits = [0]
+    manager.current_step.side_effect = lambda: commits[0]
+
+    def commit():
+        commits[0] += 1
+        return True
+    manager.should_commit.side_effect = commit
+    inner = torch.optim.AdamW(theirs.parameters(), lr=0.01, weight_decay=0.1)
+    outer = [torch.optim.SGD(part.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+             for part in parts]
+    log = []
+    with local_sgd.DiLoCo(manager, parts, inner, outer, sync_every=period):
+        for step in range(steps):
+            for model, o in ((ours, opt), (theirs, inner)):
+                x, y = _batch(rank, step)
+                o.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                o.step()
+            log.append({"ours": _named(ours), "theirs": _named(theirs)})
+    out = {"log": log, "commits": commits[0], "synced": opt._local.synced}
+    hvd.barrier()
+    return out
