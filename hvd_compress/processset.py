@@ -12,16 +12,37 @@ may start with one worker, where nothing is refused, and grow).
 
 from __future__ import annotations
 
-__all__ = ["check_process_set", "exchanges"]
+__all__ = ["check_process_set", "exchanges", "included", "set_size"]
+
+
+def _left_empty(hvd, process_set) -> bool:
+    """Whether ``process_set`` is the global set left without ranks after ``hvd.init()``."""
+    return getattr(process_set, "process_set_id", None) == 0 and process_set.ranks == [] \
+        and hvd.is_initialized()
+
+
+def included(hvd, process_set) -> bool:
+    """Whether this rank is in ``process_set``: Horovod's answer, except for the global set
+    left empty (the module docstring), which holds every rank of ``hvd``'s world -- on one
+    worker Horovod says False there, and DiLoCo's outer step, which runs alone too, was
+    skipped (its schedule never moved) in a process that had imported TensorFlow last."""
+    if _left_empty(hvd, process_set):
+        return True
+    return bool(process_set.included())
+
+
+def set_size(hvd, process_set) -> int:
+    """``process_set``'s size (``hvd``'s world for the global set left empty)."""
+    return hvd.size() if _left_empty(hvd, process_set) else process_set.size()
 
 
 def check_process_set(hvd, process_set) -> None:
     """Raise where ``process_set`` is Horovod's global set left empty by ``hvd.init()``
     (the module docstring) among two or more workers; ``hvd`` is ``horovod.torch`` or
     ``horovod.tensorflow``."""
-    if getattr(process_set, "process_set_id", None) != 0 or process_set.ranks != []:
+    if not _left_empty(hvd, process_set):
         return
-    if not hvd.is_initialized() or hvd.size() < 2:  # (one worker: nothing to exchange)
+    if hvd.size() < 2:  # (one worker: nothing to exchange)
         return
     raise RuntimeError(
         f"Horovod's global process set holds no ranks after {hvd.__name__}.init(): "
@@ -35,4 +56,4 @@ def exchanges(hvd, process_set) -> bool:
     :func:`check_process_set` (run at each exchange: an elastic job that started with
     one worker, where nothing is refused, may have grown)."""
     check_process_set(hvd, process_set)
-    return process_set.included()
+    return included(hvd, process_set)

@@ -39,7 +39,7 @@ from .core.routed import Routed
 from .core.stats import Stats
 from .core.twophase import TwoPhase, takes_two_phase
 from .localsteps import LocalSGDSchedule
-from .processset import check_process_set, exchanges
+from .processset import check_process_set, exchanges, included, set_size
 
 __all__ = ["Session", "fuse_uncompressed", "TOO_MANY_PASSES", "EXCHANGES", "resolve_exchange"]
 
@@ -265,16 +265,16 @@ class Session:
 
     def communicates(self) -> bool:
         """Whether this rank exchanges with at least one other."""
-        return self.exchanges() and self.process_set.size() > 1
+        return self.exchanges() and set_size(self.hvd, self.process_set) > 1
 
     def follow_world(self, comp, reset: bool = False) -> bool:
         """Bind ``comp`` to Horovod's current rank and the set's size if they changed
         (cheap when nothing did); a new size makes the ranks check their plan again.
         ``reset``: after an elastic reset, on every rank at once -- forget the agreed
         plans and the batches in flight too.  Returns whether this rank is in the set."""
-        if not self.process_set.included():
+        if not included(self.hvd, self.process_set):
             return False
-        world = (self.hvd.rank(), self.process_set.size())
+        world = (self.hvd.rank(), set_size(self.hvd, self.process_set))
         if world != self.world:
             resized = self.world is None or world[1] != self.world[1]
             comp.bind(*world)

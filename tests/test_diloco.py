@@ -240,6 +240,47 @@ def test_one_worker_matches_torchft_streaming_diloco():
     assert commits[0] == opt._local.synced == steps // (period // fragments)
 
 
+ALONE_AFTER_TF = """
+import json, sys, torch
+import hvd_compress.torch as hc, horovod.torch as hvd
+if sys.argv[1] == "tf":
+    import hvd_compress.tensorflow  # noqa: F401  (Horovod's process sets now ask TF's library)
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                              named_parameters=model.named_parameters(),
+                              backward_passes_per_step=4, local_sgd=True, outer_lr=0.7,
+                              outer_momentum=0.9, fragments=2)
+for step in range(4):
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+    opt.zero_grad()
+    ((model(x) - x[:, :2]) ** 2).mean().backward()
+    opt.step()
+print(json.dumps({"synced": opt._local.synced,
+                  "params": [p.detach().reshape(-1).tolist() for p in model.parameters()]}))
+"""
+
+
+def test_one_worker_outer_steps_also_where_tensorflow_was_imported_last():
+    """Horovod's process sets answer through the framework imported last: after
+    ``import hvd_compress.tensorflow``, ``horovod.torch``'s global set said this one worker
+    was not in it, and DiLoCo's outer step (which runs on one worker too) never ran
+    (found by the torchft check, which failed only after another module imported
+    TensorFlow).  Alone, in a fresh process each: the same syncs and parameters."""
+    import json
+    import subprocess
+    import sys
+    runs = {}
+    for order in ("torch", "tf"):
+        got = subprocess.run([sys.executable, "-c", ALONE_AFTER_TF, order], capture_output=True,
+                             text=True, timeout=300)
+        assert got.returncode == 0, got.stderr[-2000:]
+        runs[order] = json.loads(got.stdout.strip().splitlines()[-1])
+    assert runs["torch"]["synced"] == runs["tf"]["synced"] == 2
+    assert runs["tf"]["params"] == runs["torch"]["params"]
+
+
 # -- the optimizer under horovodrun ---------------------------------------------------------
 # (key, kwargs): spec, size, period, fragments, steps, outer_lr, warmup
 CASES = {

@@ -18,7 +18,7 @@ from ..core.policy import DEFAULT_MIN_NUMEL, Policy
 from ..core.stats import Stats
 from ..frontend import choice_of
 from ..localsteps import check_horovod_args
-from ..processset import check_process_set, exchanges
+from ..processset import check_process_set, exchanges, included
 from .compressors import TFCompressor
 from .exchange import bind, describe, plan_rows, variable_name
 from .localsteps import LocalSGD, accumulate, strategy
@@ -135,7 +135,7 @@ class _DistributedGradientTape(tf.GradientTape):
         ``backward_passes_per_step``-th local step it averages the variables that
         ``gradient()`` saw (and ``buffers``) over the ranks.  Returns whether it
         averaged (a boolean tensor); without local SGD, False."""
-        if not self._settings.local_sgd or not self._process_set.included():
+        if not self._settings.local_sgd or not included(hvd, self._process_set):
             return False
         if self._seen is None or not isinstance(self._local, LocalSGD):
             raise RuntimeError("finish_step() comes after gradient()")
