@@ -173,22 +173,16 @@ def test_one_worker_matches_torchft_streaming_diloco():
     at each commit, as torchft's manager's does).  Equal within rounding: torchft steps
     with torch.optim.SGD (see test_outer_step_is_torch_nesterov_sgd)."""
     torch = pytest.importorskip("torch")
-    local_sgd = pytest.importorskip("torchft.local_sgd")
-    from unittest.mock import create_autospec
-
+    pytest.importorskip("torchft.local_sgd")
     import horovod.torch as hvd
-    from torchft.manager import Manager
-    from torchft.work import _DummyWork
 
     import hvd_compress.torch as hc
+    from tests.workers.diloco import _model as model
+    from tests.workers.diloco import torchft_diloco
     hvd.init()
     if hvd.size() != 1:
         pytest.skip("one worker")
     period, fragments, steps = 4, 2, 13
-
-    def model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
 
     def batch(step):
         g = torch.Generator().manual_seed(step)
@@ -200,34 +194,10 @@ def test_one_worker_matches_torchft_streaming_diloco():
                                   named_parameters=ours.named_parameters(),
                                   backward_passes_per_step=period, local_sgd=True,
                                   outer_lr=0.7, outer_momentum=0.9, fragments=fragments)
-    names = opt._parameter_names
-    runs = [[names[p] for p in run] for run in opt._local.fragments]
     theirs = model()
-    by_name = dict(theirs.named_parameters())
-    parts = []
-    for run in runs:  # torchft's fragments: modules holding our fragments' parameters
-        part = torch.nn.Module()
-        for i, n in enumerate(run):
-            part.register_parameter(f"p{i}", by_name[n])
-        parts.append(part)
-    manager = create_autospec(Manager)
-    manager._use_async_quorum = False
-    manager._rank0_synchronization_only = False
-    manager.errored.return_value = None
-    manager.allreduce.side_effect = lambda t, should_quantize=False: _DummyWork(t)
-    commits = [0]
-    manager.current_step.side_effect = lambda: commits[0]
-
-    def commit():
-        commits[0] += 1
-        return True
-    manager.should_commit.side_effect = commit
     inner = torch.optim.SGD(theirs.parameters(), lr=0.1)
-    # one outer optimizer per fragment (torchft's list form: a single one over the whole
-    # model would also step the other fragments' parameters on their inner gradients)
-    outer = [torch.optim.SGD(part.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-             for part in parts]
-    with local_sgd.DiLoCo(manager, parts, inner, outer, sync_every=period):
+    diloco, commits = torchft_diloco(opt, theirs, inner, period)
+    with diloco:
         for step in range(steps):
             for m, o in ((ours, opt), (theirs, inner)):
                 x, y = batch(step)

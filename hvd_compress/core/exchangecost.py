@@ -332,7 +332,7 @@ def link_from_timings(timings) -> tuple:
     rows = [(float(a), float(b), float(t)) for a, b, t in timings]
     if not rows:
         raise ValueError("link_from_timings: no timing")
-    floor = max((t for _, _, t in rows), default=0.0) * 1e-9 or 1e-30
+    floor = max(t for _, _, t in rows) * 1e-9 or 1e-30  # (a time of 0: weighted as this)
     weights = [1.0 / max(t, floor) ** 2 for _, _, t in rows]
     wrows = list(zip(weights, rows))
 

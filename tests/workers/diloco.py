@@ -143,37 +143,23 @@ def resume(spec="topk:ratio=0.25", size=3, period=4, fragments=2, steps=11, cut=
     return out
 
 
-def torchft_run(period=4, fragments=2, steps=12):
-    """Every rank of the np 3 launch: our DiLoCo (``none``, AdamW inside) and torchft's
-    ``DiLoCo`` on the same model and each rank's own data, torchft's manager a stand-in
-    whose allreduce is Horovod's average over the ranks (what torchft's own manager
-    returns: the sum over the replicas divided by their number) and whose step counter
-    moves at each commit.  Per step both models' parameters; None where torchft is not
-    installed."""
-    hvd, _ = init_with_pair()
-    try:
-        from torchft import local_sgd
-        from torchft.manager import Manager
-        from torchft.work import _DummyWork
-    except ImportError:
-        hvd.barrier()
-        return None
+def torchft_diloco(opt, theirs, inner, period, average=None, participants=1):
+    """torchft's ``DiLoCo`` over ``theirs`` (the model ``opt``, our optimizer, steps, made
+    alike) with ``inner``: its fragments modules holding the parameters of our fragments,
+    each with its own outer Nesterov SGD (torchft's list form: a single one over the whole
+    model would also step the other fragments' parameters on their inner gradients); its
+    manager a stand-in whose allreduce is ``average(t)`` in place (None: one replica, left
+    as it is) and whose step counter moves at each commit, as torchft's manager's does.
+    Returns ``(the DiLoCo context, [commits so far])``; ImportError without torchft."""
     from unittest.mock import create_autospec
 
-    import hvd_compress.torch as hc
-    rank = hvd.rank()
-    ours = _model()
-    opt = hc.DistributedOptimizer(torch.optim.AdamW(ours.parameters(), lr=0.01,
-                                                    weight_decay=0.1),
-                                  named_parameters=ours.named_parameters(),
-                                  backward_passes_per_step=period, local_sgd=True,
-                                  outer_lr=0.7, outer_momentum=0.9, fragments=fragments,
-                                  min_numel=0)
+    from torchft import local_sgd
+    from torchft.manager import Manager
+    from torchft.work import _DummyWork
     names = opt._parameter_names
-    theirs = _model()
     by_name = dict(theirs.named_parameters())
     parts = []
-    for run in opt._local.fragments:  # torchft's fragments: modules holding ours
+    for run in opt._local.fragments:
         part = torch.nn.Module()
         for i, p in enumerate(run):
             part.register_parameter(f"p{i}", by_name[names[p]])
@@ -182,13 +168,11 @@ def torchft_run(period=4, fragments=2, steps=12):
     manager._use_async_quorum = False
     manager._rank0_synchronization_only = False
     manager.errored.return_value = None
-    manager.num_participants.return_value = hvd.size()
+    manager.num_participants.return_value = participants
 
-    calls = [0]
-
-    def allreduce(t, should_quantize=False):  # named: the launch's earlier bodies ran
-        calls[0] += 1                         # unnamed collectives on some ranks only
-        hvd.allreduce_(t, op=hvd.Average, name=f"torchft.{calls[0]}")
+    def allreduce(t, should_quantize=False):
+        if average is not None:
+            average(t)
         return _DummyWork(t)
     manager.allreduce.side_effect = allreduce
     commits = [0]
@@ -198,11 +182,41 @@ def torchft_run(period=4, fragments=2, steps=12):
         commits[0] += 1
         return True
     manager.should_commit.side_effect = commit
-    inner = torch.optim.AdamW(theirs.parameters(), lr=0.01, weight_decay=0.1)
     outer = [torch.optim.SGD(part.parameters(), lr=0.7, momentum=0.9, nesterov=True)
              for part in parts]
+    return local_sgd.DiLoCo(manager, parts, inner, outer, sync_every=period), commits
+
+
+def torchft_run(period=4, fragments=2, steps=12):
+    """Every rank of the np 3 launch: our DiLoCo (``none``, AdamW inside) and torchft's
+    ``DiLoCo`` (:func:`torchft_diloco`) on the same model and each rank's own data, the
+    stand-in manager's allreduce Horovod's average over the ranks (what torchft's own
+    manager returns: the sum over the replicas divided by their number).  Per step both
+    models' parameters; None where torchft is not installed."""
+    hvd, _ = init_with_pair()
+    import hvd_compress.torch as hc
+    rank = hvd.rank()
+    ours = _model()
+    opt = hc.DistributedOptimizer(torch.optim.AdamW(ours.parameters(), lr=0.01,
+                                                    weight_decay=0.1),
+                                  named_parameters=ours.named_parameters(),
+                                  backward_passes_per_step=period, local_sgd=True,
+                                  outer_lr=0.7, outer_momentum=0.9, fragments=fragments,
+                                  min_numel=0)
+    theirs = _model()
+    inner = torch.optim.AdamW(theirs.parameters(), lr=0.01, weight_decay=0.1)
+    calls = [0]
+
+    def average(t):  # named: the launch's earlier bodies ran unnamed collectives on some
+        calls[0] += 1  # ranks only
+        hvd.allreduce_(t, op=hvd.Average, name=f"torchft.{calls[0]}")
+    try:
+        diloco, commits = torchft_diloco(opt, theirs, inner, period, average, hvd.size())
+    except ImportError:
+        hvd.barrier()
+        return None
     log = []
-    with local_sgd.DiLoCo(manager, parts, inner, outer, sync_every=period):
+    with diloco:
         for step in range(steps):
             for model, o in ((ours, opt), (theirs, inner)):
                 x, y = _batch(rank, step)
