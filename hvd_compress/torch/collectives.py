@@ -5,11 +5,13 @@ from __future__ import annotations
 import horovod.torch as hvd
 
 from ..core.exchange import MAX, ProcessSetCollectives
+from .waiting import wait as _wait
 
 
 class HorovodTorch(ProcessSetCollectives):
     """``allreduce_async`` / ``allgather_async`` over ``process_set``; :meth:`wait` is
-    ``hvd.synchronize``.  Tensors stay where they are (CPU or CUDA)."""
+    ``hvd.synchronize`` reached by polling with sleeps (:mod:`.waiting`: Horovod's own
+    wait spins).  Tensors stay where they are (CPU or CUDA)."""
 
     def allreduce(self, flat, name, op=None, prescale=1.0, postscale=1.0):
         op = hvd.Sum if op is None else hvd.Max if op == MAX else op
@@ -38,8 +40,8 @@ class HorovodTorch(ProcessSetCollectives):
 
     def wait(self, handle):
         if isinstance(handle, _Kept):
-            return handle.part(hvd.synchronize(handle.handle))
-        return hvd.synchronize(handle)
+            return handle.part(_wait(handle.handle))
+        return _wait(handle)
 
 
 class _Kept:
