@@ -1,6 +1,6 @@
 """hvd_compress.torch.waiting: the exchange's wait polls with growing sleeps, not
 Horovod's spinning ``sched_yield`` loop (which, on shared cores, slowed the dense
-exchange 10-40x: docs/results/adam-era.md, "Waiting")."""
+exchange 11-65x: docs/results/adam-era.md, "Waiting")."""
 
 import pytest
 

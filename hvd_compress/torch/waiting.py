@@ -4,9 +4,9 @@ Horovod 0.28.1's ``hvd.synchronize`` waits in C++ by calling ``sched_yield`` in 
 (``WaitAndClear`` in ``horovod/torch/mpi_ops_v2.cc``).  Where workers have a core each
 that costs one core; where they share cores (several CPU workers a machine, the 2-core
 CI machine's four) every waiting worker's main thread competes with the Horovod
-background threads that move the bytes, its own and the other workers'.  Measured on 2
-cores, 4 workers, the dense 549 KB allreduce of the transformer example took 240-870 ms a
-step in most runs against 37-40 ms in a few (docs/results/adam-era.md, "Waiting").
+background threads that move the bytes, its own and the other workers'.  On 2 cores, 4
+workers, the transformer example's dense 549 KB allreduce took 382-1,622 ms a step with
+Horovod's wait against 25-34 ms with this one (docs/results/adam-era.md, "Waiting").
 
 :func:`wait` polls instead: ``sched_yield`` for the first :data:`SPIN_S` seconds (short
 collectives keep their latency), then sleeps for :data:`NAP_SHARE` of the time waited so
