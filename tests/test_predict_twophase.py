@@ -139,7 +139,9 @@ def test_rows_that_count_their_tensors_price_the_chunks_work():
     has none); rows without the column as before."""
     from hvd_compress.tools import chunkcost
     onebit, terngrad = chunkcost.chunk_ms("onebit"), chunkcost.chunk_ms("terngrad")
-    assert 0 < onebit < terngrad / 4, (onebit, terngrad)
+    # (1-bit's growth is small enough that on a busy machine its fit can come out under
+    # zero, which chunk_ms reports as 0: seen once in CI under load)
+    assert terngrad > 0 and 0 <= onebit < terngrad / 4, (onebit, terngrad)
     assert chunkcost.chunk_ms("none") == 0.0  # summed, never cut into chunks
     row = {"framework": "torch", "compression": "terngrad", "np": "2", "nodes": "1",
            "exchange": xc.TWO_PHASE, "bandwidth": "uncapped", "bytes_per_step": "5.4e6",
