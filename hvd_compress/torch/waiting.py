@@ -46,8 +46,6 @@ def until_done(done, clock=time.perf_counter, nap=time.sleep, yield_=os.sched_yi
     """Return once ``done()`` is true: polled with ``yield_`` for :data:`SPIN_S`, then with
     sleeps growing with the time waited (:data:`NAP_SHARE`, within :data:`MIN_NAP_S` ..
     :data:`MAX_NAP_S`)."""
-    if done():
-        return
     start = clock()
     while not done():
         waited = clock() - start

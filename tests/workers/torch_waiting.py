@@ -10,10 +10,6 @@ import time
 import torch
 
 
-def _wait_mode(mode):
-    os.environ["HVD_COMPRESS_WAIT"] = mode
-
-
 def results_and_cpu(late_s: float = 0.3):
     """Per mode (``nap``, ``spin``): an allreduce, an allgather of unequal rows and the kept
     part of a CPU reduce-scatter through :class:`HorovodTorch`, and rank 0's main-thread CPU
@@ -25,10 +21,10 @@ def results_and_cpu(late_s: float = 0.3):
         hvd.init()
     coll = HorovodTorch(hvd.global_process_set)
     r = hvd.rank()
-    out = {}
+    out, before = {}, os.environ.get("HVD_COMPRESS_WAIT")
     try:
         for mode in ("nap", "spin"):
-            _wait_mode(mode)
+            os.environ["HVD_COMPRESS_WAIT"] = mode
             x = torch.arange(6, dtype=torch.float32) * (r + 1)
             summed = coll.wait(coll.allreduce(x, f"waiting.sum.{mode}"))
             rows = coll.wait(coll.allgather(torch.full((r + 1, 2), float(r)), f"waiting.rows.{mode}"))
@@ -43,6 +39,9 @@ def results_and_cpu(late_s: float = 0.3):
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
             out[mode] = {"sum": summed.tolist(), "rows": rows.tolist(), "part": part.tolist(),
                          "late": late.tolist(), "cpu_s": cpu, "wall_s": wall}
-    finally:
-        os.environ.pop("HVD_COMPRESS_WAIT", None)
+    finally:  # the launch's environment as it was, for the bodies after this one
+        if before is None:
+            os.environ.pop("HVD_COMPRESS_WAIT", None)
+        else:
+            os.environ["HVD_COMPRESS_WAIT"] = before
     return out
