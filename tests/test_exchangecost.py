@@ -353,6 +353,12 @@ class _SleepyCodec:
         self._wait(meta)
         return payload
 
+    def aggregate(self, received, enc):
+        for payload in received:
+            self.decode(payload, enc.meta, enc.ctx)
+        self.summed = len(received)
+        return enc.payload
+
 
 def test_codec_timing_tells_a_calls_fixed_cost_from_its_rate():
     """The probe times the codecs at two sizes: the line through them gives the fixed
@@ -360,10 +366,16 @@ def test_codec_timing_tells_a_calls_fixed_cost_from_its_rate():
     from hvd_compress.core.autoexchange import codec_seconds
     from hvd_compress.core.backend import NUMPY
     fixed, per = 5e-3, 2e-8
-    ev, dv, ec, dc = codec_seconds(_SleepyCodec(fixed, per), NUMPY, None,
-                                   largest=1 << 20)
+    codec = _SleepyCodec(fixed, per)
+    ev, dv, ec, dc = codec_seconds(codec, NUMPY, None, largest=1 << 20, p=8)
     for rate, call in ((ev, ec), (dv, dc)):
         assert rate == pytest.approx(per, rel=0.35) and call == pytest.approx(fixed, rel=0.35)
+    # the decode was timed as the allgather runs it: a sum of payloads (at most 4 of them),
+    # its figures one payload's share
+    assert codec.summed == 4
+    _, dv, _, dc = codec_seconds(codec, NUMPY, None, largest=1 << 20, p=1)
+    assert codec.summed == 2
+    assert dv == pytest.approx(per, rel=0.35) and dc == pytest.approx(fixed, rel=0.35)
     # a small model: the large probe is the largest tensor, at least 16K values
     ev, _, ec, _ = codec_seconds(_SleepyCodec(fixed, 1e-6), NUMPY, None,
                                  largest=100)

@@ -9,10 +9,15 @@ under the 6-8 ms a message step that 2 shared cores showed, and the fit then pri
 at zero; the hierarchy's dense traffic is whole tensors, too); they are left out where the
 256 KiB ones took over :data:`LARGE_PROBE_BELOW_S` on some rank of the set (the cost per
 byte already shows: a slow link is not kept busy for seconds). And it times its
-compressors' encode and decode on probe tensors of two sizes (4,096 values and up to the
-largest tensor's, at most 1M), so a codec call's fixed cost is told from its cost per
-value (on one size alone the fixed cost passed for a rate 20 times too high, and the
-exchanges that encode fewer values per worker won wrongly). One allreduce of the maxima
+compressors' encode, and the decode as the exchanges run it -- ``aggregate`` of up to
+:data:`CODEC_PAYLOADS` payloads into one sum --, on probe tensors of two sizes (4,096
+values and the largest tensor's, at most 16M), so a codec call's fixed cost is told from
+its cost per value (on one size alone the fixed cost passed for a rate 20 times too high,
+and the exchanges that encode fewer values per worker won wrongly). The large size is the
+model's own: clipped to 1M values and decoded one payload at a time, the probes put
+1-bit's decode at 1.7 ns a value where the allgather's step took 9.6 (its sum of 4 payloads
+of 20.5M values runs from memory, not cache), and `auto` chose the allgather at 0.62x
+two-phase's speed (docs/results/two-phase.md). One allreduce of the maxima
 makes every rank hold the same figures (so every rank routes every tensor alike). Then
 every exchange a compressor can take is run end to end on a probe tensor -- a matrix where
 the compressor sends vectors whole (DGC), so that every exchange is timed -- (fresh
@@ -61,7 +66,12 @@ REPEATS = 3
 #: values of the tensors the codecs are timed on: this and the largest tensor's numel
 #: clipped to ``CODEC_LARGE``
 PROBE_VALUES = 1 << 12
-CODEC_LARGE = (1 << 14, 1 << 20)
+CODEC_LARGE = (1 << 14, 1 << 24)
+#: the decode probe sums this many payloads (or the world's size, where smaller, at least 2)
+CODEC_PAYLOADS = 4
+#: the end-to-end probes' tensors: up to the largest tensor's numel clipped to this
+#: (:meth:`AutoChoice._calibrate`: every exchange a spec can take, three runs each)
+CALIBRATE_LARGE = 1 << 20
 #: the probe matrix's columns (:meth:`AutoChoice._calibrate`)
 PROBE_COLS = 16
 #: which engine runs each exchange (:class:`~.routed.Routed`'s keys)
@@ -111,37 +121,41 @@ def probe_timings(coll, B, like, tag: str, sizes=PROBE_BYTES) -> list:
     return rows
 
 
-def _codec_once(probe, B, like, m: int, tag: str) -> tuple:
-    """(encode, decode) seconds of ``probe`` on ``m`` values, the best of two."""
+def _codec_once(probe, B, like, m: int, payloads: int, tag: str) -> tuple:
+    """(encode, decode) seconds of ``probe`` on ``m`` values, the best of two: the decode
+    is ``aggregate`` of ``payloads`` payloads into one sum, as the exchanges decode."""
     rng = np.random.default_rng(0)
     x = B.asarray(rng.standard_normal(m).astype(np.float32), "float32", like=like)
     enc = probe.encode(x, tag)  # (a first call: caches, compiled kernels)
-    probe.decode(enc.payload, enc.meta, enc.ctx)
+    probe.aggregate([enc.payload] * payloads, enc)
     best_e = best_d = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()
         enc = probe.encode(x, tag)
         t1 = time.perf_counter()
-        probe.decode(enc.payload, enc.meta, enc.ctx)
+        probe.aggregate([enc.payload] * payloads, enc)
         t2 = time.perf_counter()
         best_e, best_d = min(best_e, t1 - t0), min(best_d, t2 - t1)
     return best_e, best_d
 
 
-def codec_seconds(probe, B, like, largest: int = CODEC_LARGE[1]) -> tuple:
+def codec_seconds(probe, B, like, largest: int = CODEC_LARGE[1], p: int = CODEC_PAYLOADS) -> tuple:
     """``(encode per value, decode per value, encode per call, decode per call)`` seconds
     of ``probe`` (a fresh compressor: no state of the user's is touched) on this rank, on
     tensors where ``like`` lives: timed on :data:`PROBE_VALUES` values and on ``largest``
-    (clipped to :data:`CODEC_LARGE`), the line through both (neither term negative)."""
+    (clipped to :data:`CODEC_LARGE`), the line through both (neither term negative).  The
+    decode is timed summing ``p`` payloads (clipped to 2 .. :data:`CODEC_PAYLOADS`): a
+    decode call and value is that time's share of one payload."""
     small = PROBE_VALUES
     large = max(CODEC_LARGE[0], min(CODEC_LARGE[1], int(largest)))
-    e1, d1 = _codec_once(probe, B, like, small, "hvd_compress.probe.small")
-    e2, d2 = _codec_once(probe, B, like, large, "hvd_compress.probe.large")
+    q = max(2, min(CODEC_PAYLOADS, int(p)))
+    e1, d1 = _codec_once(probe, B, like, small, q, "hvd_compress.probe.small")
+    e2, d2 = _codec_once(probe, B, like, large, q, "hvd_compress.probe.large")
 
-    def line(t1, t2):
-        per = max(0.0, (t2 - t1) / (large - small))
-        return per, max(0.0, t1 - per * small)
-    (ev, ec), (dv, dc) = line(e1, e2), line(d1, d2)
+    def line(t1, t2, calls):
+        per = max(0.0, (t2 - t1) / (large - small) / calls)
+        return per, max(0.0, t1 / calls - per * small)
+    (ev, ec), (dv, dc) = line(e1, e2, 1), line(d1, d2, q)
     return ev, dv, ec, dc
 
 
@@ -228,7 +242,7 @@ class AutoChoice:
                 else:
                     figures += [t for _, _, t in probe_timings(self.world, B, like, "world")]
             largest = max([_numel(B.shape(t)) for t in tensors or ()] or [0])
-            rates = [codec_seconds(c, B, like, largest) for c in specs.values()]
+            rates = [codec_seconds(c, B, like, largest, self.p) for c in specs.values()]
             figures += [v for pair in rates for v in pair] + [float(largest)]
             agreed = self._agree(figures, B, like, "agree")
         at, k = 0, 2 * len(PROBE_BYTES)
@@ -258,11 +272,11 @@ class AutoChoice:
 
     def _calibrate(self, specs, B, like, largest: int) -> None:
         """Run every exchange each spec can take on a probe tensor of up to ``largest``
-        values (:data:`CODEC_LARGE`), best of two after a first run (plans agreed, kernels
+        values (:data:`CALIBRATE_LARGE`), best of two after a first run (plans agreed, kernels
         compiled); keep the slowest rank's time (:attr:`probed`) and its ratio to the model's,
         per exchange, where above 1."""
         from .registry import build
-        m = max(CODEC_LARGE[0], min(CODEC_LARGE[1], largest))
+        m = max(CODEC_LARGE[0], min(CALIBRATE_LARGE, largest))
         # a vector and a matrix of about m values: some compressors send vectors whole (DGC),
         # so only a matrix takes every exchange; each spec is timed on the shape that does
         shapes = [(m,), (m // PROBE_COLS, PROBE_COLS)]
