@@ -154,6 +154,11 @@ class CompressorFrontend:
         """Uncompressed (``none``): Horovod's own averaging allreduce, nothing decoded."""
         return self.core.passthrough
 
+    @property
+    def epoch(self):
+        """DGC's warm-up epoch (None for compressors without a schedule)."""
+        return getattr(self.core, "epoch", None)
+
     def set_epoch(self, epoch: int) -> bool:
         """DGC's warm-up epoch (no-op for other compressors); returns whether the payload
         sizes changed (DGC's density did)."""

@@ -157,6 +157,11 @@ class PolicyFrontend:
     def passthrough_for(self, name: str, shape, dtype: str) -> bool:
         return self.child(self.spec_for(name, shape, dtype)).passthrough
 
+    @property
+    def epoch(self):
+        """The warm-up epoch last set (:meth:`set_epoch`; None before)."""
+        return self._epoch
+
     def set_epoch(self, epoch: int) -> bool:
         """DGC's warm-up epoch, for every compressor of the plan (and those made later)."""
         self._epoch = int(epoch)

@@ -17,11 +17,14 @@ and the exchanges that encode fewer values per worker won wrongly). The large si
 model's own: clipped to 1M values and decoded one payload at a time, the probes put
 1-bit's decode at 1.7 ns a value where the allgather's step took 9.6 (its sum of 4 payloads
 of 20.5M values runs from memory, not cache), and `auto` chose the allgather at 0.62x
-two-phase's speed (docs/results/two-phase.md). One allreduce of the maxima
+two-phase's speed (docs/results/two-phase.md). The probe compressors are fresh (no state
+of the user's is touched) but at the user's place in a schedule (DGC's warm-up epoch:
+:func:`probe_like`), and timed on a matrix where the compressor sends vectors whole
+(:func:`probe_shape`). One allreduce of the maxima
 makes every rank hold the same figures (so every rank routes every tensor alike). Then
-every exchange a compressor can take is run end to end on a probe tensor -- a matrix where
-the compressor sends vectors whole (DGC), so that every exchange is timed -- (fresh
-compressors: no state of the user's is touched) and timed; where the slowest rank's time
+every exchange a compressor can take is run end to end on a probe tensor of the largest
+tensor's size (at most 16M values: at 1M, the allgather's sum of 4 payloads ran from cache
+and its probe missed what the step paid) and timed; where the slowest rank's time
 exceeds the model's figure, that exchange's prices are raised by the ratio (what the model
 leaves out -- the engines' own copies and waits, collectives that do not overlap, message
 sizes the probes missed -- counts: on 16 cores at 200 Mbit/s the model chose the hierarchy
@@ -54,7 +57,7 @@ from .exchange import MAX, _numel
 from .stats import new_stats
 from .twophase import TwoPhase, chunk_bounds, takes_two_phase
 
-__all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF"]
+__all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF", "probe_shape", "probe_like"]
 
 #: the probe collectives' sizes (bytes), each timed :data:`REPEATS` times (the best kept)
 PROBE_BYTES = (1 << 10, 1 << 18, 1 << 22)
@@ -69,9 +72,9 @@ PROBE_VALUES = 1 << 12
 CODEC_LARGE = (1 << 14, 1 << 24)
 #: the decode probe sums this many payloads (or the world's size, where smaller, at least 2)
 CODEC_PAYLOADS = 4
-#: the end-to-end probes' tensors: up to the largest tensor's numel clipped to this
+#: the end-to-end probes' tensors: the largest tensor's numel clipped to this
 #: (:meth:`AutoChoice._calibrate`: every exchange a spec can take, three runs each)
-CALIBRATE_LARGE = 1 << 20
+CALIBRATE_LARGE = CODEC_LARGE[1]
 #: the probe matrix's columns (:meth:`AutoChoice._calibrate`)
 PROBE_COLS = 16
 #: which engine runs each exchange (:class:`~.routed.Routed`'s keys)
@@ -121,11 +124,31 @@ def probe_timings(coll, B, like, tag: str, sizes=PROBE_BYTES) -> list:
     return rows
 
 
+def probe_shape(probe, m: int) -> tuple:
+    """The shape of about ``m`` values ``probe`` is timed on: a vector, or a matrix where
+    the compressor sends vectors whole (DGC: a vector would time its dense path, not the
+    selection its matrices take)."""
+    return (m,) if probe.chunked((m,)) else (max(1, m // PROBE_COLS), PROBE_COLS)
+
+
+def probe_like(probe, comp):
+    """``probe`` (a fresh compressor) where the user's ``comp`` is in its schedule: DGC's
+    warm-up epoch (a fresh DGC is at epoch 0, 25% density at ratio 0.001, where the
+    synthetic benchmark runs at 0.1%)."""
+    epoch = getattr(comp, "epoch", None)
+    if epoch is not None and hasattr(probe, "set_epoch"):
+        probe.set_epoch(int(epoch))
+    return probe
+
+
 def _codec_once(probe, B, like, m: int, payloads: int, tag: str) -> tuple:
-    """(encode, decode) seconds of ``probe`` on ``m`` values, the best of two: the decode
-    is ``aggregate`` of ``payloads`` payloads into one sum, as the exchanges decode."""
+    """(encode, decode) seconds of ``probe`` on ``m`` values (:func:`probe_shape`), the
+    best of two: the decode is ``aggregate`` of ``payloads`` payloads into one sum, as the
+    exchanges decode."""
     rng = np.random.default_rng(0)
-    x = B.asarray(rng.standard_normal(m).astype(np.float32), "float32", like=like)
+    x = rng.standard_normal(m).astype(np.float32)
+    x = B.asarray(x[:_numel(probe_shape(probe, m))].reshape(probe_shape(probe, m)), "float32",
+                  like=like)
     enc = probe.encode(x, tag)  # (a first call: caches, compiled kernels)
     probe.aggregate([enc.payload] * payloads, enc)
     best_e = best_d = float("inf")
@@ -261,7 +284,7 @@ class AutoChoice:
             self.rates[key] = tuple(agreed[at:at + 4])
             at += 4
         if self.make_engine is not None and self._given is None and self.p > 1:
-            self._calibrate(specs, B, like, int(agreed[at]))
+            self._calibrate(specs, B, like, int(agreed[at]), comp)
         self._known["measured"] = True
 
     def _agree(self, figures, B, like, tag: str) -> list:
@@ -270,7 +293,7 @@ class AutoChoice:
         got = self.world.wait(self.world.allreduce(mine, f"hvd_compress.probe.{tag}", op=MAX))
         return [float(v) for v in B.to_numpy(got).reshape(-1)]
 
-    def _calibrate(self, specs, B, like, largest: int) -> None:
+    def _calibrate(self, specs, B, like, largest: int, user=None) -> None:
         """Run every exchange each spec can take on a probe tensor of up to ``largest``
         values (:data:`CALIBRATE_LARGE`), best of two after a first run (plans agreed, kernels
         compiled); keep the slowest rank's time (:attr:`probed`) and its ratio to the model's,
@@ -290,7 +313,8 @@ class AutoChoice:
                     continue
                 xm = x[:_numel(shape)].reshape(shape)
                 for exchange in allowed:
-                    comp = build(key, backend=B, rank=self.world.rank, world_size=self.p)
+                    comp = probe_like(build(key, backend=B, rank=self.world.rank,
+                                            world_size=self.p), user)
                     engine = self.make_engine(ENGINE_OF[exchange], comp)
                     name = f"hvd_compress.probe.{exchange}"
                     best = float("inf")
@@ -348,7 +372,7 @@ class AutoChoice:
         specs = comp.specs() if hasattr(comp, "specs") else [comp.spec]
         out = {}
         for spec in specs:
-            probe = build(spec, backend=comp.B)
+            probe = probe_like(build(spec, backend=comp.B), comp)
             if not probe.summable and not probe.passthrough:
                 out.setdefault(str(probe.spec), probe)
         return dict(sorted(out.items()))
