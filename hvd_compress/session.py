@@ -33,7 +33,7 @@ import numpy as np
 from . import nodes
 from .core import exchangecost, registry
 from .core.autoexchange import AutoChoice
-from .core.exchange import MAX, Exchange
+from .core.exchange import MAX, Exchange, _numel
 from .core.hierarchy import Hierarchical, sharded
 from .core.routed import Routed
 from .core.stats import Stats
@@ -210,8 +210,8 @@ class Session:
             per_node = node.size if node is not None else 1
             choice = self.auto = AutoChoice(_size(world), per_node, engines, world, node, cross,
                                             links=self._links, make_engine=make, known=known)
-            engine = self._routed(engines, choice.route,
-                                  before_send=lambda xs, ns: choice.measure(engine.comp, xs, ns))
+            engine = self._routed(engines, choice.route, before_send=lambda xs, ns: choice.measure(
+                engine.comp, xs, ns, largest=self.largest_grouped(engine.comp.B)))
         else:  # allgather, allreduce (summable or not: the flat engine sends each its way)
             if mode == exchangecost.ALLREDUCE:
                 gathered = [str(s) for s in (comp.specs() if hasattr(comp, "specs")
@@ -400,6 +400,12 @@ class Session:
         self._group_of = {x: g for g in self.groups for x in g}
         self._passes = int(passes)
         self.reset_passes()
+
+    def largest_grouped(self, B) -> int:
+        """Values of the largest tensor of :meth:`set_groups`' groups (0: none set): what
+        ``auto`` times its probes at, where the first exchange (a group sent as its gradients
+        are ready) may hold only the small tensors."""
+        return max((_numel(B.shape(x)) for x in self._group_of), default=0)
 
     def set_passes(self, passes: int) -> None:
         self._passes = int(passes)

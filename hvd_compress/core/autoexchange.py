@@ -229,6 +229,11 @@ class AutoChoice:
     def links(self, value) -> None:
         self._known["links"] = value
 
+    @property
+    def probe_values(self):
+        """The largest tensor's values the probes were sized by (None before they ran)."""
+        return self._known.get("probe_values")
+
     def resize(self, p: int) -> None:
         """A new world (elastic): the links measured again at the next exchange (unless
         given), every tensor chosen again."""
@@ -242,8 +247,10 @@ class AutoChoice:
         self._known["world"] = (self.p, self.per_node, self._given)
 
     # -- the measurement (every rank at once) ------------------------------------------------
-    def measure(self, comp, tensors, names) -> None:
-        """Time the links and ``comp``'s codecs (once) and agree on the figures."""
+    def measure(self, comp, tensors, names, largest: int = 0) -> None:
+        """Time the links and ``comp``'s codecs (once) and agree on the figures; the probes'
+        size is the largest of ``tensors`` or ``largest`` (the wrapper's largest tensor: a
+        first exchange sent as gradients are ready may hold the small ones alone)."""
         if self.p is None:
             self._set_world(int(self.world.size))
         if self._known.get("measured"):  # once per world (also where no spec has a choice)
@@ -264,7 +271,7 @@ class AutoChoice:
                     figures += [t for _, _, t in probe_timings(self.node, B, like, "node")]
                 else:
                     figures += [t for _, _, t in probe_timings(self.world, B, like, "world")]
-            largest = max([_numel(B.shape(t)) for t in tensors or ()] or [0])
+            largest = max([_numel(B.shape(t)) for t in tensors or ()] + [int(largest)])
             rates = [codec_seconds(c, B, like, largest, self.p) for c in specs.values()]
             figures += [v for pair in rates for v in pair] + [float(largest)]
             agreed = self._agree(figures, B, like, "agree")
@@ -283,6 +290,8 @@ class AutoChoice:
         for key in specs:
             self.rates[key] = tuple(agreed[at:at + 4])
             at += 4
+        #: the largest tensor's values, agreed: what the probes were sized by
+        self._known["probe_values"] = int(agreed[at])
         if self.make_engine is not None and self._given is None and self.p > 1:
             self._calibrate(specs, B, like, int(agreed[at]), comp)
         self._known["measured"] = True

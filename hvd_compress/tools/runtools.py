@@ -190,6 +190,7 @@ def exchange_why(wrapper) -> dict:
             "codec_s": {spec: dict(zip(("encode_per_value", "decode_per_value",
                                          "encode_per_call", "decode_per_call"), r))
                         for spec, r in s.auto.rates.items()},
+            "probe_values": s.auto.probe_values,
             "tensors": {name: why for name, (_, why) in s.auto.plan().items()}}
 
 
