@@ -386,37 +386,6 @@ def test_codec_timing_tells_a_calls_fixed_cost_from_its_rate():
 
 
 
-def test_probes_time_dgc_as_its_steps_run_it():
-    """A fresh DGC is at warm-up epoch 0 (25% density at ratio 0.001) and sends vectors
-    whole: the probes take the user's epoch and a matrix, so they time the 0.1% selection
-    the steps run (a vector at epoch 0 timed a dense send)."""
-    from hvd_compress.core.autoexchange import PROBE_COLS, probe_like, probe_shape
-    from hvd_compress.core.backend import NUMPY
-    from hvd_compress.core.registry import build
-    pytest.importorskip("torch")
-    from hvd_compress.core.policy import Policy
-    from hvd_compress.torch import compressor
-    from hvd_compress.torch.compressors import TorchPolicy
-    user = compressor("dgc:ratio=0.001")
-    assert user.epoch == 0
-    user.set_epoch(4)
-    policy = TorchPolicy(Policy("fc*=dgc:ratio=0.001;*=topk:ratio=0.01"))
-    assert policy.epoch is None
-    policy.set_epoch(3)
-    assert policy.epoch == 3
-    fresh = build("dgc:ratio=0.001", backend=NUMPY)
-    probe = probe_like(build("dgc:ratio=0.001", backend=NUMPY), user)
-    assert fresh.density(0) > 0.2 and probe.density(0) == pytest.approx(0.001)
-    assert probe_like(build("topk:ratio=0.01", backend=NUMPY), user).spec == \
-        build("topk:ratio=0.01", backend=NUMPY).spec  # no schedule: as built
-    m = 1 << 16
-    assert probe_shape(probe, m) == (m // PROBE_COLS, PROBE_COLS)
-    assert probe_shape(build("topk:ratio=0.01", backend=NUMPY), m) == (m,)
-    x = np.random.default_rng(0).standard_normal(probe_shape(probe, m)).astype(np.float32)
-    enc = probe.encode(x, "w")
-    assert enc.payload.nbytes < 0.01 * x.nbytes  # the selection, not the whole tensor
-
-
 class _TimedLink:
     """One rank of a ``size``-rank set whose collectives take ``alpha`` a message step plus
     ``beta`` a byte on the wire (by :func:`~.exchangecost.traffic`'s counting), by sleeping;

@@ -403,45 +403,6 @@ def test_auto_figures_kept_with_known_are_taken_up_by_the_next_choice():
 
 
 
-def test_auto_probes_at_the_size_of_the_largest_tensor_it_is_told_of(monkeypatch):
-    """The first exchange of a wrapper that sends as gradients are ready may hold a small
-    tensor alone: ``measure(..., largest=)`` (the wrapper's largest tensor) sets the size
-    the codecs and the end-to-end probes are timed at, the same on every rank."""
-    from hvd_compress.core import autoexchange
-    from hvd_compress.core.autoexchange import AutoChoice
-    p, big = 4, 40_000
-    timed_at, ran = [], []
-    codec = autoexchange.codec_seconds
-
-    def recording_codec(probe, B, like, largest, p=4):
-        timed_at.append(largest)
-        return codec(probe, B, like, largest, p)
-    monkeypatch.setattr(autoexchange, "codec_seconds", recording_codec)
-
-    class Recording:
-        def __init__(self, engine):
-            self.engine = engine
-
-        def run(self, xs, *args, **kwargs):
-            ran.append(tuple(xs[0].shape))
-            return self.engine.run(xs, *args, **kwargs)
-    table = Table(p)
-
-    def auto(r):
-        comp = build("topk:ratio=0.1", rank=r, world_size=p)
-        engines = {"flat": Exchange(comp, table.rank(r)), "two-phase": TwoPhase(comp, table.rank(r))}
-
-        def make(key, probe):
-            return Recording({"flat": Exchange, "two-phase": TwoPhase}[key](probe, table.rank(r)))
-        choice = AutoChoice(p, 1, engines, table.rank(r), make_engine=make)
-        choice.measure(comp, [np.ones((3, 2), np.float32)], ["small"], largest=big)
-        return choice
-    choices = _on_ranks(p, auto)
-    assert timed_at == [big] * p
-    assert ran and all(int(np.prod(shape)) == big for shape in ran)
-    assert all(c.probed == choices[0].probed and c.probe_values == big for c in choices)
-
-
 class _Slowed:
     """An engine whose runs take ``delay`` seconds more (what the model cannot see)."""
 
