@@ -401,11 +401,11 @@ class Session:
         self._passes = int(passes)
         self.reset_passes()
 
-    def largest_grouped(self, B) -> int:
-        """Values of the largest tensor of :meth:`set_groups`' groups (0: none set): what
-        ``auto`` times its probes at, where the first exchange (a group sent as its gradients
-        are ready) may hold only the small tensors."""
-        return max((_numel(B.shape(x)) for x in self._group_of), default=0)
+    def largest_grouped(self, B) -> tuple:
+        """The shape of the largest tensor of :meth:`set_groups`' groups (``()``: none set):
+        what ``auto`` times its probes on, where the first exchange (a group sent as its
+        gradients are ready) may hold only the small tensors."""
+        return max((tuple(B.shape(x)) for x in self._group_of), key=_numel, default=())
 
     def set_passes(self, passes: int) -> None:
         self._passes = int(passes)

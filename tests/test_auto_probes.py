@@ -20,9 +20,9 @@ def test_auto_probes_at_the_size_of_the_largest_tensor_it_is_told_of(monkeypatch
     timed_at, ran = [], []
     codec = autoexchange.codec_seconds
 
-    def recording_codec(probe, B, like, largest, p=4):
-        timed_at.append(largest)
-        return codec(probe, B, like, largest, p)
+    def recording_codec(probe, B, like, largest, p=4, like_shape=None):
+        timed_at.append((largest, like_shape))
+        return codec(probe, B, like, largest, p, like_shape)
     monkeypatch.setattr(autoexchange, "codec_seconds", recording_codec)
 
     class Recording:
@@ -41,11 +41,11 @@ def test_auto_probes_at_the_size_of_the_largest_tensor_it_is_told_of(monkeypatch
         def make(key, probe):
             return Recording({"flat": Exchange, "two-phase": TwoPhase}[key](probe, table.rank(r)))
         choice = AutoChoice(p, 1, engines, table.rank(r), make_engine=make)
-        choice.measure(comp, [np.ones((3, 2), np.float32)], ["small"], largest=big)
+        choice.measure(comp, [np.ones((3, 2), np.float32)], ["small"], largest=(200, 200))
         return choice
     choices = _on_ranks(p, auto)
-    assert timed_at == [big] * p
-    assert ran and all(int(np.prod(shape)) == big for shape in ran)
+    assert timed_at == [(big, (200, 200))] * p
+    assert ran and all(shape == (200, 200) for shape in ran)  # the tensor's own shape
     assert all(c.probed == choices[0].probed and c.probe_values == big for c in choices)
 
 
@@ -78,3 +78,20 @@ def test_probes_time_dgc_as_its_steps_run_it():
     x = np.random.default_rng(0).standard_normal(probe_shape(probe, m)).astype(np.float32)
     enc = probe.encode(x, "w")
     assert enc.payload.nbytes < 0.01 * x.nbytes  # the selection, not the whole tensor
+
+
+def test_probes_keep_the_largest_tensors_columns():
+    """1-bit is column-wise (a column's mean a sign): the probes keep the largest tensor's
+    trailing dimensions and cut its rows to the probe's size; a vector, or a row larger
+    than the probe, falls back to a vector (a matrix for DGC)."""
+    from hvd_compress.core.autoexchange import probe_shape, scaled_shape
+    from hvd_compress.core.backend import NUMPY
+    onebit, dgc = build("onebit", backend=NUMPY), build("dgc:ratio=0.001", backend=NUMPY)
+    assert probe_shape(onebit, 1 << 20, (80_000, 256)) == (4096, 256)
+    assert probe_shape(onebit, 1 << 12, (80_000, 256)) == (16, 256)
+    assert probe_shape(onebit, 1 << 20, (64, 3, 3, 3)) == (64, 3, 3, 3)  # smaller: whole
+    assert scaled_shape((10, 1 << 21), 1 << 20) is None
+    assert probe_shape(onebit, 1 << 20, (10, 1 << 21)) == (1 << 20,)
+    assert probe_shape(onebit, 1 << 20, (1 << 22,)) == (1 << 20,)
+    assert probe_shape(dgc, 1 << 20, (1 << 22,)) == ((1 << 20) // 16, 16)
+    assert probe_shape(dgc, 1 << 20, (80_000, 256)) == (4096, 256)

@@ -124,10 +124,24 @@ def probe_timings(coll, B, like, tag: str, sizes=PROBE_BYTES) -> list:
     return rows
 
 
-def probe_shape(probe, m: int) -> tuple:
-    """The shape of about ``m`` values ``probe`` is timed on: a vector, or a matrix where
-    the compressor sends vectors whole (DGC: a vector would time its dense path, not the
-    selection its matrices take)."""
+def scaled_shape(shape, m: int):
+    """``shape`` (the largest tensor's) with its first dimension cut so that it holds at
+    most ``m`` values, its other dimensions kept (a column-wise codec's columns, 1-bit's);
+    None for a vector, or where one row holds more than ``m``."""
+    shape = tuple(int(d) for d in shape or ())
+    if len(shape) < 2 or _numel(shape[1:]) > m:
+        return None
+    return (min(shape[0], m // _numel(shape[1:])),) + shape[1:]
+
+
+def probe_shape(probe, m: int, like_shape=None) -> tuple:
+    """The shape of about ``m`` values ``probe`` is timed on: the largest tensor's own
+    (``like_shape``, :func:`scaled_shape`), else a vector, or a matrix where the compressor
+    sends vectors whole (DGC: a vector would time its dense path, not the selection its
+    matrices take)."""
+    own = scaled_shape(like_shape, m)
+    if own is not None:
+        return own
     return (m,) if probe.chunked((m,)) else (max(1, m // PROBE_COLS), PROBE_COLS)
 
 
@@ -141,14 +155,14 @@ def probe_like(probe, comp):
     return probe
 
 
-def _codec_once(probe, B, like, m: int, payloads: int, tag: str) -> tuple:
+def _codec_once(probe, B, like, m: int, payloads: int, tag: str, like_shape=None) -> tuple:
     """(encode, decode) seconds of ``probe`` on ``m`` values (:func:`probe_shape`), the
     best of two: the decode is ``aggregate`` of ``payloads`` payloads into one sum, as the
     exchanges decode."""
     rng = np.random.default_rng(0)
+    shape = probe_shape(probe, m, like_shape)
     x = rng.standard_normal(m).astype(np.float32)
-    x = B.asarray(x[:_numel(probe_shape(probe, m))].reshape(probe_shape(probe, m)), "float32",
-                  like=like)
+    x = B.asarray(x[:_numel(shape)].reshape(shape), "float32", like=like)
     enc = probe.encode(x, tag)  # (a first call: caches, compiled kernels)
     probe.aggregate([enc.payload] * payloads, enc)
     best_e = best_d = float("inf")
@@ -162,18 +176,20 @@ def _codec_once(probe, B, like, m: int, payloads: int, tag: str) -> tuple:
     return best_e, best_d
 
 
-def codec_seconds(probe, B, like, largest: int = CODEC_LARGE[1], p: int = CODEC_PAYLOADS) -> tuple:
+def codec_seconds(probe, B, like, largest: int = CODEC_LARGE[1], p: int = CODEC_PAYLOADS,
+                  like_shape=None) -> tuple:
     """``(encode per value, decode per value, encode per call, decode per call)`` seconds
     of ``probe`` (a fresh compressor: no state of the user's is touched) on this rank, on
     tensors where ``like`` lives: timed on :data:`PROBE_VALUES` values and on ``largest``
     (clipped to :data:`CODEC_LARGE`), the line through both (neither term negative).  The
     decode is timed summing ``p`` payloads (clipped to 2 .. :data:`CODEC_PAYLOADS`): a
-    decode call and value is that time's share of one payload."""
+    decode call and value is that time's share of one payload.  ``like_shape``: the largest
+    tensor's shape, which the probes keep (:func:`probe_shape`)."""
     small = PROBE_VALUES
     large = max(CODEC_LARGE[0], min(CODEC_LARGE[1], int(largest)))
     q = max(2, min(CODEC_PAYLOADS, int(p)))
-    e1, d1 = _codec_once(probe, B, like, small, q, "hvd_compress.probe.small")
-    e2, d2 = _codec_once(probe, B, like, large, q, "hvd_compress.probe.large")
+    e1, d1 = _codec_once(probe, B, like, small, q, "hvd_compress.probe.small", like_shape)
+    e2, d2 = _codec_once(probe, B, like, large, q, "hvd_compress.probe.large", like_shape)
 
     def line(t1, t2, calls):
         per = max(0.0, (t2 - t1) / (large - small) / calls)
@@ -247,10 +263,11 @@ class AutoChoice:
         self._known["world"] = (self.p, self.per_node, self._given)
 
     # -- the measurement (every rank at once) ------------------------------------------------
-    def measure(self, comp, tensors, names, largest: int = 0) -> None:
-        """Time the links and ``comp``'s codecs (once) and agree on the figures; the probes'
-        size is the largest of ``tensors`` or ``largest`` (the wrapper's largest tensor: a
-        first exchange sent as gradients are ready may hold the small ones alone)."""
+    def measure(self, comp, tensors, names, largest=()) -> None:
+        """Time the links and ``comp``'s codecs (once) and agree on the figures; the probes
+        take the shape of the largest of ``tensors`` and ``largest`` (a shape: the wrapper's
+        largest tensor, as a first exchange sent as gradients are ready may hold the small
+        ones alone)."""
         if self.p is None:
             self._set_world(int(self.world.size))
         if self._known.get("measured"):  # once per world (also where no spec has a choice)
@@ -271,8 +288,9 @@ class AutoChoice:
                     figures += [t for _, _, t in probe_timings(self.node, B, like, "node")]
                 else:
                     figures += [t for _, _, t in probe_timings(self.world, B, like, "world")]
-            largest = max([_numel(B.shape(t)) for t in tensors or ()] + [int(largest)])
-            rates = [codec_seconds(c, B, like, largest, self.p) for c in specs.values()]
+            shape = max([tuple(B.shape(t)) for t in tensors or ()] + [tuple(largest)], key=_numel)
+            self._known["probe_shape"], largest = shape, _numel(shape)
+            rates = [codec_seconds(c, B, like, largest, self.p, shape) for c in specs.values()]
             figures += [v for pair in rates for v in pair] + [float(largest)]
             agreed = self._agree(figures, B, like, "agree")
         at, k = 0, 2 * len(PROBE_BYTES)
@@ -309,9 +327,11 @@ class AutoChoice:
         per exchange, where above 1."""
         from .registry import build
         m = max(CODEC_LARGE[0], min(CALIBRATE_LARGE, largest))
-        # a vector and a matrix of about m values: some compressors send vectors whole (DGC),
-        # so only a matrix takes every exchange; each spec is timed on the shape that does
-        shapes = [(m,), (m // PROBE_COLS, PROBE_COLS)]
+        # the largest tensor's shape, a vector and a matrix of about m values: some compressors
+        # send vectors whole (DGC), so only a matrix takes every exchange; each spec is timed
+        # on the first shape that does
+        own = scaled_shape(self._known.get("probe_shape"), m)
+        shapes = ([own] if own is not None else []) + [(m,), (m // PROBE_COLS, PROBE_COLS)]
         x = np.random.default_rng(1).standard_normal(m).astype(np.float32)
         runs, times = [], []
         with self.world.eager():
