@@ -211,7 +211,7 @@ class Session:
             choice = self.auto = AutoChoice(_size(world), per_node, engines, world, node, cross,
                                             links=self._links, make_engine=make, known=known)
             engine = self._routed(engines, choice.route, before_send=lambda xs, ns: choice.measure(
-                engine.comp, xs, ns, largest=self.largest_grouped(engine.comp.B)))
+                engine.comp, xs, ns, largest=lambda: self.largest_grouped(engine.comp.B)))
         else:  # allgather, allreduce (summable or not: the flat engine sends each its way)
             if mode == exchangecost.ALLREDUCE:
                 gathered = [str(s) for s in (comp.specs() if hasattr(comp, "specs")

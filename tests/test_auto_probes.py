@@ -41,7 +41,7 @@ def test_auto_probes_at_the_size_of_the_largest_tensor_it_is_told_of(monkeypatch
         def make(key, probe):
             return Recording({"flat": Exchange, "two-phase": TwoPhase}[key](probe, table.rank(r)))
         choice = AutoChoice(p, 1, engines, table.rank(r), make_engine=make)
-        choice.measure(comp, [np.ones((3, 2), np.float32)], ["small"], largest=(200, 200))
+        choice.measure(comp, [np.ones((3, 2), np.float32)], ["small"], largest=lambda: (200, 200))
         return choice
     choices = _on_ranks(p, auto)
     assert timed_at == [(big, (200, 200))] * p

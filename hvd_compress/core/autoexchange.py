@@ -263,11 +263,11 @@ class AutoChoice:
         self._known["world"] = (self.p, self.per_node, self._given)
 
     # -- the measurement (every rank at once) ------------------------------------------------
-    def measure(self, comp, tensors, names, largest=()) -> None:
+    def measure(self, comp, tensors, names, largest=None) -> None:
         """Time the links and ``comp``'s codecs (once) and agree on the figures; the probes
-        take the shape of the largest of ``tensors`` and ``largest`` (a shape: the wrapper's
-        largest tensor, as a first exchange sent as gradients are ready may hold the small
-        ones alone)."""
+        take the shape of the largest of ``tensors`` and ``largest()`` (a callable, asked
+        only when measuring: the wrapper's largest tensor's shape, as a first exchange sent
+        as gradients are ready may hold the small ones alone)."""
         if self.p is None:
             self._set_world(int(self.world.size))
         if self._known.get("measured"):  # once per world (also where no spec has a choice)
@@ -288,7 +288,9 @@ class AutoChoice:
                     figures += [t for _, _, t in probe_timings(self.node, B, like, "node")]
                 else:
                     figures += [t for _, _, t in probe_timings(self.world, B, like, "world")]
-            shape = max([tuple(B.shape(t)) for t in tensors or ()] + [tuple(largest)], key=_numel)
+            hint = [tuple(largest())] if largest is not None else []
+            shape = max([tuple(B.shape(t)) for t in tensors or ()] + hint, key=_numel,
+                        default=())
             self._known["probe_shape"], largest = shape, _numel(shape)
             rates = [codec_seconds(c, B, like, largest, self.p, shape) for c in specs.values()]
             figures += [v for pair in rates for v in pair] + [float(largest)]
