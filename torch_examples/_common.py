@@ -16,6 +16,7 @@ import horovod.torch as hvd  # noqa: E402
 import hvd_compress.torch as hc  # noqa: E402
 from hvd_compress import nodes  # noqa: E402
 from hvd_compress.tools import devices, runtools  # noqa: E402
+from hvd_compress.torch.waiting import wait  # noqa: E402
 
 
 def init(seed: int):
@@ -56,6 +57,22 @@ def synchronize(device: torch.device) -> None:
     without this would time the kernel launches, not the kernels (nothing to do on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def all_workers(device: torch.device) -> None:
+    """Wait until every worker reaches this point (a barrier after ``device``'s queue).
+
+    Before an evaluation, timed: the training time is then the slowest worker's (workers
+    that step alone between syncs, as under local SGD and DiLoCo, would wait for it at the
+    next sync anyway).  After it, untimed: every worker resumes training together.  So no
+    worker evaluates while another trains: on shared cores one worker's evaluation took
+    the CPU from another's timed steps, and DiLoCo's syncs then waited 1-11 s for the
+    slowed worker (docs/results/adam-era.md).  An allreduce waited for by polling
+    (:mod:`hvd_compress.torch.waiting`), not ``hvd.barrier``: Horovod's own wait spins,
+    and three spinning workers starved the fourth's training for seconds."""
+    synchronize(device)
+    if hvd.size() > 1:
+        wait(hvd.allreduce_async(torch.zeros(1), name="hvd_compress.example.all_workers"))
 
 
 def make_optimizer(model, base, args, horovod_optimizer: bool = False, **options):
@@ -151,9 +168,10 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
                                        + (f" acc {acc:.3f}" if acc is not None else ""))
         if epoch == args.epochs - 1 and runtools.needs_final_average(args, steps):
             opt.average_parameters()  # evaluate the mean model, not this worker's
-        synchronize(x.device)
+        all_workers(x.device)
         train_s += time.perf_counter() - t0
         acc = evaluate()
+        all_workers(x.device)
         curve.append(runtools.curve_point(epoch + 1, train_s, acc))
         if log_epochs and rank == 0 and not args.quiet:
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)

@@ -37,7 +37,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import finish, make_optimizer, reset_stats, setup, synchronize
+from _common import all_workers, finish, make_optimizer, reset_stats, setup
 from models import TinyLM
 
 import hvd_compress.torch as hc
@@ -232,9 +232,10 @@ def train(args, model, opt, train_stream, val_stream, val_starts):
         if steps == args.steps and (runtools.needs_final_average(args, steps) or args.fragments > 1):
             opt.average_parameters()  # evaluate the mean model, not this worker's (Streaming
             # DiLoCo's fragments sync at different steps: at a multiple of H too)
-        synchronize(device)
+        all_workers(device)  # (timed: the slowest worker's steps count)
         train_s += time.perf_counter() - t0
         val = validation_loss(model, val_stream, val_starts, args.context)
+        all_workers(device)  # (untimed: no worker trains while another evaluates)
         curve.append({"step": steps, "seconds": round(train_s, 3), "val_loss": round(val, 4),
                       "train_loss": round(float(np.mean(losses[since:])), 4)})
         since = len(losses)

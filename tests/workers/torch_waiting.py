@@ -45,3 +45,24 @@ def results_and_cpu(late_s: float = 0.3):
         else:
             os.environ["HVD_COMPRESS_WAIT"] = before
     return out
+
+
+def examples_all_workers(late_s: float = 0.3):
+    """The examples' barrier before and after an evaluation (torch_examples/_common.py
+    ``all_workers``), rank 1 reaching it ``late_s`` late: rank 0's main-thread CPU seconds
+    and wall seconds in it."""
+    import sys
+    from pathlib import Path
+
+    import horovod.torch as hvd
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch_examples"))
+    from _common import all_workers
+    if not hvd.is_initialized():
+        hvd.init()
+    device = torch.device("cpu")
+    all_workers(device)  # start together
+    if hvd.rank() == 1:
+        time.sleep(late_s)
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    all_workers(device)
+    return {"cpu_s": time.thread_time() - cpu0, "wall_s": time.perf_counter() - wall0}
