@@ -95,3 +95,10 @@ def test_probes_keep_the_largest_tensors_columns():
     assert probe_shape(onebit, 1 << 20, (1 << 22,)) == (1 << 20,)
     assert probe_shape(dgc, 1 << 20, (1 << 22,)) == ((1 << 20) // 16, 16)
     assert probe_shape(dgc, 1 << 20, (80_000, 256)) == (4096, 256)
+    # one list of candidates serves the codec probes and the end-to-end ones (which score a
+    # shape by the exchanges it allows): the first of the best-scored is taken
+    from hvd_compress.core.autoexchange import probe_shapes
+    assert probe_shapes(1 << 20, (80_000, 256)) == [(4096, 256), (1 << 20,), (1 << 16, 16)]
+    assert probe_shapes(1 << 20, (1 << 22,)) == [(1 << 20,), (1 << 16, 16)]
+    assert probe_shape(onebit, 1 << 20, (80_000, 256), score=len) == (4096, 256)
+    assert probe_shape(onebit, 1 << 20, (80_000, 256), score=lambda s: -len(s)) == (1 << 20,)

@@ -170,6 +170,16 @@ WARMUP_SPEC = "dgc:ratio=0.01,warmup_epochs=2"
 # DGC's warm-up under Keras fit runs in the np 2 Gloo launch other modules share
 # (tests.launches)
 TF_GLOO.add(__name__, "warmup", "tests.workers.tf_tape:keras_dgc_warmup", {"spec": WARMUP_SPEC})
+TF_GLOO.add(__name__, "all_workers", "tests.workers.tf_tape:examples_all_workers", {"late_s": 0.3})
+
+
+def test_the_examples_meet_around_an_evaluation_without_spinning(request):
+    """Before an evaluation (timed) the training time becomes the slowest worker's; the
+    wait leaves the CPU to the workers still training (tests/test_torch_waiting.py has the
+    PyTorch examples' barrier)."""
+    first = TF_GLOO.results(request, "all_workers")[0]
+    assert first["wall_s"] > 0.2, first  # rank 0 waited for rank 1
+    assert first["cpu_s"] < 0.1 * first["wall_s"], first
 
 
 def test_keras_optimizer_checkpoint_resumes_identically(launched):

@@ -114,7 +114,18 @@ def epoch_callback(keras, comp, eager=False):
     return Epochs(comp)
 
 
-def curve_callback(keras, xte, yte, epochs: int, stop=None):
+def all_workers(hvd, tf) -> None:
+    """Wait until every worker reaches this point (one small allreduce): before an
+    evaluation, timed, so the training time is the slowest worker's; after it, untimed,
+    so all resume together and none evaluates while another trains (under local SGD the
+    workers do not meet between averages, and on shared cores one worker's evaluation
+    slowed another's timed steps: the PyTorch examples' ``all_workers``,
+    docs/results/adam-era.md)."""
+    if hvd.size() > 1:
+        hvd.allreduce(tf.zeros([1]), name="hvd_compress.example.all_workers")
+
+
+def curve_callback(keras, xte, yte, epochs: int, stop=None, meet=None):
     """A callback that evaluates the test accuracy after every epoch but the last (the
     caller evaluates that one after training, when local SGD has averaged) and keeps
     the points of the summary's curve (:func:`runtools.curve_point`).  ``.t0``: when
@@ -123,7 +134,8 @@ def curve_callback(keras, xte, yte, epochs: int, stop=None):
     evaluates this worker's replica (the workers differ until their next average).
     ``stop(accuracy)``, called on every worker after such an epoch, ends ``fit`` there
     when it returns True (``--stop-at``: the same answer on every worker); ``.stopped``
-    then says so."""
+    then says so.  ``meet()`` (:func:`all_workers`) runs before each evaluation, timed,
+    and after it, untimed."""
     import time
 
     class Curve(keras.callbacks.Callback):
@@ -134,9 +146,13 @@ def curve_callback(keras, xte, yte, epochs: int, stop=None):
         def on_epoch_end(self, epoch, logs=None):
             if epoch + 1 >= epochs:
                 return
+            if meet is not None:
+                meet()
             now = time.perf_counter()
             acc = float(self.model.evaluate(xte, yte, verbose=0)[1])
             self.points.append(runtools.curve_point(epoch + 1, now - self.t0 - self.eval_s, acc))
+            if meet is not None:
+                meet()
             self.eval_s += time.perf_counter() - now
             if stop is not None and stop(acc):
                 self.stopped = self.model.stop_training = True
@@ -249,7 +265,8 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
     broadcast_initial(hvd, model)
     epochs = epoch_callback(keras, comp, eager)
     curve = curve_callback(keras, xte, yte, args.epochs, lambda acc: runtools.stop_agreed(
-        args, acc, lambda answer: hvd.broadcast_object(answer, 0, name="stop_at")))
+        args, acc, lambda answer: hvd.broadcast_object(answer, 0, name="stop_at")),
+        meet=lambda: all_workers(hvd, tf))
     curve.t0 = time.perf_counter()
     model.fit(xtr, ytr, batch_size=args.batch_size, epochs=args.epochs, shuffle=True,
               verbose=2 if rank == 0 and not args.quiet else 0, callbacks=[epochs, curve])
@@ -259,6 +276,7 @@ def fit_and_report(args, example, hvd, keras, hct, model, comp, xtr, ytr, xte, y
     else:
         if runtools.needs_final_average(args, epochs.steps):  # evaluate the mean model
             model.optimizer.average_parameters(model.trainable_variables)
+        all_workers(hvd, tf)
         train_s = time.perf_counter() - curve.t0 - curve.eval_s
         acc = float(model.evaluate(xte, yte, verbose=0)[1])
         points = curve.points + [runtools.curve_point(args.epochs, train_s, acc)]

@@ -57,7 +57,7 @@ from .exchange import MAX, _numel
 from .stats import new_stats
 from .twophase import TwoPhase, chunk_bounds, takes_two_phase
 
-__all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF", "probe_shape", "probe_like"]
+__all__ = ["AutoChoice", "PROBE_BYTES", "ENGINE_OF", "probe_shape", "probe_shapes", "probe_like"]
 
 #: the probe collectives' sizes (bytes), each timed :data:`REPEATS` times (the best kept)
 PROBE_BYTES = (1 << 10, 1 << 18, 1 << 22)
@@ -134,15 +134,23 @@ def scaled_shape(shape, m: int):
     return (min(shape[0], m // _numel(shape[1:])),) + shape[1:]
 
 
-def probe_shape(probe, m: int, like_shape=None) -> tuple:
-    """The shape of about ``m`` values ``probe`` is timed on: the largest tensor's own
-    (``like_shape``, :func:`scaled_shape`), else a vector, or a matrix where the compressor
-    sends vectors whole (DGC: a vector would time its dense path, not the selection its
-    matrices take)."""
+def probe_shapes(m: int, like_shape=None) -> list:
+    """The shapes of about ``m`` values a probe may take, preferred first: the largest
+    tensor's own (``like_shape``, :func:`scaled_shape`; where it has one), a vector, a
+    matrix of :data:`PROBE_COLS` columns."""
     own = scaled_shape(like_shape, m)
-    if own is not None:
-        return own
-    return (m,) if probe.chunked((m,)) else (max(1, m // PROBE_COLS), PROBE_COLS)
+    return ([own] if own is not None else []) + [(m,), (max(1, m // PROBE_COLS), PROBE_COLS)]
+
+
+def probe_shape(probe, m: int, like_shape=None, score=None) -> tuple:
+    """The first of :func:`probe_shapes` with the highest ``score(shape)``; by default
+    whether ``probe`` splits it into chunks (DGC sends vectors whole: a vector would time
+    its dense path, not the selection its matrices take). :meth:`AutoChoice._calibrate`
+    scores a shape by the exchanges it allows."""
+    if score is None:
+        def score(shape):
+            return bool(probe.chunked(shape))
+    return max(probe_shapes(m, like_shape), key=score)  # (max keeps the first of equals)
 
 
 def probe_like(probe, comp):
@@ -329,16 +337,14 @@ class AutoChoice:
         per exchange, where above 1."""
         from .registry import build
         m = max(CODEC_LARGE[0], min(CALIBRATE_LARGE, largest))
-        # the largest tensor's shape, a vector and a matrix of about m values: some compressors
-        # send vectors whole (DGC), so only a matrix takes every exchange; each spec is timed
-        # on the first shape that does
-        own = scaled_shape(self._known.get("probe_shape"), m)
-        shapes = ([own] if own is not None else []) + [(m,), (m // PROBE_COLS, PROBE_COLS)]
         x = np.random.default_rng(1).standard_normal(m).astype(np.float32)
         runs, times = [], []
         with self.world.eager():
             for key in specs:
-                shape = max(shapes, key=lambda s: len(self.allowed(specs[key], s)))
+                # some compressors send vectors whole (DGC): each spec is timed on the first
+                # shape that allows the most exchanges
+                shape = probe_shape(specs[key], m, self._known.get("probe_shape"),
+                                    score=lambda s, k=key: len(self.allowed(specs[k], s)))
                 allowed = self.allowed(specs[key], shape)
                 if len(allowed) < 2:
                     continue

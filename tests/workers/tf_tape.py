@@ -347,3 +347,24 @@ def keras_dgc_warmup(spec="dgc:ratio=0.01,warmup_epochs=2", epochs=4):
         out[mode] = {"bytes": seen,
                      "warned": any("trace the step again" in str(w.message) for w in caught)}
     return out
+
+
+def examples_all_workers(late_s: float = 0.3):
+    """The TensorFlow examples' meeting point around an evaluation (tf_examples/_common.py
+    ``all_workers``), rank 1 reaching it ``late_s`` late: rank 0's main-thread CPU seconds
+    and wall seconds in it."""
+    import sys
+    import time
+    from pathlib import Path
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tf_examples"))
+    from _common import all_workers
+    hvd.init()
+    all_workers(hvd, tf)  # start together
+    if hvd.rank() == 1:
+        time.sleep(late_s)
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    all_workers(hvd, tf)
+    return {"cpu_s": time.thread_time() - cpu0, "wall_s": time.perf_counter() - wall0}
