@@ -72,7 +72,9 @@ def all_workers(device: torch.device) -> None:
     and three spinning workers starved the fourth's training for seconds."""
     synchronize(device)
     if hvd.size() > 1:
-        wait(hvd.allreduce_async(torch.zeros(1), name="hvd_compress.example.all_workers"))
+        # (on the training's device: the collectives its steps use)
+        wait(hvd.allreduce_async(torch.zeros(1, device=device),
+                                 name="hvd_compress.example.all_workers"))
 
 
 def make_optimizer(model, base, args, horovod_optimizer: bool = False, **options):
