@@ -102,3 +102,7 @@ def test_probes_keep_the_largest_tensors_columns():
     assert probe_shapes(1 << 20, (1 << 22,)) == [(1 << 20,), (1 << 16, 16)]
     assert probe_shape(onebit, 1 << 20, (80_000, 256), score=len) == (4096, 256)
     assert probe_shape(onebit, 1 << 20, (80_000, 256), score=lambda s: -len(s)) == (1 << 20,)
+    # where no shape is split into chunks (DGC with dense=true sends every tensor whole),
+    # the first candidate: a vector (it was the 16-column matrix; both time the dense path)
+    dense = build("dgc:ratio=0.01,dense=true", backend=NUMPY)
+    assert probe_shape(dense, 1 << 20) == (1 << 20,)

@@ -129,9 +129,10 @@ def curve_callback(keras, xte, yte, epochs: int, stop=None, meet=None):
     """A callback that evaluates the test accuracy after every epoch but the last (the
     caller evaluates that one after training, when local SGD has averaged) and keeps
     the points of the summary's curve (:func:`runtools.curve_point`).  ``.t0``: when
-    training started (set before ``fit``); ``.eval_s``: the seconds spent evaluating,
-    which the training time leaves out.  Under local SGD an epoch before the last
-    evaluates this worker's replica (the workers differ until their next average).
+    training started (set before ``fit``); ``.eval_s``: the seconds spent evaluating and
+    in the untimed meeting after it, which the training time leaves out.  Under local
+    SGD an epoch before the last evaluates this worker's replica (the workers differ
+    until their next average).
     ``stop(accuracy)``, called on every worker after such an epoch, ends ``fit`` there
     when it returns True (``--stop-at``: the same answer on every worker); ``.stopped``
     then says so.  ``meet()`` (:func:`all_workers`) runs before each evaluation, timed,

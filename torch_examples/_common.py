@@ -68,8 +68,10 @@ def all_workers(device: torch.device) -> None:
     worker evaluates while another trains: on shared cores one worker's evaluation took
     the CPU from another's timed steps, and DiLoCo's syncs then waited 1-11 s for the
     slowed worker (docs/results/adam-era.md).  An allreduce waited for by polling
-    (:mod:`hvd_compress.torch.waiting`), not ``hvd.barrier``: Horovod's own wait spins,
-    and three spinning workers starved the fourth's training for seconds."""
+    (:mod:`hvd_compress.torch.waiting`, unless ``HVD_COMPRESS_WAIT=spin``), not
+    ``hvd.barrier``: Horovod's own wait spins, and three spinning workers starved the
+    fourth's training for seconds.  Every worker calls it at the same points (none after
+    the last evaluation), or they would wait for each other forever."""
     synchronize(device)
     if hvd.size() > 1:
         # (on the training's device: the collectives its steps use)
@@ -173,7 +175,8 @@ def train_epochs(args, opt, x, y, loss_of, evaluate, label, gen=None, after_step
         all_workers(x.device)
         train_s += time.perf_counter() - t0
         acc = evaluate()
-        all_workers(x.device)
+        if epoch < args.epochs - 1:
+            all_workers(x.device)
         curve.append(runtools.curve_point(epoch + 1, train_s, acc))
         if log_epochs and rank == 0 and not args.quiet:
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f}", flush=True)

@@ -235,7 +235,8 @@ def train(args, model, opt, train_stream, val_stream, val_starts):
         all_workers(device)  # (timed: the slowest worker's steps count)
         train_s += time.perf_counter() - t0
         val = validation_loss(model, val_stream, val_starts, args.context)
-        all_workers(device)  # (untimed: no worker trains while another evaluates)
+        if steps < args.steps:
+            all_workers(device)  # (untimed: no worker trains while another evaluates)
         curve.append({"step": steps, "seconds": round(train_s, 3), "val_loss": round(val, 4),
                       "train_loss": round(float(np.mean(losses[since:])), 4)})
         since = len(losses)
