@@ -35,6 +35,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "torch_examples"))
 
 EXCHANGES = ("allgather", "two-phase")
+BATCH, LR, MOMENTUM = 16, 0.02, 0.9  # train_digits.py's defaults
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,7 +66,7 @@ def run(p: int, spec: str, exchange: str, seed: int, epochs: int) -> dict:
     xtr, ytr, xte, yte = load_digits_split()
     shards = [(xtr[r::p], ytr[r::p]) for r in range(p)]
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     comps = [build(spec, rank=r, world_size=p) for r in range(p)]
     params = dict(model.named_parameters())
     packed = [n for n, t in params.items() if t.numel() >= DEFAULT_MIN_NUMEL
@@ -73,7 +74,7 @@ def run(p: int, spec: str, exchange: str, seed: int, epochs: int) -> dict:
     if not packed and spec != "none":
         raise SystemExit(f"{spec}: no tensor of the model goes two-phase at np {p} "
                          "(a summable or pass-through compression)")
-    steps = min(len(x) // 16 for x, _ in shards)
+    steps = min(len(x) // BATCH for x, _ in shards)
     nonzero = {n: [] for n in packed}
     curve = []
     for epoch in range(epochs):
@@ -82,18 +83,16 @@ def run(p: int, spec: str, exchange: str, seed: int, epochs: int) -> dict:
         for i in range(steps):
             grads = []
             for r, (x, y) in enumerate(shards):
-                at = order[r][i * 16:][:16]
+                at = order[r][i * BATCH:][:BATCH]
                 model.zero_grad()
                 F.cross_entropy(model(x[at]), y[at]).backward()
                 grads.append({n: t.grad.numpy().astype(np.float32) for n, t in params.items()})
             mean = {n: sum(g[n] for g in grads) / p for n in params if n not in packed}
             if exchange == "allgather":
-                for n in packed:
-                    total = 0.0
-                    for r, comp in enumerate(comps):
-                        sent = comp.encode(grads[r][n].reshape(-1), n)
-                        total = total + np.asarray(comp.decode(sent.payload, sent.meta, sent.ctx))
-                    mean[n] = np.reshape(total / p, grads[0][n].shape)
+                for n in packed:  # every rank's payload, summed as the flat engine sums them
+                    sent = [comp.encode(grads[r][n].reshape(-1), n) for r, comp in enumerate(comps)]
+                    total = comps[0].aggregate([e.payload for e in sent], sent[0])
+                    mean[n] = np.reshape(np.asarray(total) / p, grads[0][n].shape)
             else:
                 mean.update(zip(packed, reference(comps, [[g[n] for n in packed] for g in grads],
                                                   packed)))
