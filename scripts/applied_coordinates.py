@@ -34,6 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "torch_examples"))
 
+from hvd_compress.tools import runtools  # noqa: E402
+
 EXCHANGES = ("allgather", "two-phase")
 BATCH, LR, MOMENTUM = 16, 0.02, 0.9  # train_digits.py's defaults
 
@@ -43,11 +45,12 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--np", type=int, default=4, help="simulated ranks (default 4)")
-    ap.add_argument("--specs", nargs="+", default=["topk:ratio=0.01"], metavar="SPEC",
-                    help="compressions (default topk:ratio=0.01)")
+    ap.add_argument("--specs", nargs="+", type=runtools.spec_arg, default=["topk:ratio=0.01"],
+                    metavar="SPEC", help="compressions (default topk:ratio=0.01)")
     ap.add_argument("--exchange", nargs="+", choices=EXCHANGES, default=list(EXCHANGES))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
-    ap.add_argument("--epochs", type=int, default=15, help="default 15, as the example")
+    ap.add_argument("--epochs", type=runtools.positive_int, default=15,
+                    help="default 15, as the example")
     ap.add_argument("--out", help="also write the rows to this CSV file")
     return ap
 
@@ -110,8 +113,8 @@ def run(p: int, spec: str, exchange: str, seed: int, epochs: int) -> dict:
 
 def main(argv=None) -> list:
     args = parser().parse_args(argv)
-    if args.np < 2 or args.epochs < 1:
-        raise SystemExit("--np must be at least 2 and --epochs at least 1")
+    if args.np < 2:
+        raise SystemExit("--np must be at least 2")
     rows = []
     for spec in args.specs:
         for exchange in (["dense"] if spec == "none" else args.exchange):

@@ -43,6 +43,10 @@ def test_help_and_bad_arguments():
     assert done.returncode == 0 and "two-phase" in done.stdout and "--np" in done.stdout
     with pytest.raises(SystemExit, match="at least 2"):
         applied_coordinates.main(["--np", "1"])
+    for bad in (["--specs", "nosuch"], ["--specs", "topk:ratio=2"], ["--epochs", "0"]):
+        done = subprocess.run([sys.executable, script, *bad], capture_output=True, text=True)
+        assert done.returncode == 2 and "error: argument" in done.stderr, (bad, done.stderr)
+        assert "Traceback" not in done.stderr
     with pytest.raises(SystemExit, match="summable or pass-through"):
         applied_coordinates.main(["--np", "2", "--epochs", "1", "--specs", "fp16"])
     dense = applied_coordinates.main(["--np", "2", "--epochs", "1", "--specs", "none"])
